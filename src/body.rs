@@ -1,0 +1,102 @@
+//! The response body type of both layers.
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+/// A boxed error, as tower and hyper use.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+pin_project! {
+    /// Response body of [`IdempotencyService`](crate::IdempotencyService): the inner
+    /// service's body passed through, or bytes the layer holds (a replay, a refusal,
+    /// or a recorded response).
+    pub struct ResponseBody<B> {
+        #[pin]
+        kind: Kind<B>,
+    }
+}
+
+pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+        Failed { error: Option<BoxError> },
+    }
+}
+
+impl<B> ResponseBody<B> {
+    pub(crate) fn inner(body: B) -> Self {
+        Self { kind: Kind::Inner { body } }
+    }
+
+    pub(crate) fn full(data: Bytes) -> Self {
+        let data = (!data.is_empty()).then_some(data);
+        Self { kind: Kind::Full { data } }
+    }
+
+    /// A body that yields `error` on first poll: the inner body failed while the
+    /// layer was buffering it, and the client must see that failure.
+    pub(crate) fn failed(error: BoxError) -> Self {
+        Self {
+            kind: Kind::Failed { error: Some(error) },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.project().kind.project() {
+            KindProj::Inner { body } => body.poll_frame(cx).map(|frame| {
+                frame.map(|result| {
+                    result
+                        .map(|frame| frame.map_data(Into::into))
+                        .map_err(Into::into)
+                })
+            }),
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Failed { error } => Poll::Ready(error.take().map(Err)),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+            Kind::Failed { error } => error.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Failed { .. } => SizeHint::default(),
+        }
+    }
+}
+
+impl<B> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match &self.kind {
+            Kind::Inner { .. } => "Inner",
+            Kind::Full { .. } => "Full",
+            Kind::Failed { .. } => "Failed",
+        };
+        f.debug_struct("ResponseBody").field("kind", &kind).finish()
+    }
+}

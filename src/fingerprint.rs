@@ -1,0 +1,487 @@
+//! Request fingerprints: SHA-256 over the request line, key, scope and the
+//! RFC 8785 (JCS) canonical form of JSON bodies.
+
+use crate::IdempotencyKey;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::fmt;
+
+/// SHA-256 digest identifying one logical request.
+///
+/// Two requests with the same fingerprint are the same operation: same method,
+/// path and query, key, scope, and body — where JSON bodies are compared in their
+/// RFC 8785 canonical form, so key order and whitespace do not matter.
+///
+/// ```
+/// use http::{HeaderValue, Method};
+/// use tower_idempotency::{Fingerprint, IdempotencyKey};
+///
+/// let key = IdempotencyKey::parse(b"order-0001").unwrap();
+/// let json = HeaderValue::from_static("application/json");
+/// let a = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "acme", Some(&json),
+///     br#"{"sku":"A","qty":1}"#);
+/// let b = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "acme", Some(&json),
+///     b"{ \"qty\": 1.0, \"sku\": \"A\" }");
+/// assert_eq!(a, b);
+/// let other_scope = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "globex",
+///     Some(&json), br#"{"sku":"A","qty":1}"#);
+/// assert_ne!(a, other_scope);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// Computes the fingerprint of a request.
+    ///
+    /// JSON bodies (`application/json`, `application/*+json`) are canonicalised per
+    /// RFC 8785; other bodies, and JSON that fails to parse (invalid, nested deeper
+    /// than 128 levels, duplicate object keys, numbers out of range), are hashed as
+    /// raw bytes.
+    pub fn compute(
+        method: &http::Method,
+        path_and_query: &str,
+        key: &IdempotencyKey,
+        scope: &str,
+        content_type: Option<&http::HeaderValue>,
+        body: &[u8],
+    ) -> Self {
+        let mut hasher = Sha256::new();
+        for part in [method.as_str(), path_and_query, key.as_str(), scope] {
+            hasher.update(part.as_bytes());
+            hasher.update(b"\n");
+        }
+        let canonical = content_type
+            .filter(|ct| is_json_content_type(ct.as_bytes()))
+            .and_then(|_| canonicalize_json(body).ok());
+        hasher.update(canonical.as_deref().unwrap_or(body));
+        Self(hasher.finalize().into())
+    }
+
+    /// The digest bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fingerprint(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("..)")
+    }
+}
+
+/// Whether a `Content-Type` names JSON: `application/json` or `application/*+json`.
+pub fn is_json_content_type(value: &[u8]) -> bool {
+    let essence = value.split(|&b| b == b';').next().unwrap_or_default();
+    let essence = essence.trim_ascii().to_ascii_lowercase();
+    match essence.strip_prefix(b"application/") {
+        Some(subtype) => subtype == b"json" || subtype.ends_with(b"+json"),
+        None => false,
+    }
+}
+
+/// Why a body could not be canonicalised.
+#[derive(Debug)]
+pub struct CanonicalizeError(String);
+
+impl fmt::Display for CanonicalizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not canonicalisable JSON: {}", self.0)
+    }
+}
+
+impl std::error::Error for CanonicalizeError {}
+
+/// Serialises a JSON text in its RFC 8785 (JCS) canonical form.
+///
+/// Objects are sorted by the UTF-16 code units of their keys, whitespace is
+/// dropped, numbers use the ECMAScript `Number.prototype.toString` form of their
+/// IEEE 754 double value, and strings use the minimal JSON escapes.
+/// Duplicate object keys are an error rather than last-wins, so a fingerprint
+/// never hides a value the handler might read. Nesting is bounded at 128 levels
+/// by the parser, so hostile input cannot overflow the stack.
+///
+/// ```
+/// use tower_idempotency::fingerprint::canonicalize_json;
+///
+/// let out = canonicalize_json(br#"{ "b": [1e2, 0.5, -0], "a": "\u00e9" }"#).unwrap();
+/// assert_eq!(out, "{\"a\":\"é\",\"b\":[100,0.5,0]}".as_bytes());
+/// assert!(canonicalize_json(br#"{"a":1,"a":2}"#).is_err());
+/// ```
+pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
+    let mut out = Vec::with_capacity(input.len());
+    let mut de = serde_json::Deserializer::from_slice(input);
+    CanonicalValue { out: &mut out }
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(|e| CanonicalizeError(e.to_string()))?;
+    Ok(out)
+}
+
+/// Writes one JSON value in canonical form to `out`.
+struct CanonicalValue<'a> {
+    out: &'a mut Vec<u8>,
+}
+
+impl<'de> DeserializeSeed<'de> for CanonicalValue<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for CanonicalValue<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.out.extend_from_slice(b"null");
+        Ok(())
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
+        self.out
+            .extend_from_slice(if v { b"true" } else { b"false" });
+        Ok(())
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
+        write_integer_or_double(self.out, v.unsigned_abs(), v < 0);
+        Ok(())
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
+        write_integer_or_double(self.out, v, false);
+        Ok(())
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
+        write_es6_number(self.out, v);
+        Ok(())
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
+        write_json_string(self.out, v);
+        Ok(())
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        self.out.push(b'[');
+        let mut first = true;
+        loop {
+            let mark = self.out.len();
+            if !first {
+                self.out.push(b',');
+            }
+            if seq
+                .next_element_seed(CanonicalValue { out: self.out })?
+                .is_none()
+            {
+                self.out.truncate(mark);
+                break;
+            }
+            first = false;
+        }
+        self.out.push(b']');
+        Ok(())
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        // Values are written in arrival order after `start`, then the region is
+        // rewritten in key order; this avoids an allocation per member.
+        let start = self.out.len();
+        let mut members: Vec<(Cow<'de, str>, usize, usize)> = Vec::new();
+        while let Some(key) = map.next_key_seed(KeySeed)? {
+            let from = self.out.len();
+            map.next_value_seed(CanonicalValue { out: self.out })?;
+            members.push((key, from, self.out.len()));
+        }
+        members.sort_unstable_by(|a, b| cmp_utf16(&a.0, &b.0));
+        if members.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(de::Error::custom("duplicate object key"));
+        }
+        let values = self.out.split_off(start);
+        self.out.reserve(values.len() + members.len() * 8);
+        self.out.push(b'{');
+        for (i, (key, from, to)) in members.iter().enumerate() {
+            if i > 0 {
+                self.out.push(b',');
+            }
+            write_json_string(self.out, key);
+            self.out.push(b':');
+            self.out.extend_from_slice(&values[from - start..to - start]);
+        }
+        self.out.push(b'}');
+        Ok(())
+    }
+}
+
+/// Deserialises an object key, borrowing from the input when it has no escapes.
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl<'de> Visitor<'de> for KeySeed {
+    type Value = Cow<'de, str>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an object key")
+    }
+
+    fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Self::Value, E> {
+        Ok(Cow::Borrowed(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        Ok(Cow::Owned(v.to_owned()))
+    }
+}
+
+/// Orders strings by UTF-16 code units, as RFC 8785 section 3.2.3 requires.
+fn cmp_utf16(a: &str, b: &str) -> Ordering {
+    if a.is_ascii() && b.is_ascii() {
+        return a.as_bytes().cmp(b.as_bytes());
+    }
+    a.encode_utf16().cmp(b.encode_utf16())
+}
+
+fn write_json_string(out: &mut Vec<u8>, s: &str) {
+    // serde_json's escaping is exactly JCS's: `"`, `\`, and control characters,
+    // with the short forms \b \t \n \f \r and lowercase \u00xx otherwise.
+    serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+}
+
+/// Integers up to 2^53 are exact doubles and print as plain digits; larger ones
+/// are rounded to a double first, as ECMAScript would.
+fn write_integer_or_double(out: &mut Vec<u8>, magnitude: u64, negative: bool) {
+    const MAX_SAFE: u64 = 1 << 53;
+    if magnitude <= MAX_SAFE {
+        if negative && magnitude != 0 {
+            out.push(b'-');
+        }
+        out.extend_from_slice(itoa_u64(magnitude, &mut [0u8; 20]));
+    } else {
+        let v = magnitude as f64;
+        write_es6_number(out, if negative { -v } else { v });
+    }
+}
+
+fn itoa_u64(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return &buf[i..];
+        }
+    }
+}
+
+/// Serialises a finite double per ECMAScript `Number.prototype.toString`.
+pub(crate) fn write_es6_number(out: &mut Vec<u8>, v: f64) {
+    use std::io::Write;
+    if v == 0.0 {
+        out.push(b'0');
+        return;
+    }
+    if v < 0.0 {
+        out.push(b'-');
+    }
+    // Rust's `{:e}` prints the shortest round-trip digits, like ECMAScript.
+    let mut buf = [0u8; 40];
+    let len = {
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        write!(cursor, "{:e}", v.abs()).expect("buffer is large enough for any f64");
+        cursor.position() as usize
+    };
+    let text = &buf[..len];
+    let e_at = text.iter().position(|&b| b == b'e').expect("{:e} has an exponent");
+    let mut digits: Vec<u8> = text[..e_at].iter().copied().filter(|&b| b != b'.').collect();
+    let exponent: i32 = std::str::from_utf8(&text[e_at + 1..])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("{:e} exponent is an integer");
+    if digits.last().is_some_and(|d| d % 2 == 1) {
+        if let Some(even) = even_tie_digits(v.abs(), &digits, exponent) {
+            digits = even;
+        }
+    }
+    let k = digits.len() as i32;
+    let n = exponent + 1;
+    if k <= n && n <= 21 {
+        out.extend_from_slice(&digits);
+        out.extend(std::iter::repeat(b'0').take((n - k) as usize));
+    } else if 0 < n && n <= 21 {
+        out.extend_from_slice(&digits[..n as usize]);
+        out.push(b'.');
+        out.extend_from_slice(&digits[n as usize..]);
+    } else if -6 < n && n <= 0 {
+        out.extend_from_slice(b"0.");
+        out.extend(std::iter::repeat(b'0').take((-n) as usize));
+        out.extend_from_slice(&digits);
+    } else {
+        out.push(digits[0]);
+        if k > 1 {
+            out.push(b'.');
+            out.extend_from_slice(&digits[1..]);
+        }
+        out.push(b'e');
+        out.push(if n - 1 >= 0 { b'+' } else { b'-' });
+        out.extend_from_slice(itoa_u64((n - 1).unsigned_abs() as u64, &mut [0u8; 20]));
+    }
+}
+
+/// ECMAScript breaks a tie between two shortest digit strings (the double lies
+/// exactly halfway) towards the even one; Rust's formatter rounds half up.
+/// Returns the even digits when `digits` lost such a tie. Odd last digits only.
+fn even_tie_digits(v: f64, digits: &[u8], exponent: i32) -> Option<Vec<u8>> {
+    // A double's exact decimal expansion has at most 767 significant digits.
+    let exact = format!("{v:.800e}");
+    let (mantissa, exact_exponent) = exact.split_once('e')?;
+    if exact_exponent.parse::<i32>().ok()? != exponent {
+        return None;
+    }
+    let exact_digits: Vec<u8> = mantissa.bytes().filter(|&b| b != b'.').collect();
+    let (prefix, rest) = exact_digits.split_at(digits.len());
+    let is_tie = rest.first() == Some(&b'5') && rest[1..].iter().all(|&b| b == b'0');
+    if !is_tie {
+        return None;
+    }
+    let mut even = prefix.to_vec();
+    if even.last()? % 2 == 1 {
+        // Round the prefix up by one unit in its last place.
+        let mut i = even.len();
+        loop {
+            i = i.checked_sub(1)?;
+            if even[i] == b'9' {
+                even[i] = b'0';
+            } else {
+                even[i] += 1;
+                break;
+            }
+        }
+    }
+    let candidate = format!("0.{}e{}", std::str::from_utf8(&even).ok()?, exponent + 1);
+    (even != digits && candidate.parse::<f64>().ok()? == v).then_some(even)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn canon(s: &str) -> String {
+        String::from_utf8(canonicalize_json(s.as_bytes()).unwrap()).unwrap()
+    }
+
+    fn es6(v: f64) -> String {
+        let mut out = Vec::new();
+        write_es6_number(&mut out, v);
+        String::from_utf8(out).unwrap()
+    }
+
+    #[test]
+    fn es6_number_serialisation_matches_rfc8785_appendix_b() {
+        let cases: &[(u64, &str)] = &[
+            (0x0000000000000000, "0"),
+            (0x8000000000000000, "0"),
+            (0x0000000000000001, "5e-324"),
+            (0x8000000000000001, "-5e-324"),
+            (0x7fefffffffffffff, "1.7976931348623157e+308"),
+            (0xffefffffffffffff, "-1.7976931348623157e+308"),
+            (0x4340000000000000, "9007199254740992"),
+            (0xc340000000000000, "-9007199254740992"),
+            (0x4430000000000000, "295147905179352830000"),
+            (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+            (0x44b52d02c7e14af6, "1e+23"),
+            (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+            (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef50, "1e+21"),
+            (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+            (0x3eb0c6f7a0b5ed8d, "0.000001"),
+            (0x41b3de4355555553, "333333333.3333332"),
+            (0x41b3de4355555554, "333333333.33333325"),
+            (0x41b3de4355555555, "333333333.3333333"),
+            (0x41b3de4355555556, "333333333.3333334"),
+            (0x41b3de4355555557, "333333333.33333343"),
+            (0xbecbf647612f3696, "-0.0000033333333333333333"),
+            (0x43143ff3c1cb0959, "1424953923781206.2"),
+        ];
+        for &(bits, want) in cases {
+            assert_eq!(es6(f64::from_bits(bits)), want, "bits {bits:#x}");
+        }
+    }
+
+    #[test]
+    fn rfc8785_section_3_2_2_example() {
+        let input = r#"{
+          "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+          "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+          "literals": [null, true, false]
+        }"#;
+        let want = r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#;
+        assert_eq!(canon(input), want);
+    }
+
+    #[test]
+    fn sorts_keys_by_utf16_code_units() {
+        // RFC 8785 section 3.2.3: U+1F600 (surrogates D83D DE00) sorts before U+FB33.
+        let input = "{\"\u{20ac}\":1,\"\\r\":2,\"\u{fb33}\":3,\"1\":4,\"\u{1f600}\":5,\"\u{80}\":6,\"\u{f6}\":7}";
+        let want = "{\"\\r\":2,\"1\":4,\"\u{80}\":6,\"\u{f6}\":7,\"\u{20ac}\":1,\"\u{1f600}\":5,\"\u{fb33}\":3}";
+        assert_eq!(canon(input), want);
+    }
+
+    #[test]
+    fn nested_objects_are_sorted_recursively() {
+        assert_eq!(
+            canon(r#"{"z":{"b":[{"d":1,"c":2}],"a":null},"y":[]}"#),
+            r#"{"y":[],"z":{"a":null,"b":[{"c":2,"d":1}]}}"#
+        );
+    }
+
+    #[test]
+    fn rejects_duplicates_lone_surrogates_and_deep_nesting() {
+        assert!(canonicalize_json(br#"{"a":1,"b":{"x":1,"x":1}}"#).is_err());
+        assert!(canonicalize_json(br#"["\ud800"]"#).is_err());
+        assert!(canonicalize_json(b"\"\xff\"").is_err());
+        let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+        assert!(canonicalize_json(deep.as_bytes()).is_err());
+        let ok_depth = "[".repeat(100) + &"]".repeat(100);
+        assert!(canonicalize_json(ok_depth.as_bytes()).is_ok());
+        assert!(canonicalize_json(b"1e400").is_err());
+        assert!(canonicalize_json(b"{} {}").is_err());
+    }
+
+    #[test]
+    fn large_integers_round_through_double() {
+        assert_eq!(canon("18446744073709551615"), "18446744073709552000");
+        assert_eq!(canon("-9007199254740993"), "-9007199254740992");
+        assert_eq!(canon("[-0, 0.0, -0.0, 1.50]"), "[0,0,0,1.5]");
+    }
+
+    #[test]
+    fn json_content_types() {
+        assert!(is_json_content_type(b"application/json"));
+        assert!(is_json_content_type(b"Application/JSON; charset=utf-8"));
+        assert!(is_json_content_type(b"application/merge-patch+json"));
+        assert!(!is_json_content_type(b"text/json"));
+        assert!(!is_json_content_type(b"application/jsonx"));
+        assert!(!is_json_content_type(b"application/x-www-form-urlencoded"));
+    }
+}

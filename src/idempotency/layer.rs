@@ -1,0 +1,189 @@
+use super::service::IdempotencyService;
+use crate::response::{ErrorFormat, Responder};
+use crate::scope::{FromExtension, Scope, ScopeExtractor};
+use crate::policy::{CacheCreated, CachePolicy};
+use crate::store::Store;
+use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
+use http::{Method, StatusCode};
+use std::sync::Arc;
+use std::time::Duration;
+use tower_layer::Layer;
+
+/// The `Idempotency-Key` header name.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Added to every replayed response: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// Applies [`IdempotencyService`] to a service: retries with the same
+/// `Idempotency-Key` replay the first response instead of running again.
+///
+/// See the [module documentation](crate::idempotency) for the flow and an example.
+#[derive(Clone)]
+pub struct IdempotencyLayer<E = FromExtension<Scope>, P = CacheCreated> {
+    pub(crate) config: Config<E, P>,
+}
+
+#[derive(Clone)]
+pub(crate) struct Config<E, P> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) scope: E,
+    pub(crate) policy: P,
+    pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) replayed_headers: Vec<HeaderName>,
+    pub(crate) responder: Responder,
+}
+
+impl IdempotencyLayer {
+    /// A layer over `store` with the contract's defaults: POST and PATCH,
+    /// header `Idempotency-Key`, scope from a [`Scope`] request extension,
+    /// `201` responses recorded, 1 MiB body limit, 5 s wait for a request in
+    /// progress, and `content-type`, `location`, `etag`, `link` replayed.
+    pub fn new(store: impl Store) -> Self {
+        Self {
+            config: Config {
+                store: Arc::new(store),
+                header: IDEMPOTENCY_KEY,
+                methods: vec![Method::POST, Method::PATCH],
+                scope: FromExtension::new(),
+                policy: CacheCreated,
+                body_limit: 1024 * 1024,
+                body_timeout: None,
+                wait_timeout: Duration::from_secs(5),
+                replayed_headers: vec![CONTENT_TYPE, LOCATION, ETAG, LINK],
+                responder: Responder::default(),
+            },
+        }
+    }
+}
+
+impl<E, P> IdempotencyLayer<E, P> {
+    /// Reads the key from another header than `Idempotency-Key`.
+    pub fn with_header_name(mut self, header: HeaderName) -> Self {
+        self.config.header = header;
+        self
+    }
+
+    /// The methods the layer applies to (default POST and PATCH); others pass through.
+    pub fn with_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
+    }
+
+    /// Where the scope (tenant) of a request comes from.
+    pub fn with_scope<E2: ScopeExtractor>(self, scope: E2) -> IdempotencyLayer<E2, P> {
+        self.replace_parts(|_, policy| (scope, policy))
+    }
+
+    /// Which responses are recorded (default: `201 Created` only).
+    pub fn with_cache_policy<P2: CachePolicy>(self, policy: P2) -> IdempotencyLayer<E, P2> {
+        self.replace_parts(|scope, _| (scope, policy))
+    }
+
+    fn replace_parts<E2, P2>(self, f: impl FnOnce(E, P) -> (E2, P2)) -> IdempotencyLayer<E2, P2> {
+        let Config {
+            store,
+            header,
+            methods,
+            scope,
+            policy,
+            body_limit,
+            body_timeout,
+            wait_timeout,
+            replayed_headers,
+            responder,
+        } = self.config;
+        let (scope, policy) = f(scope, policy);
+        IdempotencyLayer {
+            config: Config {
+                store,
+                header,
+                methods,
+                scope,
+                policy,
+                body_limit,
+                body_timeout,
+                wait_timeout,
+                replayed_headers,
+                responder,
+            },
+        }
+    }
+
+    /// The largest request body buffered, in bytes (default 1 MiB); larger ones get `413`.
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.config.body_limit = bytes;
+        self
+    }
+
+    /// How long the whole request body may take to arrive (default: no limit);
+    /// slower ones get `408 request_timeout`.
+    pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
+        self.config.body_timeout = Some(timeout);
+        self
+    }
+
+    /// How long a duplicate waits for the first request to finish before it gets
+    /// `409 idempotency_in_progress` (default 5 s; zero answers at once).
+    pub fn with_wait_timeout(mut self, timeout: Duration) -> Self {
+        self.config.wait_timeout = timeout;
+        self
+    }
+
+    /// The response headers recorded and replayed (default `content-type`,
+    /// `location`, `etag`, `link`). `set-cookie` is never recorded, even if listed:
+    /// a replay may reach another session of the same tenant.
+    pub fn with_replayed_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
+        self.config.replayed_headers = headers.into_iter().filter(|h| h != SET_COOKIE).collect();
+        self
+    }
+
+    /// Plain JSON refusals (default) or RFC 9457 `application/problem+json`.
+    pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
+        self.config.responder.format = format;
+        self
+    }
+
+    /// The status for a key reused with another request: `409` (default) or
+    /// `422`, as the IETF `Idempotency-Key` draft specifies.
+    pub fn with_key_reuse_status(mut self, status: StatusCode) -> Self {
+        self.config.responder.reuse_status = status;
+        self
+    }
+
+    /// The `Retry-After` sent with `idempotency_in_progress` and
+    /// `idempotency_store_unavailable` (default 1 s, rounded up to whole seconds).
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.config.responder.retry_after = after;
+        self
+    }
+}
+
+impl<S, E: Clone, P: Clone> Layer<S> for IdempotencyLayer<E, P> {
+    type Service = IdempotencyService<S, E, P>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        IdempotencyService::new(inner, Arc::new(self.config.clone()))
+    }
+}
+
+impl<E, P> std::fmt::Debug for IdempotencyLayer<E, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("header", &self.config.header)
+            .field("methods", &self.config.methods)
+            .field("body_limit", &self.config.body_limit)
+            .field("wait_timeout", &self.config.wait_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<E, P> std::fmt::Debug for Config<E, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config").field("header", &self.header).finish_non_exhaustive()
+    }
+}
+

@@ -1,0 +1,88 @@
+//! `Idempotency-Key` middleware: run each request once, replay it to retries.
+//!
+//! # The flow
+//!
+//! For a request whose method the layer applies to (POST and PATCH by default):
+//!
+//! 1. **Scope**: the tenant, from a [`ScopeExtractor`](crate::ScopeExtractor)
+//!    (by default a [`Scope`](crate::Scope) an auth layer put into the request
+//!    extensions). None → `401 unauthorized`.
+//! 2. **Key**: exactly one `Idempotency-Key` header, a token of 8 to 128
+//!    `[A-Za-z0-9._-]` or the same as an RFC 8941 sf-string (`"..."`).
+//!    Otherwise → `400 idempotency_key_required`.
+//! 3. **Body**: buffered up to the limit (1 MiB) → else `413 payload_too_large`.
+//! 4. **Fingerprint**: SHA-256 of method, path and query, key, scope and the body,
+//!    JSON in its RFC 8785 canonical form ([`Fingerprint`](crate::Fingerprint)).
+//! 5. **Decision**, one atomic step in the [`Store`](crate::Store):
+//!
+//! | Store holds for (scope, key)          | Answer                                              |
+//! |---------------------------------------|-----------------------------------------------------|
+//! | nothing, or an expired record/lock    | claim it, run the inner service                     |
+//! | same fingerprint, completed           | replay status, allow-listed headers, body; `Idempotent-Replayed: true` |
+//! | other fingerprint                     | `409 idempotency_key_reuse` (or 422)                |
+//! | same fingerprint, in progress         | wait (5 s) to be woken, then decide again; else `409 idempotency_in_progress` + `Retry-After` |
+//! | store error                           | `503 idempotency_store_unavailable`, nothing runs   |
+//!
+//! 6. **Record**: a response the [`CachePolicy`](crate::CachePolicy) accepts
+//!    (`201` by default) is buffered and stored under the claim's fencing token.
+//!    Anything else — another status, an inner error, a panic, a dropped future,
+//!    a response body that fails — releases the key so a corrected request runs.
+//!
+//! Refusals are JSON `{"code","message"}` (or RFC 9457 problem details) and never
+//! change the inner service's error type.
+//!
+//! # Example
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::{BodyExt, Full};
+//! use std::convert::Infallible;
+//! use std::sync::atomic::{AtomicUsize, Ordering};
+//! use std::sync::Arc;
+//! use tower::{ServiceBuilder, ServiceExt};
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let orders = Arc::new(AtomicUsize::new(0));
+//! let counter = orders.clone();
+//! let service = ServiceBuilder::new()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .service_fn(move |_req: Request<Full<Bytes>>| {
+//!         let n = counter.fetch_add(1, Ordering::SeqCst) + 1;
+//!         async move {
+//!             let body = Full::new(Bytes::from(format!(r#"{{"order":{n}}}"#)));
+//!             Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap())
+//!         }
+//!     });
+//!
+//! let request = || {
+//!     let mut req = Request::post("/v1/orders")
+//!         .header("idempotency-key", "order-7f3a9c2e")
+//!         .header("content-type", "application/json")
+//!         .body(Full::new(Bytes::from_static(br#"{"sku":"A-1","qty":2}"#)))
+//!         .unwrap();
+//!     req.extensions_mut().insert(Scope::new("merchant_1")); // set by your auth layer
+//!     req
+//! };
+//!
+//! let first = service.clone().oneshot(request()).await.unwrap();
+//! let retry = service.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! let first = first.into_body().collect().await.unwrap().to_bytes();
+//! let retry = retry.into_body().collect().await.unwrap().to_bytes();
+//! assert_eq!(first, retry);
+//! assert_eq!(orders.load(Ordering::SeqCst), 1, "the handler ran once");
+//! # }
+//! ```
+
+mod future;
+mod layer;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use service::IdempotencyService;

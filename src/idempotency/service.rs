@@ -1,0 +1,278 @@
+use super::future::ResponseFuture;
+use super::layer::{Config, IDEMPOTENT_REPLAYED};
+use crate::body::{BoxError, ResponseBody};
+use crate::policy::CachePolicy;
+use crate::response::Refusal;
+use crate::scope::ScopeExtractor;
+use crate::store::{Begin, FencingToken, RecordKey, Store, StoredResponse};
+use crate::{Fingerprint, IdempotencyKey};
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// Middleware that runs each `(scope, Idempotency-Key)` at most once and replays
+/// its recorded response to retries. Built by [`IdempotencyLayer`](crate::IdempotencyLayer).
+pub struct IdempotencyService<S, E, P> {
+    inner: S,
+    config: Arc<Config<E, P>>,
+}
+
+impl<S, E, P> IdempotencyService<S, E, P> {
+    pub(crate) fn new(inner: S, config: Arc<Config<E, P>>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone, E, P> Clone for IdempotencyService<S, E, P> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, E, P> std::fmt::Debug for IdempotencyService<S, E, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdempotencyService")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+impl<S, E, P, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, E, P>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    E: ScopeExtractor,
+    P: CachePolicy,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Into<Bytes> + Send,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        if !self.config.methods.contains(req.method()) {
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
+        // The clone is not ready; keep it and run the instance that was polled ready.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::idempotent(Box::pin(handle(self.config.clone(), ready, req)))
+    }
+}
+
+type Answer<B> = Response<ResponseBody<B>>;
+
+async fn handle<S, E, P, ReqBody, ResBody>(
+    config: Arc<Config<E, P>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Answer<ResBody>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    E: ScopeExtractor,
+    P: CachePolicy,
+    ReqBody: Body + From<Bytes>,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let refuse = |refusal| Ok(config.responder.refuse(refusal));
+    let (parts, body) = req.into_parts();
+
+    // Authentication comes first, so an anonymous caller learns nothing about keys.
+    let Some(scope) = config.scope.extract(&parts) else {
+        return refuse(Refusal::Unauthorized);
+    };
+    let Some(key) = IdempotencyKey::from_header_values(parts.headers.get_all(&config.header))
+    else {
+        return refuse(Refusal::KeyRequired);
+    };
+    let bytes = match buffer_body(body, &parts.headers, &config).await {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refuse(refusal),
+    };
+    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+    let fingerprint = Fingerprint::compute(
+        &parts.method,
+        path_and_query,
+        &key,
+        scope.as_str(),
+        parts.headers.get(CONTENT_TYPE),
+        &bytes,
+    );
+    let record = RecordKey::new(scope, key);
+    let store = &config.store;
+
+    // Every pass, including the ones after a wait, compares fingerprints in `begin`.
+    let wait_until = Instant::now() + config.wait_timeout;
+    let token = loop {
+        match store.begin(&record, &fingerprint).await {
+            Ok(Begin::Claimed(token)) => break token,
+            Ok(Begin::Replay(stored)) => return Ok(replay(&stored)),
+            Ok(Begin::Mismatch) => return refuse(Refusal::KeyReuse),
+            Ok(Begin::InProgress) => {
+                let now = Instant::now();
+                if now >= wait_until {
+                    return refuse(Refusal::InProgress);
+                }
+                if store.wait(&record, wait_until - now).await.is_err() {
+                    return refuse(Refusal::StoreUnavailable);
+                }
+            }
+            Err(_) => return refuse(Refusal::StoreUnavailable),
+        }
+    };
+
+    let claim = ClaimGuard {
+        store: store.clone(),
+        record,
+        token: Some(token),
+    };
+    let response = match inner.call(Request::from_parts(parts, ReqBody::from(bytes))).await {
+        Ok(response) => response,
+        Err(error) => {
+            claim.release().await;
+            return Err(error);
+        }
+    };
+    let (res_parts, res_body) = response.into_parts();
+    if !config.policy.should_record(&res_parts) {
+        claim.release().await;
+        return Ok(Response::from_parts(res_parts, ResponseBody::inner(res_body)));
+    }
+    // A recorded response is buffered whole: a replay returns exactly these bytes.
+    let body = match res_body.collect().await.map_err(Into::into) {
+        Ok(collected) => collected.to_bytes(),
+        Err(error) => {
+            claim.release().await;
+            return Ok(Response::from_parts(res_parts, ResponseBody::failed(error)));
+        }
+    };
+    let headers = config
+        .replayed_headers
+        .iter()
+        .flat_map(|name| {
+            res_parts
+                .headers
+                .get_all(name)
+                .iter()
+                .map(move |value| (name.clone(), value.clone()))
+        })
+        .collect();
+    let stored = StoredResponse {
+        status: res_parts.status,
+        headers,
+        body: body.clone(),
+    };
+    // If recording fails the handler has still run: answer with its response and
+    // keep the claim, so no retry runs it again before the lock expires.
+    let _ = claim.complete(stored).await;
+    Ok(Response::from_parts(res_parts, ResponseBody::full(body)))
+}
+
+/// Reads the whole request body within the configured size and time limits.
+async fn buffer_body<B, E, P>(
+    body: B,
+    headers: &http::HeaderMap,
+    config: &Config<E, P>,
+) -> Result<Bytes, Refusal>
+where
+    B: Body,
+    B::Error: Into<BoxError>,
+{
+    let declared = headers
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > config.body_limit as u64) {
+        return Err(Refusal::PayloadTooLarge);
+    }
+    let collect = Limited::new(body, config.body_limit).collect();
+    let collected = match config.body_timeout {
+        Some(limit) => tokio::time::timeout(limit, collect)
+            .await
+            .map_err(|_| Refusal::BodyTimeout)?,
+        None => collect.await,
+    };
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(error) if error.is::<LengthLimitError>() => Err(Refusal::PayloadTooLarge),
+        Err(_) => Err(Refusal::BodyUnreadable),
+    }
+}
+
+fn replay<B>(stored: &StoredResponse) -> Answer<B> {
+    let mut response = Response::new(ResponseBody::full(stored.body.clone()));
+    *response.status_mut() = stored.status;
+    let headers = response.headers_mut();
+    for (name, value) in &stored.headers {
+        headers.append(name.clone(), value.clone());
+    }
+    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    response
+}
+
+/// Holds a claim until it is completed or released. Dropped while still armed
+/// (the handler panicked or the client went away and the future was dropped),
+/// it releases the key in the background so a retry can run.
+struct ClaimGuard {
+    store: Arc<dyn Store>,
+    record: RecordKey,
+    token: Option<FencingToken>,
+}
+
+impl ClaimGuard {
+    async fn complete(mut self, stored: StoredResponse) -> Result<(), crate::StoreError> {
+        let token = self.token.expect("an armed claim has a token");
+        let result = self.store.complete(&self.record, token, stored).await;
+        self.token = None;
+        result
+    }
+
+    async fn release(mut self) {
+        let token = self.token.expect("an armed claim has a token");
+        // Best effort: if the store is down, the claim's lock expiry frees the key.
+        let _ = self.store.release(&self.record, token).await;
+        self.token = None;
+    }
+}
+
+impl Drop for ClaimGuard {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let store = self.store.clone();
+            let record = self.record.clone();
+            runtime.spawn(async move {
+                let _ = store.release(&record, token).await;
+            });
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Every response the layers build themselves: refusals and replays.
+
+use crate::body::ResponseBody;
+use bytes::Bytes;
+use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use http::{Response, StatusCode};
+use std::time::Duration;
+
+/// A request the layer answers itself instead of calling the inner service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refusal {
+    /// `400 idempotency_key_required`: the key header is missing, repeated or malformed.
+    KeyRequired,
+    /// `401 unauthorized`: the request has no scope.
+    Unauthorized,
+    /// `413 payload_too_large`: the body is over the configured limit.
+    PayloadTooLarge,
+    /// `408 request_timeout`: the body did not arrive within the configured time.
+    BodyTimeout,
+    /// `400 body_unreadable`: reading the request body failed.
+    BodyUnreadable,
+    /// `409 idempotency_key_reuse` (or 422): the key was used with another request.
+    KeyReuse,
+    /// `409 idempotency_in_progress` with `Retry-After`: the first request is still running.
+    InProgress,
+    /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
+    StoreUnavailable,
+}
+
+impl Refusal {
+    /// The machine-readable `code` of the response body.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::KeyRequired => "idempotency_key_required",
+            Self::Unauthorized => "unauthorized",
+            Self::PayloadTooLarge => "payload_too_large",
+            Self::BodyTimeout => "request_timeout",
+            Self::BodyUnreadable => "body_unreadable",
+            Self::KeyReuse => "idempotency_key_reuse",
+            Self::InProgress => "idempotency_in_progress",
+            Self::StoreUnavailable => "idempotency_store_unavailable",
+        }
+    }
+
+    /// A human-readable explanation, sent as `message` (or `detail`).
+    pub fn message(self) -> &'static str {
+        match self {
+            Self::KeyRequired => "send exactly one Idempotency-Key header of 8 to 128 characters [A-Za-z0-9._-]",
+            Self::Unauthorized => "authentication is required",
+            Self::PayloadTooLarge => "the request body is larger than the configured limit",
+            Self::BodyTimeout => "the request body did not arrive in time",
+            Self::BodyUnreadable => "the request body could not be read",
+            Self::KeyReuse => "this idempotency key was already used with a different request",
+            Self::InProgress => "a request with this idempotency key is still in progress; retry later",
+            Self::StoreUnavailable => "the idempotency store is unavailable; the request was not processed",
+        }
+    }
+
+    fn default_status(self) -> StatusCode {
+        match self {
+            Self::KeyRequired | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
+            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+/// The shape of refusal bodies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorFormat {
+    /// `application/json`: `{"code": "...", "message": "..."}`.
+    #[default]
+    Json,
+    /// RFC 9457 `application/problem+json`:
+    /// `{"type":"about:blank","title":"...","status":409,"detail":"...","code":"..."}`.
+    Problem,
+}
+
+/// Builds refusals; the one place their status, headers and body are decided.
+#[derive(Clone, Debug)]
+pub(crate) struct Responder {
+    pub(crate) format: ErrorFormat,
+    pub(crate) reuse_status: StatusCode,
+    pub(crate) retry_after: Duration,
+}
+
+impl Default for Responder {
+    fn default() -> Self {
+        Self {
+            format: ErrorFormat::Json,
+            reuse_status: StatusCode::CONFLICT,
+            retry_after: Duration::from_secs(1),
+        }
+    }
+}
+
+impl Responder {
+    pub(crate) fn status(&self, refusal: Refusal) -> StatusCode {
+        match refusal {
+            Refusal::KeyReuse => self.reuse_status,
+            other => other.default_status(),
+        }
+    }
+
+    pub(crate) fn refuse<B>(&self, refusal: Refusal) -> Response<ResponseBody<B>> {
+        let status = self.status(refusal);
+        let (content_type, body) = match self.format {
+            ErrorFormat::Json => (
+                "application/json",
+                serde_json::json!({ "code": refusal.code(), "message": refusal.message() }),
+            ),
+            ErrorFormat::Problem => (
+                "application/problem+json",
+                serde_json::json!({
+                    "type": "about:blank",
+                    "title": status.canonical_reason().unwrap_or_default(),
+                    "status": status.as_u16(),
+                    "detail": refusal.message(),
+                    "code": refusal.code(),
+                }),
+            ),
+        };
+        let mut response = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        if matches!(refusal, Refusal::InProgress | Refusal::StoreUnavailable) {
+            let secs = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}

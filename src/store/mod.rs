@@ -1,0 +1,141 @@
+//! Storage for idempotency records.
+//!
+//! A [`Store`] decides atomically, per `(scope, key)`, whether a request runs,
+//! replays, or is refused. Two stores ship with the crate: [`MemoryStore`] for a
+//! single process, and `PostgresStore` (feature `postgres`) for many app
+//! instances sharing one database. Both pass the same conformance suite.
+
+mod memory;
+
+pub use memory::MemoryStore;
+
+use crate::body::BoxError;
+use crate::{Fingerprint, IdempotencyKey, Scope};
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, StatusCode};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The identity of a record: a key is unique within its scope only.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct RecordKey {
+    scope: Scope,
+    key: IdempotencyKey,
+}
+
+impl RecordKey {
+    /// The record for `key` within `scope`.
+    pub fn new(scope: Scope, key: IdempotencyKey) -> Self {
+        Self { scope, key }
+    }
+
+    /// The scope (tenant) part.
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    /// The idempotency key part.
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+}
+
+/// Proof of a claim: only its holder may complete or release the record.
+///
+/// Tokens increase with every claim of a key, so a claim taken over after its
+/// lock expired has a higher token than the one it replaced, and the old
+/// owner's late completion is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(pub i64);
+
+/// A recorded response, replayed byte for byte.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// The response status.
+    pub status: StatusCode,
+    /// Allow-listed response headers, in their original order.
+    pub headers: Vec<(HeaderName, HeaderValue)>,
+    /// The complete response body.
+    pub body: Bytes,
+}
+
+/// What [`Store::begin`] decided for a request.
+#[derive(Clone, Debug)]
+pub enum Begin {
+    /// The key was free (or its previous claim's lock expired): the caller now
+    /// holds it and runs the request.
+    Claimed(FencingToken),
+    /// The same request completed earlier: replay this response.
+    Replay(Arc<StoredResponse>),
+    /// The key is held or was completed by a request with another fingerprint.
+    Mismatch,
+    /// The same request is still running under an unexpired lock.
+    InProgress,
+}
+
+/// A store failure. The layer answers `503` and never runs the request.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The claim was taken over or released: its token no longer owns the record.
+    ClaimLost,
+    /// The store is at its configured capacity and nothing has expired.
+    CapacityExceeded,
+    /// The backend failed (connection, timeout, query error).
+    Backend(BoxError),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ClaimLost => f.write_str("the claim's fencing token no longer owns the record"),
+            Self::CapacityExceeded => f.write_str("the idempotency store is full"),
+            Self::Backend(e) => write!(f, "idempotency store backend error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Backend(e) => Some(&**e),
+            _ => None,
+        }
+    }
+}
+
+/// Atomic storage of idempotency records.
+///
+/// Every operation is atomic per [`RecordKey`]; `complete` and `release` are
+/// fenced by the token returned from `begin`. Lock and retention durations
+/// are properties of the store, measured on the store's own clock.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Decides a request in one atomic step: claim a free (or expired) key, or
+    /// report a replay, a fingerprint mismatch, or a request still in progress.
+    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint)
+        -> Result<Begin, StoreError>;
+
+    /// Records the response of a claimed request, if `token` still owns the claim;
+    /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing.
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<(), StoreError>;
+
+    /// Frees a claimed key so a later request may run, if `token` still owns it.
+    /// Releasing a claim that is already gone is not an error.
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
+
+    /// Waits until the key is no longer in progress (completed, released, or its
+    /// lock expired), or until `timeout` elapses. Returns immediately when the key
+    /// is not in progress. The caller calls [`begin`](Store::begin) again afterwards.
+    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError>;
+
+    /// Deletes expired records; returns how many were deleted.
+    async fn purge_expired(&self) -> Result<u64, StoreError>;
+}
