@@ -1,0 +1,296 @@
+//! The store conformance suite: every `Store` implementation must pass it.
+//!
+//! A test file supplies a factory `async fn(Durations) -> Option<S>` (returning
+//! `None` to skip, e.g. without `DATABASE_URL`) and invokes
+//! `store_conformance_tests!(factory);`.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Method, StatusCode};
+use std::sync::Arc;
+use std::time::Duration;
+use tower_idempotency::{
+    Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, Scope, Store, StoreError,
+    StoredResponse,
+};
+
+/// Lock and retention durations a store under test is built with.
+#[derive(Clone, Copy, Debug)]
+pub struct Durations {
+    pub lock: Duration,
+    pub retention: Duration,
+}
+
+/// Long enough that nothing expires during a test.
+pub const LONG: Durations = Durations {
+    lock: Duration::from_secs(60),
+    retention: Duration::from_secs(3600),
+};
+
+/// Short enough to watch locks and records expire.
+pub const SHORT: Durations = Durations {
+    lock: Duration::from_millis(400),
+    retention: Duration::from_millis(800),
+};
+
+pub fn record(scope: &str, key: &str) -> RecordKey {
+    RecordKey::new(
+        Scope::new(scope),
+        IdempotencyKey::parse(key.as_bytes()).expect("valid test key"),
+    )
+}
+
+pub fn fingerprint(body: &str) -> Fingerprint {
+    let key = IdempotencyKey::parse(b"conformance-key").unwrap();
+    Fingerprint::compute(&Method::POST, "/t", &key, "s", None, body.as_bytes())
+}
+
+pub fn response(body: &'static [u8]) -> StoredResponse {
+    StoredResponse {
+        status: StatusCode::CREATED,
+        headers: vec![
+            (
+                HeaderName::from_static("content-type"),
+                HeaderValue::from_static("application/octet-stream"),
+            ),
+            (
+                HeaderName::from_static("link"),
+                HeaderValue::from_static("</a>; rel=\"a\""),
+            ),
+            (
+                HeaderName::from_static("link"),
+                HeaderValue::from_static("</b>; rel=\"b\""),
+            ),
+        ],
+        body: Bytes::from_static(body),
+    }
+}
+
+fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+async fn claim<S: Store>(store: &S, key: &RecordKey, fp: &Fingerprint) -> FencingToken {
+    match store.begin(key, fp).await.expect("begin") {
+        Begin::Claimed(token) => token,
+        other => panic!("expected a claim, got {other:?}"),
+    }
+}
+
+pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-00000001");
+    let fp = fingerprint("a");
+    claim(&store, &key, &fp).await;
+    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
+    assert!(matches!(
+        store.begin(&key, &fingerprint("b")).await.unwrap(),
+        Begin::Mismatch
+    ));
+}
+
+pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-00000002");
+    let fp = fingerprint("a");
+    let token = claim(&store, &key, &fp).await;
+    let body: &'static [u8] = b"\x00\xff binary \r\n body \xc3\xa9";
+    store.complete(&key, token, response(body)).await.unwrap();
+    match store.begin(&key, &fp).await.unwrap() {
+        Begin::Replay(stored) => assert_eq!(*stored, response(body)),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert!(matches!(
+        store.begin(&key, &fingerprint("b")).await.unwrap(),
+        Begin::Mismatch
+    ));
+}
+
+pub async fn release_frees_the_key_for_a_new_claim<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-00000003");
+    let first = claim(&store, &key, &fingerprint("a")).await;
+    store.release(&key, first).await.unwrap();
+    // A corrected request with another body may now run.
+    let second = claim(&store, &key, &fingerprint("b")).await;
+    assert_ne!(first, second);
+}
+
+pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-00000004");
+    let fp = fingerprint("a");
+    let token = claim(&store, &key, &fp).await;
+    let forged = FencingToken(token.0 + 1_000_000);
+    assert!(matches!(
+        store.complete(&key, forged, response(b"forged")).await,
+        Err(StoreError::ClaimLost)
+    ));
+    store.release(&key, forged).await.unwrap();
+    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
+    store.complete(&key, token, response(b"real")).await.unwrap();
+    // A completed record cannot be completed again, nor released.
+    assert!(matches!(
+        store.complete(&key, token, response(b"again")).await,
+        Err(StoreError::ClaimLost)
+    ));
+    store.release(&key, token).await.unwrap();
+    match store.begin(&key, &fp).await.unwrap() {
+        Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"real")),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+pub async fn keys_are_scoped<S: Store>(store: S) {
+    let (acme, globex) = (unique("acme"), unique("globex"));
+    let fp = fingerprint("a");
+    let a = record(&acme, "shared-key-1");
+    let b = record(&globex, "shared-key-1");
+    let token = claim(&store, &a, &fp).await;
+    store.complete(&a, token, response(b"acme")).await.unwrap();
+    // Same key string, other tenant: its own claim, never acme's response.
+    claim(&store, &b, &fp).await;
+}
+
+pub async fn wait_is_woken_by_completion<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let key = record(&unique("scope"), "key-00000005");
+    let fp = fingerprint("a");
+    let token = claim(&*store, &key, &fp).await;
+    let waiter = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move {
+            store.wait(&key, Duration::from_secs(30)).await.unwrap();
+            store.begin(&key, &fingerprint("a")).await.unwrap()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.complete(&key, token, response(b"done")).await.unwrap();
+    // Woken, not timed out: the 30 s wait would fail this bound by far.
+    let decided = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was woken by the completion")
+        .unwrap();
+    assert!(matches!(decided, Begin::Replay(_)));
+}
+
+pub async fn wait_is_woken_by_release<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let key = record(&unique("scope"), "key-00000006");
+    let token = claim(&*store, &key, &fingerprint("a")).await;
+    let waiter = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move { store.wait(&key, Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store.release(&key, token).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was woken by the release")
+        .unwrap()
+        .unwrap();
+}
+
+pub async fn wait_gives_up_at_its_timeout<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-00000007");
+    let fp = fingerprint("a");
+    claim(&store, &key, &fp).await;
+    store.wait(&key, Duration::from_millis(200)).await.unwrap();
+    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
+    // Not in progress at all: returns at once.
+    let free = record(&unique("scope"), "key-00000008");
+    tokio::time::timeout(Duration::from_secs(5), store.wait(&free, Duration::from_secs(60)))
+        .await
+        .expect("no wait for a free key")
+        .unwrap();
+}
+
+pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
+    let store = Arc::new(store);
+    let key = record(&unique("scope"), "key-00000009");
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move { store.begin(&key, &fingerprint("a")).await.unwrap() })
+        })
+        .collect();
+    let mut claims = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            Begin::Claimed(_) => claims += 1,
+            Begin::InProgress => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(claims, 1);
+}
+
+/// Needs a store built with [`SHORT`] durations.
+pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-0000000a");
+    let fp = fingerprint("a");
+    let dead = claim(&store, &key, &fp).await;
+    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
+    tokio::time::sleep(SHORT.lock + Duration::from_millis(200)).await;
+    let fresh = claim(&store, &key, &fp).await;
+    assert!(fresh > dead, "a takeover gets a higher fencing token");
+    assert!(matches!(
+        store.complete(&key, dead, response(b"late")).await,
+        Err(StoreError::ClaimLost)
+    ));
+    store.release(&key, dead).await.unwrap();
+    store.complete(&key, fresh, response(b"fresh")).await.unwrap();
+    match store.begin(&key, &fp).await.unwrap() {
+        Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"fresh")),
+        other => panic!("expected the new owner's response, got {other:?}"),
+    }
+}
+
+/// Needs a store built with [`SHORT`] durations.
+pub async fn expired_records_are_reusable_and_purged<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-0000000b");
+    let token = claim(&store, &key, &fingerprint("a")).await;
+    store.complete(&key, token, response(b"old")).await.unwrap();
+    let other = record(&unique("scope"), "key-0000000c");
+    let token = claim(&store, &other, &fingerprint("a")).await;
+    store.complete(&other, token, response(b"old")).await.unwrap();
+    tokio::time::sleep(SHORT.retention + Duration::from_millis(300)).await;
+    assert!(store.purge_expired().await.unwrap() >= 2);
+    // An expired key may be used again, even with another body.
+    claim(&store, &key, &fingerprint("b")).await;
+    claim(&store, &other, &fingerprint("b")).await;
+}
+
+/// Generates one `#[tokio::test]` per conformance check for a store factory.
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($factory:path) => {
+        $crate::store_conformance_tests!(@tests $factory, LONG:
+            fresh_key_is_claimed_then_in_progress,
+            completed_record_replays_exact_bytes_status_and_headers,
+            release_frees_the_key_for_a_new_claim,
+            only_the_token_holder_completes_or_releases,
+            keys_are_scoped,
+            wait_is_woken_by_completion,
+            wait_is_woken_by_release,
+            wait_gives_up_at_its_timeout,
+            concurrent_begins_claim_exactly_once,
+        );
+        $crate::store_conformance_tests!(@tests $factory, SHORT:
+            expired_lock_is_taken_over_and_the_old_token_is_fenced,
+            expired_records_are_reusable_and_purged,
+        );
+    };
+    (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                if let Some(store) = $factory(conformance::$durations).await {
+                    conformance::$name(store).await;
+                }
+            }
+        )*
+    };
+}

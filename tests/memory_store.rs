@@ -1,0 +1,65 @@
+//! The store conformance suite against `MemoryStore`, plus its own bounds.
+
+mod conformance;
+
+use conformance::Durations;
+use std::time::Duration;
+use tower_idempotency::{Begin, MemoryStore, Store, StoreError};
+
+async fn memory_store(d: Durations) -> Option<MemoryStore> {
+    Some(
+        MemoryStore::new()
+            .with_lock_timeout(d.lock)
+            .with_retention(d.retention),
+    )
+}
+
+store_conformance_tests!(memory_store);
+
+#[tokio::test]
+async fn capacity_bounds_memory_and_fails_closed_when_full() {
+    let store = MemoryStore::new().with_capacity(100);
+    let fp = conformance::fingerprint("a");
+    for i in 0..100 {
+        let key = conformance::record("s", &format!("key-{i:08}"));
+        assert!(matches!(store.begin(&key, &fp).await, Ok(Begin::Claimed(_))));
+    }
+    let extra = conformance::record("s", "key-overflow");
+    assert!(matches!(
+        store.begin(&extra, &fp).await,
+        Err(StoreError::CapacityExceeded)
+    ));
+    // Existing keys still answer.
+    let first = conformance::record("s", "key-00000000");
+    assert!(matches!(store.begin(&first, &fp).await, Ok(Begin::InProgress)));
+    assert_eq!(store.len(), 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
+    let store = MemoryStore::new()
+        .with_lock_timeout(Duration::from_secs(1))
+        .with_retention(Duration::from_secs(10))
+        .with_capacity(1_000);
+    let fp = conformance::fingerprint("a");
+    for i in 0..1_000 {
+        let key = conformance::record("s", &format!("key-{i:08}"));
+        let Ok(Begin::Claimed(token)) = store.begin(&key, &fp).await else {
+            panic!("claim");
+        };
+        store
+            .complete(&key, token, conformance::response(b"x"))
+            .await
+            .unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(11)).await;
+    // Full of expired records: a new claim evicts instead of failing.
+    let fresh = conformance::record("s", "key-fresh-01");
+    assert!(matches!(store.begin(&fresh, &fp).await, Ok(Begin::Claimed(_))));
+    assert!(store.len() < 1_000);
+    for i in 0..200 {
+        let key = conformance::record("t", &format!("key-{i:08}"));
+        store.begin(&key, &fp).await.unwrap();
+    }
+    assert!(store.len() <= 201, "old records were evicted: {}", store.len());
+}
