@@ -139,3 +139,36 @@ pub trait Store: Send + Sync + 'static {
     /// Deletes expired records; returns how many were deleted.
     async fn purge_expired(&self) -> Result<u64, StoreError>;
 }
+
+/// Shares one store between layers (or keeps a handle for `purge_expired`).
+#[async_trait]
+impl<T: Store + ?Sized> Store for Arc<T> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+    ) -> Result<Begin, StoreError> {
+        (**self).begin(key, fingerprint).await
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<(), StoreError> {
+        (**self).complete(key, token, response).await
+    }
+
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        (**self).release(key, token).await
+    }
+
+    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
+        (**self).wait(key, timeout).await
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        (**self).purge_expired().await
+    }
+}
