@@ -1,0 +1,96 @@
+//! A real HTTP/1.1 client and an in-process loopback server for tests.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
+
+/// A response read whole.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn code(&self) -> String {
+        self.json()["code"].as_str().unwrap_or_default().to_owned()
+    }
+
+    pub fn replayed(&self) -> bool {
+        self.headers
+            .get("idempotent-replayed")
+            .is_some_and(|v| v == "true")
+    }
+}
+
+#[derive(Clone)]
+pub struct HttpClient {
+    base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl HttpClient {
+    pub fn new(addr: SocketAddr) -> Self {
+        let client = Client::builder(TokioExecutor::new())
+            .pool_max_idle_per_host(64)
+            .build_http();
+        Self {
+            base: format!("http://{addr}"),
+            client,
+        }
+    }
+
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Reply {
+        let mut builder = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        let response = self
+            .client
+            .request(builder.body(Full::new(body.into())).unwrap())
+            .await
+            .expect("request failed");
+        let (parts, body) = response.into_parts();
+        Reply {
+            status: parts.status,
+            headers: parts.headers,
+            body: body.collect().await.expect("response body").to_bytes(),
+        }
+    }
+
+    pub async fn post_json(&self, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.send(Method::POST, path, &all, body.to_owned()).await
+    }
+
+    pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send(Method::GET, path, headers, Bytes::new()).await
+    }
+}
+
+/// Serves `app` on a loopback port until the test's runtime ends.
+pub async fn serve(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
