@@ -30,12 +30,16 @@ pin_project! {
 
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
-        Self { kind: Kind::Inner { body } }
+        Self {
+            kind: Kind::Inner { body },
+        }
     }
 
     pub(crate) fn full(data: Bytes) -> Self {
         let data = (!data.is_empty()).then_some(data);
-        Self { kind: Kind::Full { data } }
+        Self {
+            kind: Kind::Full { data },
+        }
     }
 
     /// A body that yields `error` on first poll: the inner body failed while the
@@ -84,7 +88,9 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
             Kind::Failed { .. } => SizeHint::default(),
         }
     }

@@ -218,7 +218,8 @@ impl<'de> Visitor<'de> for CanonicalValue<'_> {
             }
             write_json_string(self.out, key);
             self.out.push(b':');
-            self.out.extend_from_slice(&values[from - start..to - start]);
+            self.out
+                .extend_from_slice(&values[from - start..to - start]);
         }
         self.out.push(b'}');
         Ok(())
@@ -311,8 +312,15 @@ pub(crate) fn write_es6_number(out: &mut Vec<u8>, v: f64) {
         cursor.position() as usize
     };
     let text = &buf[..len];
-    let e_at = text.iter().position(|&b| b == b'e').expect("{:e} has an exponent");
-    let mut digits: Vec<u8> = text[..e_at].iter().copied().filter(|&b| b != b'.').collect();
+    let e_at = text
+        .iter()
+        .position(|&b| b == b'e')
+        .expect("{:e} has an exponent");
+    let mut digits: Vec<u8> = text[..e_at]
+        .iter()
+        .copied()
+        .filter(|&b| b != b'.')
+        .collect();
     let exponent: i32 = std::str::from_utf8(&text[e_at + 1..])
         .ok()
         .and_then(|s| s.parse().ok())

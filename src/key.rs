@@ -63,7 +63,9 @@ impl IdempotencyKey {
 
 impl fmt::Debug for IdempotencyKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("IdempotencyKey").field(&self.as_str()).finish()
+        f.debug_tuple("IdempotencyKey")
+            .field(&self.as_str())
+            .finish()
     }
 }
 

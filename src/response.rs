@@ -46,14 +46,20 @@ impl Refusal {
     /// A human-readable explanation, sent as `message` (or `detail`).
     pub fn message(self) -> &'static str {
         match self {
-            Self::KeyRequired => "send exactly one Idempotency-Key header of 8 to 128 characters [A-Za-z0-9._-]",
+            Self::KeyRequired => {
+                "send exactly one Idempotency-Key header of 8 to 128 characters [A-Za-z0-9._-]"
+            }
             Self::Unauthorized => "authentication is required",
             Self::PayloadTooLarge => "the request body is larger than the configured limit",
             Self::BodyTimeout => "the request body did not arrive in time",
             Self::BodyUnreadable => "the request body could not be read",
             Self::KeyReuse => "this idempotency key was already used with a different request",
-            Self::InProgress => "a request with this idempotency key is still in progress; retry later",
-            Self::StoreUnavailable => "the idempotency store is unavailable; the request was not processed",
+            Self::InProgress => {
+                "a request with this idempotency key is still in progress; retry later"
+            }
+            Self::StoreUnavailable => {
+                "the idempotency store is unavailable; the request was not processed"
+            }
         }
     }
 

@@ -22,7 +22,10 @@ async fn capacity_bounds_memory_and_fails_closed_when_full() {
     let fp = conformance::fingerprint("a");
     for i in 0..100 {
         let key = conformance::record("s", &format!("key-{i:08}"));
-        assert!(matches!(store.begin(&key, &fp).await, Ok(Begin::Claimed(_))));
+        assert!(matches!(
+            store.begin(&key, &fp).await,
+            Ok(Begin::Claimed(_))
+        ));
     }
     let extra = conformance::record("s", "key-overflow");
     assert!(matches!(
@@ -31,7 +34,10 @@ async fn capacity_bounds_memory_and_fails_closed_when_full() {
     ));
     // Existing keys still answer.
     let first = conformance::record("s", "key-00000000");
-    assert!(matches!(store.begin(&first, &fp).await, Ok(Begin::InProgress)));
+    assert!(matches!(
+        store.begin(&first, &fp).await,
+        Ok(Begin::InProgress)
+    ));
     assert_eq!(store.len(), 100);
 }
 
@@ -55,11 +61,18 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
     tokio::time::advance(Duration::from_secs(11)).await;
     // Full of expired records: a new claim evicts instead of failing.
     let fresh = conformance::record("s", "key-fresh-01");
-    assert!(matches!(store.begin(&fresh, &fp).await, Ok(Begin::Claimed(_))));
+    assert!(matches!(
+        store.begin(&fresh, &fp).await,
+        Ok(Begin::Claimed(_))
+    ));
     assert!(store.len() < 1_000);
     for i in 0..200 {
         let key = conformance::record("t", &format!("key-{i:08}"));
         store.begin(&key, &fp).await.unwrap();
     }
-    assert!(store.len() <= 201, "old records were evicted: {}", store.len());
+    assert!(
+        store.len() <= 201,
+        "old records were evicted: {}",
+        store.len()
+    );
 }

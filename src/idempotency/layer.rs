@@ -1,7 +1,7 @@
 use super::service::IdempotencyService;
+use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
-use crate::policy::{CacheCreated, CachePolicy};
 use crate::store::Store;
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
 use http::{Method, StatusCode};
@@ -183,7 +183,8 @@ impl<E, P> std::fmt::Debug for IdempotencyLayer<E, P> {
 
 impl<E, P> std::fmt::Debug for Config<E, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config").field("header", &self.header).finish_non_exhaustive()
+        f.debug_struct("Config")
+            .field("header", &self.header)
+            .finish_non_exhaustive()
     }
 }
-

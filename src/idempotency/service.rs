@@ -153,7 +153,10 @@ where
         record,
         token: Some(token),
     };
-    let response = match inner.call(Request::from_parts(parts, ReqBody::from(bytes))).await {
+    let response = match inner
+        .call(Request::from_parts(parts, ReqBody::from(bytes)))
+        .await
+    {
         Ok(response) => response,
         Err(error) => {
             claim.release().await;
@@ -163,7 +166,10 @@ where
     let (res_parts, res_body) = response.into_parts();
     if !config.policy.should_record(&res_parts) {
         claim.release().await;
-        return Ok(Response::from_parts(res_parts, ResponseBody::inner(res_body)));
+        return Ok(Response::from_parts(
+            res_parts,
+            ResponseBody::inner(res_body),
+        ));
     }
     // A recorded response is buffered whole: a replay returns exactly these bytes.
     let body = match res_body.collect().await.map_err(Into::into) {

@@ -97,7 +97,11 @@ impl MemoryStore {
     /// A store retaining records for 24 hours, locking claims for 60 seconds,
     /// holding at most one million records.
     pub fn new() -> Self {
-        Self::build(Duration::from_secs(24 * 3600), Duration::from_secs(60), 1_000_000)
+        Self::build(
+            Duration::from_secs(24 * 3600),
+            Duration::from_secs(60),
+            1_000_000,
+        )
     }
 
     fn build(retention: Duration, lock_timeout: Duration, capacity: usize) -> Self {
@@ -171,7 +175,10 @@ impl MemoryStore {
 
     /// Evicts up to `budget` expired records from each queue, oldest first.
     fn evict(&self, now: Instant, budget: usize) {
-        for queue in [&self.shared.lock_deadlines, &self.shared.retention_deadlines] {
+        for queue in [
+            &self.shared.lock_deadlines,
+            &self.shared.retention_deadlines,
+        ] {
             for _ in 0..budget {
                 let due = {
                     let mut q = lock(queue);
@@ -203,11 +210,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn begin(
-        &self,
-        key: &RecordKey,
-        fingerprint: &Fingerprint,
-    ) -> Result<Begin, StoreError> {
+    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError> {
         let now = Instant::now();
         self.evict(now, EVICTIONS_PER_CALL);
         if self.len() >= self.shared.capacity && !self.shared.records.contains_key(key) {
@@ -338,7 +341,9 @@ impl Store for MemoryStore {
             }
             keep
         });
-        self.shared.live.fetch_sub(purged as usize, Ordering::Relaxed);
+        self.shared
+            .live
+            .fetch_sub(purged as usize, Ordering::Relaxed);
         Ok(purged)
     }
 }

@@ -115,8 +115,7 @@ impl std::error::Error for StoreError {
 pub trait Store: Send + Sync + 'static {
     /// Decides a request in one atomic step: claim a free (or expired) key, or
     /// report a replay, a fingerprint mismatch, or a request still in progress.
-    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint)
-        -> Result<Begin, StoreError>;
+    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError>;
 
     /// Records the response of a claimed request, if `token` still owns the claim;
     /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing.
@@ -143,11 +142,7 @@ pub trait Store: Send + Sync + 'static {
 /// Shares one store between layers (or keeps a handle for `purge_expired`).
 #[async_trait]
 impl<T: Store + ?Sized> Store for Arc<T> {
-    async fn begin(
-        &self,
-        key: &RecordKey,
-        fingerprint: &Fingerprint,
-    ) -> Result<Begin, StoreError> {
+    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError> {
         (**self).begin(key, fingerprint).await
     }
 

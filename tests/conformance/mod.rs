@@ -87,7 +87,10 @@ pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000001");
     let fp = fingerprint("a");
     claim(&store, &key, &fp).await;
-    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
+    assert!(matches!(
+        store.begin(&key, &fp).await.unwrap(),
+        Begin::InProgress
+    ));
     assert!(matches!(
         store.begin(&key, &fingerprint("b")).await.unwrap(),
         Begin::Mismatch
@@ -129,8 +132,14 @@ pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
         Err(StoreError::ClaimLost)
     ));
     store.release(&key, forged).await.unwrap();
-    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
-    store.complete(&key, token, response(b"real")).await.unwrap();
+    assert!(matches!(
+        store.begin(&key, &fp).await.unwrap(),
+        Begin::InProgress
+    ));
+    store
+        .complete(&key, token, response(b"real"))
+        .await
+        .unwrap();
     // A completed record cannot be completed again, nor released.
     assert!(matches!(
         store.complete(&key, token, response(b"again")).await,
@@ -167,7 +176,10 @@ pub async fn wait_is_woken_by_completion<S: Store>(store: S) {
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
-    store.complete(&key, token, response(b"done")).await.unwrap();
+    store
+        .complete(&key, token, response(b"done"))
+        .await
+        .unwrap();
     // Woken, not timed out: the 30 s wait would fail this bound by far.
     let decided = tokio::time::timeout(Duration::from_secs(10), waiter)
         .await
@@ -198,13 +210,19 @@ pub async fn wait_gives_up_at_its_timeout<S: Store>(store: S) {
     let fp = fingerprint("a");
     claim(&store, &key, &fp).await;
     store.wait(&key, Duration::from_millis(200)).await.unwrap();
-    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
+    assert!(matches!(
+        store.begin(&key, &fp).await.unwrap(),
+        Begin::InProgress
+    ));
     // Not in progress at all: returns at once.
     let free = record(&unique("scope"), "key-00000008");
-    tokio::time::timeout(Duration::from_secs(5), store.wait(&free, Duration::from_secs(60)))
-        .await
-        .expect("no wait for a free key")
-        .unwrap();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        store.wait(&free, Duration::from_secs(60)),
+    )
+    .await
+    .expect("no wait for a free key")
+    .unwrap();
 }
 
 pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
@@ -232,7 +250,10 @@ pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(st
     let key = record(&unique("scope"), "key-0000000a");
     let fp = fingerprint("a");
     let dead = claim(&store, &key, &fp).await;
-    assert!(matches!(store.begin(&key, &fp).await.unwrap(), Begin::InProgress));
+    assert!(matches!(
+        store.begin(&key, &fp).await.unwrap(),
+        Begin::InProgress
+    ));
     tokio::time::sleep(SHORT.lock + Duration::from_millis(200)).await;
     let fresh = claim(&store, &key, &fp).await;
     assert!(fresh > dead, "a takeover gets a higher fencing token");
@@ -241,7 +262,10 @@ pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(st
         Err(StoreError::ClaimLost)
     ));
     store.release(&key, dead).await.unwrap();
-    store.complete(&key, fresh, response(b"fresh")).await.unwrap();
+    store
+        .complete(&key, fresh, response(b"fresh"))
+        .await
+        .unwrap();
     match store.begin(&key, &fp).await.unwrap() {
         Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"fresh")),
         other => panic!("expected the new owner's response, got {other:?}"),
@@ -255,7 +279,10 @@ pub async fn expired_records_are_reusable_and_purged<S: Store>(store: S) {
     store.complete(&key, token, response(b"old")).await.unwrap();
     let other = record(&unique("scope"), "key-0000000c");
     let token = claim(&store, &other, &fingerprint("a")).await;
-    store.complete(&other, token, response(b"old")).await.unwrap();
+    store
+        .complete(&other, token, response(b"old"))
+        .await
+        .unwrap();
     tokio::time::sleep(SHORT.retention + Duration::from_millis(300)).await;
     assert!(store.purge_expired().await.unwrap() >= 2);
     // An expired key may be used again, even with another body.
