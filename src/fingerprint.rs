@@ -334,14 +334,14 @@ pub(crate) fn write_es6_number(out: &mut Vec<u8>, v: f64) {
     let n = exponent + 1;
     if k <= n && n <= 21 {
         out.extend_from_slice(&digits);
-        out.extend(std::iter::repeat(b'0').take((n - k) as usize));
+        out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
     } else if 0 < n && n <= 21 {
         out.extend_from_slice(&digits[..n as usize]);
         out.push(b'.');
         out.extend_from_slice(&digits[n as usize..]);
     } else if -6 < n && n <= 0 {
         out.extend_from_slice(b"0.");
-        out.extend(std::iter::repeat(b'0').take((-n) as usize));
+        out.extend(std::iter::repeat_n(b'0', (-n) as usize));
         out.extend_from_slice(&digits);
     } else {
         out.push(digits[0]);
@@ -350,7 +350,7 @@ pub(crate) fn write_es6_number(out: &mut Vec<u8>, v: f64) {
             out.extend_from_slice(&digits[1..]);
         }
         out.push(b'e');
-        out.push(if n - 1 >= 0 { b'+' } else { b'-' });
+        out.push(if n > 0 { b'+' } else { b'-' });
         out.extend_from_slice(itoa_u64((n - 1).unsigned_abs() as u64, &mut [0u8; 20]));
     }
 }
