@@ -29,9 +29,11 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 pub mod body;
+mod buffer;
 pub mod fingerprint;
 pub mod idempotency;
 mod key;
+pub mod lease;
 mod policy;
 mod response;
 mod scope;
@@ -41,7 +43,10 @@ pub use body::{BoxError, ResponseBody};
 pub use fingerprint::Fingerprint;
 pub use idempotency::{IdempotencyLayer, IdempotencyService};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
+pub use lease::{Lease, LeaseLayer};
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
+#[cfg(feature = "postgres")]
+pub use store::PostgresStore;
 pub use store::{Begin, FencingToken, MemoryStore, RecordKey, Store, StoreError, StoredResponse};

@@ -26,6 +26,10 @@ pub enum Refusal {
     InProgress,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
+    /// `403 tenant_mismatch`: the body names another tenant than the caller's.
+    TenantMismatch,
+    /// `429 budget_exhausted`: the tenant's job allowance for the period is spent.
+    BudgetExhausted,
 }
 
 impl Refusal {
@@ -40,6 +44,8 @@ impl Refusal {
             Self::KeyReuse => "idempotency_key_reuse",
             Self::InProgress => "idempotency_in_progress",
             Self::StoreUnavailable => "idempotency_store_unavailable",
+            Self::TenantMismatch => "tenant_mismatch",
+            Self::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -60,6 +66,8 @@ impl Refusal {
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
             }
+            Self::TenantMismatch => "the request names another tenant than the authenticated one",
+            Self::BudgetExhausted => "the job allowance for this period is spent",
         }
     }
 
@@ -71,6 +79,8 @@ impl Refusal {
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TenantMismatch => StatusCode::FORBIDDEN,
+            Self::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
@@ -114,11 +124,27 @@ impl Responder {
     }
 
     pub(crate) fn refuse<B>(&self, refusal: Refusal) -> Response<ResponseBody<B>> {
-        let status = self.status(refusal);
+        let mut response = self.error(self.status(refusal), refusal.code(), refusal.message());
+        if matches!(refusal, Refusal::InProgress | Refusal::StoreUnavailable) {
+            let secs = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+
+    /// Any error answer, in the configured format.
+    pub(crate) fn error<B>(
+        &self,
+        status: StatusCode,
+        code: &str,
+        message: &str,
+    ) -> Response<ResponseBody<B>> {
         let (content_type, body) = match self.format {
             ErrorFormat::Json => (
                 "application/json",
-                serde_json::json!({ "code": refusal.code(), "message": refusal.message() }),
+                serde_json::json!({ "code": code, "message": message }),
             ),
             ErrorFormat::Problem => (
                 "application/problem+json",
@@ -126,19 +152,25 @@ impl Responder {
                     "type": "about:blank",
                     "title": status.canonical_reason().unwrap_or_default(),
                     "status": status.as_u16(),
-                    "detail": refusal.message(),
-                    "code": refusal.code(),
+                    "detail": message,
+                    "code": code,
                 }),
             ),
         };
-        let mut response = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
-        *response.status_mut() = status;
-        let headers = response.headers_mut();
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-        if matches!(refusal, Refusal::InProgress | Refusal::StoreUnavailable) {
-            let secs = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            headers.insert(RETRY_AFTER, HeaderValue::from(secs));
-        }
-        response
+        json_response(status, content_type, &body)
     }
+}
+
+/// A response with a JSON body the layer built itself.
+pub(crate) fn json_response<B>(
+    status: StatusCode,
+    content_type: &'static str,
+    body: &serde_json::Value,
+) -> Response<ResponseBody<B>> {
+    let mut response = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
 }

@@ -7,10 +7,11 @@ use crate::scope::ScopeExtractor;
 use crate::store::{Begin, FencingToken, RecordKey, Store, StoredResponse};
 use crate::{Fingerprint, IdempotencyKey};
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_LENGTH, CONTENT_TYPE};
+use crate::buffer::buffer_body;
+use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -112,7 +113,7 @@ where
     else {
         return refuse(Refusal::KeyRequired);
     };
-    let bytes = match buffer_body(body, &parts.headers, &config).await {
+    let bytes = match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
         Ok(bytes) => bytes,
         Err(refusal) => return refuse(refusal),
     };
@@ -199,37 +200,6 @@ where
     // keep the claim, so no retry runs it again before the lock expires.
     let _ = claim.complete(stored).await;
     Ok(Response::from_parts(res_parts, ResponseBody::full(body)))
-}
-
-/// Reads the whole request body within the configured size and time limits.
-async fn buffer_body<B, E, P>(
-    body: B,
-    headers: &http::HeaderMap,
-    config: &Config<E, P>,
-) -> Result<Bytes, Refusal>
-where
-    B: Body,
-    B::Error: Into<BoxError>,
-{
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > config.body_limit as u64) {
-        return Err(Refusal::PayloadTooLarge);
-    }
-    let collect = Limited::new(body, config.body_limit).collect();
-    let collected = match config.body_timeout {
-        Some(limit) => tokio::time::timeout(limit, collect)
-            .await
-            .map_err(|_| Refusal::BodyTimeout)?,
-        None => collect.await,
-    };
-    match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Refusal::PayloadTooLarge),
-        Err(_) => Err(Refusal::BodyUnreadable),
-    }
 }
 
 fn replay<B>(stored: &StoredResponse) -> Answer<B> {

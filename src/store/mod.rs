@@ -5,9 +5,17 @@
 //! single process, and `PostgresStore` (feature `postgres`) for many app
 //! instances sharing one database. Both pass the same conformance suite.
 
+pub mod jobs;
 mod memory;
+mod memory_jobs;
+#[cfg(feature = "postgres")]
+mod postgres;
 
+pub use jobs::JobStore;
 pub use memory::MemoryStore;
+pub use memory_jobs::MemoryJobStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStore;
 
 use crate::body::BoxError;
 use crate::{Fingerprint, IdempotencyKey, Scope};

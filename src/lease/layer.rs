@@ -1,0 +1,132 @@
+use super::key::JobKeyExtractor;
+use super::service::LeaseService;
+use crate::response::{ErrorFormat, Responder};
+use crate::scope::{FromExtension, Scope, ScopeExtractor};
+use crate::store::jobs::{Budget, JobStore};
+use std::sync::Arc;
+use std::time::Duration;
+use tower_layer::Layer;
+
+/// Applies [`LeaseService`]: one live job per natural key; duplicates join it.
+///
+/// See the [module documentation](crate::lease) for the flow and an example.
+#[derive(Clone)]
+pub struct LeaseLayer<K, E = FromExtension<Scope>> {
+    pub(crate) config: LeaseConfig<K, E>,
+}
+
+#[derive(Clone)]
+pub(crate) struct LeaseConfig<K, E> {
+    pub(crate) store: Arc<dyn JobStore>,
+    pub(crate) key: K,
+    pub(crate) scope: E,
+    pub(crate) owner: Arc<str>,
+    pub(crate) budget: Option<Budget>,
+    pub(crate) body_limit: usize,
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) location_prefix: Arc<str>,
+    pub(crate) responder: Responder,
+}
+
+impl<K: JobKeyExtractor> LeaseLayer<K> {
+    /// A layer over `store`, keying jobs with `key` after the tenant from a
+    /// [`Scope`] request extension. Leases are granted to `"{hostname}-{pid}"`
+    /// unless [`with_owner`](Self::with_owner) names the worker; job locations
+    /// are `/jobs/{job_id}` unless [`with_location_prefix`](Self::with_location_prefix).
+    pub fn new(store: impl JobStore, key: K) -> Self {
+        Self {
+            config: LeaseConfig {
+                store: Arc::new(store),
+                key,
+                scope: FromExtension::new(),
+                owner: default_owner().into(),
+                budget: None,
+                body_limit: 64 * 1024,
+                body_timeout: None,
+                location_prefix: "/jobs/".into(),
+                responder: Responder::default(),
+            },
+        }
+    }
+}
+
+fn default_owner() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+    format!("{host}-{}", std::process::id())
+}
+
+impl<K, E> LeaseLayer<K, E> {
+    /// Where the tenant comes from (default: a [`Scope`] request extension).
+    pub fn with_scope<E2: ScopeExtractor>(self, scope: E2) -> LeaseLayer<K, E2> {
+        let c = self.config;
+        LeaseLayer {
+            config: LeaseConfig {
+                store: c.store,
+                key: c.key,
+                scope,
+                owner: c.owner,
+                budget: c.budget,
+                body_limit: c.body_limit,
+                body_timeout: c.body_timeout,
+                location_prefix: c.location_prefix,
+                responder: c.responder,
+            },
+        }
+    }
+
+    /// The worker identity new leases are granted to.
+    pub fn with_owner(mut self, owner: impl Into<Arc<str>>) -> Self {
+        self.config.owner = owner.into();
+        self
+    }
+
+    /// Limits new jobs per tenant and period; over it → `429 budget_exhausted`
+    /// before anything starts. Joining a job is free.
+    pub fn with_budget(mut self, budget: Budget) -> Self {
+        self.config.budget = Some(budget);
+        self
+    }
+
+    /// The largest start body buffered (default 64 KiB) → else `413`.
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.config.body_limit = bytes;
+        self
+    }
+
+    /// How long the start body may take to arrive (default: no limit) → else `408`.
+    pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
+        self.config.body_timeout = Some(timeout);
+        self
+    }
+
+    /// The path prefix of the `Location` to poll; the job id is appended
+    /// (default `/jobs/`).
+    pub fn with_location_prefix(mut self, prefix: impl Into<Arc<str>>) -> Self {
+        self.config.location_prefix = prefix.into();
+        self
+    }
+
+    /// Plain JSON refusals (default) or RFC 9457 problem details.
+    pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
+        self.config.responder.format = format;
+        self
+    }
+}
+
+impl<S, K: Clone, E: Clone> Layer<S> for LeaseLayer<K, E> {
+    type Service = LeaseService<S, K, E>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LeaseService::new(inner, Arc::new(self.config.clone()))
+    }
+}
+
+impl<K, E> std::fmt::Debug for LeaseLayer<K, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseLayer")
+            .field("owner", &self.config.owner)
+            .field("budget", &self.config.budget)
+            .field("location_prefix", &self.config.location_prefix)
+            .finish_non_exhaustive()
+    }
+}

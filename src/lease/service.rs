@@ -1,0 +1,199 @@
+use super::handle::Lease;
+use super::key::JobKeyExtractor;
+use super::layer::LeaseConfig;
+use crate::body::{BoxError, ResponseBody};
+use crate::buffer::buffer_body;
+use crate::idempotency::ResponseFuture;
+use crate::response::{json_response, Refusal};
+use crate::scope::ScopeExtractor;
+use crate::store::jobs::{Job, StartJob, StartOutcome};
+use bytes::Bytes;
+use http::header::{HeaderValue, LOCATION};
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use serde_json::json;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tower_service::Service;
+
+/// Middleware that starts at most one live job per natural key. Built by
+/// [`LeaseLayer`](crate::LeaseLayer).
+pub struct LeaseService<S, K, E> {
+    inner: S,
+    config: Arc<LeaseConfig<K, E>>,
+}
+
+impl<S, K, E> LeaseService<S, K, E> {
+    pub(crate) fn new(inner: S, config: Arc<LeaseConfig<K, E>>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S: Clone, K, E> Clone for LeaseService<S, K, E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<S: std::fmt::Debug, K, E> std::fmt::Debug for LeaseService<S, K, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaseService")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, K, E, ReqBody, ResBody> Service<Request<ReqBody>> for LeaseService<S, K, E>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send,
+    S::Error: Send,
+    K: JobKeyExtractor,
+    E: ScopeExtractor,
+    ReqBody: Body + From<Bytes> + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Into<Bytes> + Send,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::idempotent(Box::pin(start(self.config.clone(), ready, req)))
+    }
+}
+
+async fn start<S, K, E, ReqBody, ResBody>(
+    config: Arc<LeaseConfig<K, E>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    K: JobKeyExtractor,
+    E: ScopeExtractor,
+    ReqBody: Body + From<Bytes>,
+    ReqBody::Error: Into<BoxError>,
+{
+    let refuse = |refusal| Ok(config.responder.refuse(refusal));
+    let (mut parts, body) = req.into_parts();
+    let Some(scope) = config.scope.extract(&parts) else {
+        return refuse(Refusal::Unauthorized);
+    };
+    let bytes = match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await
+    {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refuse(refusal),
+    };
+    let key = match config.key.job_key(&scope, &parts, &bytes) {
+        Ok(key) => key,
+        Err(rejection) => {
+            let responder = &config.responder;
+            return Ok(responder.error(rejection.status, &rejection.code, &rejection.message));
+        }
+    };
+    // The tenant is part of the key by construction: tenants never share a job.
+    let natural_key = format!("{}:{key}", scope.as_str());
+    let request = StartJob {
+        tenant: scope.as_str(),
+        natural_key: &natural_key,
+        owner: &config.owner,
+        budget: config.budget,
+    };
+    let (job, grant, stolen) = match config.store.start(&request).await {
+        Ok(StartOutcome::Created(job, grant)) => (job, grant, false),
+        Ok(StartOutcome::Stolen(job, grant)) => (job, grant, true),
+        Ok(StartOutcome::Joined(job)) => {
+            let body = json!({ "job_id": job.id, "status": job.status.as_str(), "join": true });
+            return Ok(job_answer(&config, StatusCode::OK, &job, &body));
+        }
+        Ok(StartOutcome::Completed(job)) => {
+            let body = json!({
+                "job_id": job.id,
+                "status": job.status.as_str(),
+                "artifact_id": job.artifact_id,
+            });
+            return Ok(job_answer(&config, StatusCode::OK, &job, &body));
+        }
+        Ok(StartOutcome::BudgetExhausted) => return refuse(Refusal::BudgetExhausted),
+        Err(_) => return refuse(Refusal::StoreUnavailable),
+    };
+
+    let lease = Lease::new(config.store.clone(), grant);
+    parts.extensions.insert(lease.clone());
+    let guard = FailOnPanic(Some(lease.clone()));
+    let result = inner.call(Request::from_parts(parts, ReqBody::from(bytes))).await;
+    guard.disarm();
+    match result {
+        Ok(response) if response.status().is_success() => {
+            let mut body = json!({ "job_id": job.id, "status": job.status.as_str() });
+            body[if stolen { "stolen" } else { "created" }] = true.into();
+            Ok(job_answer(&config, StatusCode::ACCEPTED, &job, &body))
+        }
+        Ok(response) => {
+            // The handler refused to start the work: end the job so it cannot block.
+            let _ = lease.fail("start_rejected").await;
+            Ok(response.map(ResponseBody::inner))
+        }
+        Err(error) => {
+            let _ = lease.fail("start_failed").await;
+            Err(error)
+        }
+    }
+}
+
+fn job_answer<B, K, E>(
+    config: &LeaseConfig<K, E>,
+    status: StatusCode,
+    job: &Job,
+    body: &serde_json::Value,
+) -> Response<ResponseBody<B>> {
+    let mut response = json_response(status, "application/json", body);
+    let location = format!("{}{}", config.location_prefix, job.id);
+    if let Ok(location) = HeaderValue::try_from(location) {
+        response.headers_mut().insert(LOCATION, location);
+    }
+    response
+}
+
+/// Fails the job if the start handler panics, so it reaches an ending at once.
+/// A handler dropped for other reasons (client gone) leaves the job to its
+/// lease: the work it started may still be running.
+struct FailOnPanic(Option<Lease>);
+
+impl FailOnPanic {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for FailOnPanic {
+    fn drop(&mut self) {
+        let Some(lease) = self.0.take() else { return };
+        if !std::thread::panicking() {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = lease.fail("start_panicked").await;
+            });
+        }
+    }
+}

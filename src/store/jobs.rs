@@ -1,0 +1,284 @@
+//! Storage for natural-key jobs and their leases, used by [`LeaseLayer`](crate::LeaseLayer).
+
+use super::{FencingToken, StoreError};
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::fmt;
+
+/// Where a job is in its life. `Complete` and `Failed` are endings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum JobStatus {
+    /// Created (or stolen) with a lease; no worker has picked it up yet.
+    Queued,
+    /// A worker holds the lease and is producing the result.
+    Running,
+    /// Finalized: the artifact is stored.
+    Complete,
+    /// Ended without a result: a worker error or panic, or a stale lease swept.
+    Failed,
+}
+
+impl JobStatus {
+    /// The status as stored and serialised: `queued`, `running`, `complete`, `failed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Running => "running",
+            Self::Complete => "complete",
+            Self::Failed => "failed",
+        }
+    }
+
+    /// Parses [`as_str`](Self::as_str)'s output.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "queued" => Self::Queued,
+            "running" => Self::Running,
+            "complete" => Self::Complete,
+            "failed" => Self::Failed,
+            _ => return None,
+        })
+    }
+
+    /// Whether the job has ended.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, Self::Complete | Self::Failed)
+    }
+}
+
+impl fmt::Display for JobStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A job as a reader sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Job {
+    /// The job's id, stable across joins and steals.
+    pub id: String,
+    /// The tenant that owns the job.
+    pub tenant: String,
+    /// The natural key, e.g. `acme:customer_health:2026-08`.
+    pub natural_key: String,
+    /// Where the job is in its life.
+    pub status: JobStatus,
+    /// The identity of the worker holding the lease, if any.
+    pub lease_owner: Option<String>,
+    /// Chunks appended so far (the next expected sequence number).
+    pub next_seq: u64,
+    /// Bytes appended so far.
+    pub cursor_len: u64,
+    /// The artifact id once complete.
+    pub artifact_id: Option<String>,
+    /// Why the job failed.
+    pub error_code: Option<String>,
+}
+
+/// A lease granted to whoever runs the job: only this token may write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseGrant {
+    /// The job the lease is on.
+    pub job_id: String,
+    /// The worker identity the lease was granted to.
+    pub owner: String,
+    /// Fences every write: a steal issues a higher token.
+    pub token: FencingToken,
+}
+
+/// A budget: at most `allowance` jobs per tenant per period.
+///
+/// Completed jobs and in-flight jobs under a live lease count; failed jobs,
+/// stale in-flight jobs, and jobs an operator reset do not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Budget {
+    /// Jobs allowed per period.
+    pub allowance: u32,
+    /// The period, in UTC on the store's clock.
+    pub period: BudgetPeriod,
+}
+
+/// The window a [`Budget`] counts over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BudgetPeriod {
+    /// The current UTC calendar day.
+    Day,
+    /// The current UTC calendar month.
+    Month,
+}
+
+impl Budget {
+    /// `allowance` jobs per UTC calendar month.
+    pub fn per_month(allowance: u32) -> Self {
+        Self {
+            allowance,
+            period: BudgetPeriod::Month,
+        }
+    }
+
+    /// `allowance` jobs per UTC calendar day.
+    pub fn per_day(allowance: u32) -> Self {
+        Self {
+            allowance,
+            period: BudgetPeriod::Day,
+        }
+    }
+}
+
+/// A request to start (or join) the job for a natural key.
+#[derive(Clone, Debug)]
+pub struct StartJob<'a> {
+    /// The tenant, from authentication.
+    pub tenant: &'a str,
+    /// The natural key; it must begin with the tenant.
+    pub natural_key: &'a str,
+    /// The identity the new lease is granted to.
+    pub owner: &'a str,
+    /// An optional budget checked, atomically, before a job is created.
+    pub budget: Option<Budget>,
+}
+
+/// What [`JobStore::start`] decided, atomically.
+#[derive(Clone, Debug)]
+pub enum StartOutcome {
+    /// No live job: a new one was created, leased to the caller.
+    Created(Job, LeaseGrant),
+    /// The job's lease had expired: it was taken over by compare-and-set with a
+    /// higher fencing token, its cursor reset, and leased to the caller.
+    Stolen(Job, LeaseGrant),
+    /// A live lease exists: join it; nothing new starts.
+    Joined(Job),
+    /// The job completed earlier: its result stands.
+    Completed(Job),
+    /// Creating a job would exceed the tenant's budget.
+    BudgetExhausted,
+}
+
+/// Result of [`JobStore::append`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Appended {
+    /// The chunk was added; the cursor now holds `next_seq` chunks.
+    Added {
+        /// The next sequence number expected.
+        next_seq: u64,
+    },
+    /// The sequence number was already appended: nothing changed.
+    Duplicate {
+        /// The next sequence number expected.
+        next_seq: u64,
+    },
+}
+
+/// A chunk of a job's cursor.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chunk {
+    /// Its sequence number, from 0.
+    pub seq: u64,
+    /// Its bytes.
+    pub data: Bytes,
+}
+
+/// Why a lease operation was refused.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LeaseError {
+    /// The lease expired or was stolen: stop working (`409 lease_lost`).
+    LeaseLost,
+    /// Finalize or fail by someone who does not own the live lease (`409 not_owner`).
+    NotOwner,
+    /// An append skipped a sequence number (`409 sequence_gap`).
+    SequenceGap {
+        /// The next sequence number the cursor expects.
+        expected: u64,
+    },
+    /// The job does not exist.
+    UnknownJob,
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl LeaseError {
+    /// The machine-readable code used in HTTP answers.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::LeaseLost => "lease_lost",
+            Self::NotOwner => "not_owner",
+            Self::SequenceGap { .. } => "sequence_gap",
+            Self::UnknownJob => "unknown_job",
+            Self::Store(_) => "store_unavailable",
+        }
+    }
+}
+
+impl fmt::Display for LeaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SequenceGap { expected } => write!(f, "sequence_gap: expected seq {expected}"),
+            Self::Store(e) => write!(f, "store_unavailable: {e}"),
+            other => f.write_str(other.code()),
+        }
+    }
+}
+
+impl std::error::Error for LeaseError {}
+
+impl From<StoreError> for LeaseError {
+    fn from(e: StoreError) -> Self {
+        Self::Store(e)
+    }
+}
+
+/// Atomic storage of natural-key jobs, their leases, cursors and artifacts.
+///
+/// Every write by a worker is fenced by `(job_id, owner, token)` and a live
+/// lease on the store's clock. Lease length is a property of the store.
+#[async_trait]
+pub trait JobStore: Send + Sync + 'static {
+    /// How long a lease lives without a heartbeat.
+    fn lease_duration(&self) -> std::time::Duration;
+
+    /// Starts, joins, steals or reports the job for a natural key, in one atomic step.
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError>;
+
+    /// Hands a queued job (or one whose lease expired) to `owner`, marking it
+    /// running with a new token. `None` when the job has ended, is unknown, or
+    /// another worker holds a live lease: the caller does nothing.
+    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError>;
+
+    /// Extends a live lease; `LeaseLost` once it expired or was stolen.
+    async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError>;
+
+    /// Appends chunk `seq` under a live lease. A repeated `seq` is a no-op; a
+    /// gap is refused.
+    async fn append(&self, lease: &LeaseGrant, seq: u64, chunk: Bytes)
+        -> Result<Appended, LeaseError>;
+
+    /// Stores the artifact once, for the current owner of a live lease only,
+    /// and ends the job as complete. Returns the artifact id.
+    async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError>;
+
+    /// Ends the job as failed with `code`, for the current owner only.
+    async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError>;
+
+    /// The job, if it exists and belongs to `tenant`.
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError>;
+
+    /// The cursor's chunks from `from_seq` on, if the job belongs to `tenant`.
+    async fn chunks(
+        &self,
+        tenant: &str,
+        job_id: &str,
+        from_seq: u64,
+    ) -> Result<Option<Vec<Chunk>>, StoreError>;
+
+    /// The artifact of a complete job, if it belongs to `tenant`.
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<Option<Bytes>, StoreError>;
+
+    /// Fails in-flight jobs whose lease expired with nobody behind them;
+    /// returns how many.
+    async fn sweep_stale(&self) -> Result<u64, StoreError>;
+
+    /// Operator reset: jobs of `tenant` in the current period no longer count
+    /// against `period`'s budget. Returns how many were reset.
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError>;
+}

@@ -1,0 +1,455 @@
+use super::jobs::{
+    Appended, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError, LeaseGrant,
+    StartJob, StartOutcome,
+};
+use super::{FencingToken, StoreError};
+use async_trait::async_trait;
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// An in-process [`JobStore`]: one mutex over all jobs, so `start` (with its
+/// budget count) is atomic. Jobs are rare next to requests; use `PostgresJobStore`
+/// when several instances serve the same tenants.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::store::MemoryJobStore;
+///
+/// let store = MemoryJobStore::new().with_lease(Duration::from_secs(45));
+/// # let _ = store;
+/// ```
+#[derive(Clone)]
+pub struct MemoryJobStore {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    lease: Duration,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    jobs: HashMap<String, Entry>,
+    /// Natural key → the job that is not failed (at most one).
+    live_by_key: HashMap<String, String>,
+    next_token: i64,
+    next_job: u64,
+}
+
+struct Entry {
+    job: Job,
+    token: FencingToken,
+    lease_expires: Instant,
+    period_start: PeriodStarts,
+    chunks: Vec<Bytes>,
+    artifact: Option<Bytes>,
+    budget_reset: bool,
+}
+
+/// The UTC day and month a job was created in, as days since the epoch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct PeriodStarts {
+    day: i64,
+    month: (i64, u32),
+}
+
+impl Default for MemoryJobStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for MemoryJobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryJobStore")
+            .field("lease", &self.shared.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MemoryJobStore {
+    /// A store with 45 s leases.
+    pub fn new() -> Self {
+        Self::with_lease_duration(Duration::from_secs(45))
+    }
+
+    fn with_lease_duration(lease: Duration) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                lease,
+                state: Mutex::new(State {
+                    next_token: 1,
+                    ..State::default()
+                }),
+            }),
+        }
+    }
+
+    /// How long a lease lives without a heartbeat (default 45 s).
+    pub fn with_lease(self, lease: Duration) -> Self {
+        assert!(
+            self.state().jobs.is_empty(),
+            "configure a MemoryJobStore before using it"
+        );
+        Self::with_lease_duration(lease)
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl State {
+    fn grant(&mut self, entry_id: &str, owner: &str, expires: Instant) -> LeaseGrant {
+        let token = FencingToken(self.next_token);
+        self.next_token += 1;
+        let entry = self.jobs.get_mut(entry_id).expect("granting an existing job");
+        entry.token = token;
+        entry.lease_expires = expires;
+        entry.job.lease_owner = Some(owner.to_owned());
+        LeaseGrant {
+            job_id: entry_id.to_owned(),
+            owner: owner.to_owned(),
+            token,
+        }
+    }
+
+    fn counted(&self, tenant: &str, budget: Budget, now: Instant, today: PeriodStarts) -> u32 {
+        self.jobs
+            .values()
+            .filter(|e| e.job.tenant == tenant && !e.budget_reset)
+            .filter(|e| match budget.period {
+                BudgetPeriod::Day => e.period_start.day == today.day,
+                BudgetPeriod::Month => e.period_start.month == today.month,
+            })
+            .filter(|e| match e.job.status {
+                JobStatus::Complete => true,
+                JobStatus::Queued | JobStatus::Running => e.lease_expires > now,
+                JobStatus::Failed => false,
+            })
+            .count() as u32
+    }
+
+    /// The entry a worker's write applies to, if its lease is the current one.
+    fn owned(&mut self, lease: &LeaseGrant) -> Result<&mut Entry, LeaseError> {
+        let entry = self.jobs.get_mut(&lease.job_id).ok_or(LeaseError::UnknownJob)?;
+        let owns = entry.token == lease.token
+            && entry.job.lease_owner.as_deref() == Some(lease.owner.as_str());
+        if owns {
+            Ok(entry)
+        } else {
+            Err(LeaseError::NotOwner)
+        }
+    }
+
+    /// The entry, if its lease is the caller's and still live.
+    fn live(&mut self, lease: &LeaseGrant, now: Instant) -> Result<&mut Entry, LeaseError> {
+        match self.owned(lease) {
+            Ok(entry) if !entry.job.status.is_terminal() && entry.lease_expires > now => Ok(entry),
+            Err(LeaseError::UnknownJob) => Err(LeaseError::UnknownJob),
+            _ => Err(LeaseError::LeaseLost),
+        }
+    }
+}
+
+fn period_starts(at: SystemTime) -> PeriodStarts {
+    let day = at
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| (d.as_secs() / 86_400) as i64);
+    PeriodStarts {
+        day,
+        month: year_month(day),
+    }
+}
+
+/// Civil (year, month) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn year_month(days: i64) -> (i64, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month)
+}
+
+fn new_job_id(counter: u64) -> String {
+    // Unpredictable ids; reads are tenant-checked regardless.
+    let mut a = std::collections::hash_map::RandomState::new().build_hasher();
+    a.write_u64(counter);
+    let mut b = std::collections::hash_map::RandomState::new().build_hasher();
+    b.write_u64(counter.rotate_left(32));
+    format!("job_{:016x}{:016x}", a.finish(), b.finish())
+}
+
+#[async_trait]
+impl JobStore for MemoryJobStore {
+    fn lease_duration(&self) -> Duration {
+        self.shared.lease
+    }
+
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError> {
+        let now = Instant::now();
+        let today = period_starts(SystemTime::now());
+        let expires = now + self.shared.lease;
+        let mut state = self.state();
+        let over_budget = |state: &State| {
+            request
+                .budget
+                .is_some_and(|b| state.counted(request.tenant, b, now, today) >= b.allowance)
+        };
+        if let Some(id) = state.live_by_key.get(request.natural_key).cloned() {
+            let entry = &state.jobs[&id];
+            match entry.job.status {
+                JobStatus::Complete => return Ok(StartOutcome::Completed(entry.job.clone())),
+                _ if entry.lease_expires > now => {
+                    return Ok(StartOutcome::Joined(entry.job.clone()))
+                }
+                _ => {}
+            }
+            // Expired: steal it, unless reviving it would exceed the budget.
+            if over_budget(&state) {
+                return Ok(StartOutcome::BudgetExhausted);
+            }
+            let grant = state.grant(&id, request.owner, expires);
+            let entry = state.jobs.get_mut(&id).expect("present");
+            entry.job.status = JobStatus::Queued;
+            entry.job.next_seq = 0;
+            entry.job.cursor_len = 0;
+            entry.chunks.clear();
+            entry.period_start = today;
+            entry.budget_reset = false;
+            return Ok(StartOutcome::Stolen(entry.job.clone(), grant));
+        }
+        if over_budget(&state) {
+            return Ok(StartOutcome::BudgetExhausted);
+        }
+        state.next_job += 1;
+        let id = new_job_id(state.next_job);
+        let job = Job {
+            id: id.clone(),
+            tenant: request.tenant.to_owned(),
+            natural_key: request.natural_key.to_owned(),
+            status: JobStatus::Queued,
+            lease_owner: None,
+            next_seq: 0,
+            cursor_len: 0,
+            artifact_id: None,
+            error_code: None,
+        };
+        state.jobs.insert(
+            id.clone(),
+            Entry {
+                job,
+                token: FencingToken(0),
+                lease_expires: expires,
+                period_start: today,
+                chunks: Vec::new(),
+                artifact: None,
+                budget_reset: false,
+            },
+        );
+        state
+            .live_by_key
+            .insert(request.natural_key.to_owned(), id.clone());
+        let grant = state.grant(&id, request.owner, expires);
+        Ok(StartOutcome::Created(state.jobs[&id].job.clone(), grant))
+    }
+
+    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let Some(entry) = state.jobs.get(job_id) else {
+            return Ok(None);
+        };
+        let expired = entry.lease_expires <= now;
+        let available = match entry.job.status {
+            JobStatus::Queued => true,
+            JobStatus::Running => expired,
+            JobStatus::Complete | JobStatus::Failed => false,
+        };
+        if !available {
+            return Ok(None);
+        }
+        let grant = state.grant(job_id, owner, now + self.shared.lease);
+        let entry = state.jobs.get_mut(job_id).expect("present");
+        if expired {
+            // A dead worker's partial cursor never becomes part of the result.
+            entry.chunks.clear();
+            entry.job.next_seq = 0;
+            entry.job.cursor_len = 0;
+        }
+        entry.job.status = JobStatus::Running;
+        Ok(Some(grant))
+    }
+
+    async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let entry = state.live(lease, now)?;
+        entry.lease_expires = now + self.shared.lease;
+        entry.job.status = JobStatus::Running;
+        Ok(())
+    }
+
+    async fn append(
+        &self,
+        lease: &LeaseGrant,
+        seq: u64,
+        chunk: Bytes,
+    ) -> Result<Appended, LeaseError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let entry = state.live(lease, now)?;
+        let next_seq = entry.job.next_seq;
+        if seq < next_seq {
+            return Ok(Appended::Duplicate { next_seq });
+        }
+        if seq > next_seq {
+            return Err(LeaseError::SequenceGap { expected: next_seq });
+        }
+        entry.job.cursor_len += chunk.len() as u64;
+        entry.chunks.push(chunk);
+        entry.job.next_seq += 1;
+        entry.job.status = JobStatus::Running;
+        Ok(Appended::Added {
+            next_seq: entry.job.next_seq,
+        })
+    }
+
+    async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let entry = state.owned(lease).map_err(|e| match e {
+            LeaseError::UnknownJob => e,
+            _ => LeaseError::NotOwner,
+        })?;
+        match entry.job.status {
+            // A retried finalize by the same owner gets the same answer, and stores nothing.
+            JobStatus::Complete => {
+                return entry.job.artifact_id.clone().ok_or(LeaseError::NotOwner)
+            }
+            JobStatus::Failed => return Err(LeaseError::NotOwner),
+            _ if entry.lease_expires <= now => return Err(LeaseError::NotOwner),
+            _ => {}
+        }
+        let artifact_id = format!("art_{}", entry.job.id.trim_start_matches("job_"));
+        entry.artifact = Some(artifact);
+        entry.job.artifact_id = Some(artifact_id.clone());
+        entry.job.status = JobStatus::Complete;
+        Ok(artifact_id)
+    }
+
+    async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
+        let mut state = self.state();
+        let entry = state.owned(lease)?;
+        if entry.job.status.is_terminal() {
+            return Err(LeaseError::NotOwner);
+        }
+        entry.job.status = JobStatus::Failed;
+        entry.job.error_code = Some(code.to_owned());
+        let key = entry.job.natural_key.clone();
+        state.live_by_key.remove(&key);
+        Ok(())
+    }
+
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError> {
+        let state = self.state();
+        Ok(state
+            .jobs
+            .get(job_id)
+            .filter(|e| e.job.tenant == tenant)
+            .map(|e| e.job.clone()))
+    }
+
+    async fn chunks(
+        &self,
+        tenant: &str,
+        job_id: &str,
+        from_seq: u64,
+    ) -> Result<Option<Vec<Chunk>>, StoreError> {
+        let state = self.state();
+        Ok(state
+            .jobs
+            .get(job_id)
+            .filter(|e| e.job.tenant == tenant)
+            .map(|e| {
+                e.chunks
+                    .iter()
+                    .enumerate()
+                    .skip(from_seq.min(usize::MAX as u64) as usize)
+                    .map(|(seq, data)| Chunk {
+                        seq: seq as u64,
+                        data: data.clone(),
+                    })
+                    .collect()
+            }))
+    }
+
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<Option<Bytes>, StoreError> {
+        let state = self.state();
+        Ok(state
+            .jobs
+            .get(job_id)
+            .filter(|e| e.job.tenant == tenant)
+            .and_then(|e| e.artifact.clone()))
+    }
+
+    async fn sweep_stale(&self) -> Result<u64, StoreError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let mut swept = Vec::new();
+        for entry in state.jobs.values_mut() {
+            if !entry.job.status.is_terminal() && entry.lease_expires <= now {
+                entry.job.status = JobStatus::Failed;
+                entry.job.error_code = Some("stale".to_owned());
+                swept.push(entry.job.natural_key.clone());
+            }
+        }
+        for key in &swept {
+            state.live_by_key.remove(key);
+        }
+        Ok(swept.len() as u64)
+    }
+
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError> {
+        let today = period_starts(SystemTime::now());
+        let mut state = self.state();
+        let mut reset = 0;
+        for entry in state.jobs.values_mut() {
+            let in_period = match period {
+                BudgetPeriod::Day => entry.period_start.day == today.day,
+                BudgetPeriod::Month => entry.period_start.month == today.month,
+            };
+            if entry.job.tenant == tenant && in_period && !entry.budget_reset {
+                entry.budget_reset = true;
+                reset += 1;
+            }
+        }
+        Ok(reset)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::year_month;
+
+    #[test]
+    fn civil_months() {
+        assert_eq!(year_month(0), (1970, 1));
+        assert_eq!(year_month(31), (1970, 2));
+        assert_eq!(year_month(20_666), (2026, 8)); // 2026-08-01
+        assert_eq!(year_month(20_665), (2026, 7)); // 2026-07-31
+        assert_eq!(year_month(11_016), (2000, 2)); // 2000-02-29
+    }
+}
