@@ -178,6 +178,19 @@ pub struct Chunk {
     pub data: Bytes,
 }
 
+/// What [`JobStore::artifact`] found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ArtifactLookup {
+    /// The artifact of the caller's complete job.
+    Found(Bytes),
+    /// The caller's job has not completed (yet).
+    NotReady(JobStatus),
+    /// The job belongs to another tenant (`403 tenant_mismatch`).
+    OtherTenant,
+    /// No such job.
+    Unknown,
+}
+
 /// Why a lease operation was refused.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -271,8 +284,8 @@ pub trait JobStore: Send + Sync + 'static {
         from_seq: u64,
     ) -> Result<Option<Vec<Chunk>>, StoreError>;
 
-    /// The artifact of a complete job, if it belongs to `tenant`.
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<Option<Bytes>, StoreError>;
+    /// The artifact of a job, checked against `tenant`.
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError>;
 
     /// Fails in-flight jobs whose lease expired with nobody behind them;
     /// returns how many.

@@ -1,5 +1,5 @@
 use super::jobs::{
-    Appended, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError, LeaseGrant,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError, LeaseGrant,
     StartJob, StartOutcome,
 };
 use super::{FencingToken, StoreError};
@@ -396,13 +396,16 @@ impl JobStore for MemoryJobStore {
             }))
     }
 
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<Option<Bytes>, StoreError> {
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError> {
         let state = self.state();
-        Ok(state
-            .jobs
-            .get(job_id)
-            .filter(|e| e.job.tenant == tenant)
-            .and_then(|e| e.artifact.clone()))
+        Ok(match state.jobs.get(job_id) {
+            None => ArtifactLookup::Unknown,
+            Some(e) if e.job.tenant != tenant => ArtifactLookup::OtherTenant,
+            Some(e) => match &e.artifact {
+                Some(artifact) => ArtifactLookup::Found(artifact.clone()),
+                None => ArtifactLookup::NotReady(e.job.status),
+            },
+        })
     }
 
     async fn sweep_stale(&self) -> Result<u64, StoreError> {
