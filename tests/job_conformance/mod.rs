@@ -1,0 +1,506 @@
+//! The job store conformance suite: every `JobStore` must pass it. It encodes
+//! the lease seed's decision matrix at the store level.
+//!
+//! A test file supplies `async fn(lease: Duration) -> Option<S>` (`None` skips)
+//! and invokes `job_store_conformance_tests!(factory);`.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_idempotency::store::jobs::{
+    Appended, ArtifactLookup, Budget, BudgetPeriod, JobStatus, JobStore, LeaseError, LeaseGrant,
+    StartJob, StartOutcome,
+};
+
+/// Nothing expires during a test.
+pub const LONG: Duration = Duration::from_secs(60);
+/// Short enough to watch a lease expire.
+pub const SHORT: Duration = Duration::from_millis(400);
+
+pub fn unique(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "{prefix}{}x{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+pub async fn start<S: JobStore + ?Sized>(
+    store: &S,
+    tenant: &str,
+    key: &str,
+    owner: &str,
+    budget: Option<Budget>,
+) -> StartOutcome {
+    let natural_key = format!("{tenant}:{key}");
+    store
+        .start(&StartJob {
+            tenant,
+            natural_key: &natural_key,
+            owner,
+            budget,
+        })
+        .await
+        .expect("start")
+}
+
+pub async fn created<S: JobStore + ?Sized>(store: &S, tenant: &str, key: &str) -> LeaseGrant {
+    match start(store, tenant, key, "worker-a", None).await {
+        StartOutcome::Created(job, grant) => {
+            assert_eq!(job.status, JobStatus::Queued);
+            assert_eq!(grant.job_id, job.id);
+            grant
+        }
+        other => panic!("expected Created, got {other:?}"),
+    }
+}
+
+async fn expire(lease: Duration) {
+    tokio::time::sleep(lease + Duration::from_millis(250)).await;
+}
+
+pub async fn second_start_joins_the_same_job<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "customer_health:2026-08").await;
+    match start(&store, &tenant, "customer_health:2026-08", "worker-b", None).await {
+        StartOutcome::Joined(job) => {
+            assert_eq!(job.id, grant.job_id, "a join returns the existing job id");
+            assert_eq!(job.lease_owner.as_deref(), Some("worker-a"));
+        }
+        other => panic!("expected Joined, got {other:?}"),
+    }
+}
+
+pub async fn periods_and_tenants_are_separate_jobs<S: JobStore>(store: S) {
+    let (acme, globex) = (unique("acme"), unique("globex"));
+    let aug = created(&store, &acme, "customer_health:2026-08").await;
+    let sep = created(&store, &acme, "customer_health:2026-09").await;
+    let other = created(&store, &globex, "customer_health:2026-08").await;
+    assert_ne!(aug.job_id, sep.job_id);
+    assert_ne!(aug.job_id, other.job_id);
+}
+
+pub async fn finalize_completes_once_and_start_returns_the_artifact<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    assert!(matches!(
+        store.artifact(&tenant, &grant.job_id).await.unwrap(),
+        ArtifactLookup::NotReady(JobStatus::Queued)
+    ));
+    let artifact_id = store
+        .finalize(&grant, Bytes::from_static(b"report v1"))
+        .await
+        .unwrap();
+    // A retried finalize by the same owner answers the same and stores nothing new.
+    let again = store
+        .finalize(&grant, Bytes::from_static(b"report v2"))
+        .await
+        .unwrap();
+    assert_eq!(artifact_id, again);
+    match start(&store, &tenant, "r:2026-08", "worker-b", None).await {
+        StartOutcome::Completed(job) => {
+            assert_eq!(job.id, grant.job_id);
+            assert_eq!(job.status, JobStatus::Complete);
+            assert_eq!(job.artifact_id.as_deref(), Some(artifact_id.as_str()));
+        }
+        other => panic!("expected Completed, got {other:?}"),
+    }
+    assert_eq!(
+        store.artifact(&tenant, &grant.job_id).await.unwrap(),
+        ArtifactLookup::Found(Bytes::from_static(b"report v1"))
+    );
+    assert_eq!(
+        store.artifact("someone-else", &grant.job_id).await.unwrap(),
+        ArtifactLookup::OtherTenant
+    );
+    assert_eq!(
+        store.artifact(&tenant, "job_does_not_exist").await.unwrap(),
+        ArtifactLookup::Unknown
+    );
+}
+
+pub async fn readers_see_only_their_tenants_jobs<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    store
+        .append(&grant, 0, Bytes::from_static(b"secret"))
+        .await
+        .unwrap();
+    assert!(store.job(&tenant, &grant.job_id).await.unwrap().is_some());
+    assert!(store.job("globex", &grant.job_id).await.unwrap().is_none());
+    assert!(store
+        .chunks("globex", &grant.job_id, 0)
+        .await
+        .unwrap()
+        .is_none());
+}
+
+pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    let add = |seq: u64, data: &'static [u8]| store.append(&grant, seq, Bytes::from_static(data));
+    assert_eq!(add(0, b"a").await.unwrap(), Appended::Added { next_seq: 1 });
+    assert_eq!(
+        add(1, b"bb").await.unwrap(),
+        Appended::Added { next_seq: 2 }
+    );
+    assert_eq!(
+        add(1, b"XX").await.unwrap(),
+        Appended::Duplicate { next_seq: 2 }
+    );
+    assert!(matches!(
+        add(3, b"d").await,
+        Err(LeaseError::SequenceGap { expected: 2 })
+    ));
+    assert_eq!(
+        add(2, b"ccc").await.unwrap(),
+        Appended::Added { next_seq: 3 }
+    );
+    let job = store.job(&tenant, &grant.job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.next_seq, job.cursor_len, job.status),
+        (3, 6, JobStatus::Running)
+    );
+    let tail = store
+        .chunks(&tenant, &grant.job_id, 1)
+        .await
+        .unwrap()
+        .unwrap();
+    let tail: Vec<(u64, &[u8])> = tail.iter().map(|c| (c.seq, &c.data[..])).collect();
+    assert_eq!(tail, vec![(1, &b"bb"[..]), (2, &b"ccc"[..])]);
+}
+
+pub async fn a_foreign_worker_cannot_write<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    let foreign = LeaseGrant {
+        owner: "worker-z".into(),
+        ..grant.clone()
+    };
+    assert!(matches!(
+        store.heartbeat(&foreign).await,
+        Err(LeaseError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.append(&foreign, 0, Bytes::from_static(b"x")).await,
+        Err(LeaseError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.finalize(&foreign, Bytes::from_static(b"x")).await,
+        Err(LeaseError::NotOwner)
+    ));
+    let forged = LeaseGrant {
+        token: tower_idempotency::FencingToken(grant.token.0 + 1_000),
+        ..grant.clone()
+    };
+    assert!(matches!(
+        store.finalize(&forged, Bytes::from_static(b"x")).await,
+        Err(LeaseError::NotOwner)
+    ));
+    assert!(matches!(
+        store.fail(&forged, "x").await,
+        Err(LeaseError::NotOwner)
+    ));
+    // The owner is unaffected.
+    store.heartbeat(&grant).await.unwrap();
+    store
+        .finalize(&grant, Bytes::from_static(b"ok"))
+        .await
+        .unwrap();
+}
+
+pub async fn acquire_hands_over_queued_jobs_only<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    let worker = store
+        .acquire(&grant.job_id, "external-1")
+        .await
+        .unwrap()
+        .expect("queued job");
+    assert!(worker.token > grant.token);
+    assert_eq!(
+        store
+            .job(&tenant, &grant.job_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        JobStatus::Running
+    );
+    // Running under a live lease: nobody else gets it, and the starter's token is fenced.
+    assert!(store
+        .acquire(&grant.job_id, "external-2")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        store.heartbeat(&grant).await,
+        Err(LeaseError::LeaseLost)
+    ));
+    store
+        .finalize(&worker, Bytes::from_static(b"done"))
+        .await
+        .unwrap();
+    // A worker that picks up a finished job does nothing.
+    assert!(store
+        .acquire(&grant.job_id, "external-3")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(store
+        .acquire("job_unknown", "external-3")
+        .await
+        .unwrap()
+        .is_none());
+}
+
+pub async fn failed_jobs_end_and_a_new_start_creates_a_new_job<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    store.fail(&grant, "provider_5xx").await.unwrap();
+    let job = store.job(&tenant, &grant.job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.status, job.error_code.as_deref()),
+        (JobStatus::Failed, Some("provider_5xx"))
+    );
+    assert!(matches!(
+        store.heartbeat(&grant).await,
+        Err(LeaseError::LeaseLost)
+    ));
+    assert!(store.acquire(&grant.job_id, "w").await.unwrap().is_none());
+    let retry = created(&store, &tenant, "r:2026-08").await;
+    assert_ne!(retry.job_id, grant.job_id);
+}
+
+/// Needs a store with [`SHORT`] leases.
+pub async fn heartbeat_keeps_a_lease_alive<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    for _ in 0..4 {
+        tokio::time::sleep(SHORT / 3).await;
+        store.heartbeat(&grant).await.unwrap();
+    }
+    // Well past one lease length since start, yet still live: a join, not a steal.
+    assert!(matches!(
+        start(&store, &tenant, "r:2026-08", "worker-b", None).await,
+        StartOutcome::Joined(_)
+    ));
+}
+
+/// Needs a store with [`SHORT`] leases.
+pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: JobStore>(store: S) {
+    let store = Arc::new(store);
+    let tenant = unique("acme");
+    let dead = created(&*store, &tenant, "r:2026-08").await;
+    store
+        .append(&dead, 0, Bytes::from_static(b"partial"))
+        .await
+        .unwrap();
+    expire(SHORT).await;
+    assert!(matches!(
+        store.append(&dead, 1, Bytes::from_static(b"late")).await,
+        Err(LeaseError::LeaseLost)
+    ));
+    assert!(matches!(
+        store.heartbeat(&dead).await,
+        Err(LeaseError::LeaseLost)
+    ));
+    let starts: Vec<_> = (0..50)
+        .map(|i| {
+            let (store, tenant) = (store.clone(), tenant.clone());
+            tokio::spawn(async move {
+                start(&*store, &tenant, "r:2026-08", &format!("worker-{i}"), None).await
+            })
+        })
+        .collect();
+    let mut stolen = Vec::new();
+    for task in starts {
+        match task.await.unwrap() {
+            StartOutcome::Stolen(job, grant) => stolen.push((job, grant)),
+            StartOutcome::Joined(job) => assert_eq!(job.id, dead.job_id),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(stolen.len(), 1, "stolen once, never twice");
+    let (job, thief) = stolen.pop().unwrap();
+    assert_eq!(job.id, dead.job_id, "the job keeps its id");
+    assert_eq!(
+        (job.next_seq, job.cursor_len),
+        (0, 0),
+        "the dead worker's cursor is dropped"
+    );
+    assert!(thief.token > dead.token);
+    assert!(matches!(
+        store
+            .finalize(&dead, Bytes::from_static(b"stale pdf"))
+            .await,
+        Err(LeaseError::NotOwner)
+    ));
+    store
+        .finalize(&thief, Bytes::from_static(b"fresh pdf"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.artifact(&tenant, &job.id).await.unwrap(),
+        ArtifactLookup::Found(Bytes::from_static(b"fresh pdf"))
+    );
+}
+
+/// Needs a store with [`SHORT`] leases.
+pub async fn stale_sweep_fails_abandoned_jobs_only<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let abandoned = created(&store, &tenant, "r:2026-07").await;
+    expire(SHORT).await;
+    let live = created(&store, &tenant, "r:2026-08").await;
+    assert!(store.sweep_stale().await.unwrap() >= 1);
+    let job = store
+        .job(&tenant, &abandoned.job_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (job.status, job.error_code.as_deref()),
+        (JobStatus::Failed, Some("stale"))
+    );
+    assert_eq!(
+        store
+            .job(&tenant, &live.job_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        JobStatus::Queued
+    );
+    // A worker that picks the swept job up does nothing.
+    assert!(store
+        .acquire(&abandoned.job_id, "late-worker")
+        .await
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        store.finalize(&abandoned, Bytes::from_static(b"x")).await,
+        Err(LeaseError::NotOwner)
+    ));
+}
+
+/// Needs a store with [`SHORT`] leases.
+pub async fn budget_counts_delivered_and_live_jobs_only<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let budget = Some(Budget::per_month(2));
+    let start_b = |key: &'static str| start(&store, &tenant, key, "w", budget);
+    let StartOutcome::Created(_, done) = start_b("r:2026-01").await else {
+        panic!("first")
+    };
+    store
+        .finalize(&done, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    let StartOutcome::Created(_, live) = start_b("r:2026-02").await else {
+        panic!("second")
+    };
+    assert!(matches!(
+        start_b("r:2026-03").await,
+        StartOutcome::BudgetExhausted
+    ));
+    // Joining and reading a completed job are free.
+    assert!(matches!(
+        start_b("r:2026-02").await,
+        StartOutcome::Joined(_)
+    ));
+    assert!(matches!(
+        start_b("r:2026-01").await,
+        StartOutcome::Completed(_)
+    ));
+    // A failed job gives its slot back.
+    store.fail(&live, "provider_timeout").await.unwrap();
+    let StartOutcome::Created(_, stalls) = start_b("r:2026-03").await else {
+        panic!("third")
+    };
+    assert!(matches!(
+        start_b("r:2026-04").await,
+        StartOutcome::BudgetExhausted
+    ));
+    // A stale in-flight job (lease expired, nobody behind it) does not count.
+    store.heartbeat(&stalls).await.unwrap();
+    expire(SHORT).await;
+    let StartOutcome::Created(_, _) = start_b("r:2026-04").await else {
+        panic!("fourth")
+    };
+    assert!(matches!(
+        start_b("r:2026-05").await,
+        StartOutcome::BudgetExhausted
+    ));
+    // The operator reset gives the allowance back without deleting anything.
+    assert!(
+        store
+            .reset_budget(&tenant, BudgetPeriod::Month)
+            .await
+            .unwrap()
+            >= 2
+    );
+    assert!(matches!(
+        start_b("r:2026-05").await,
+        StartOutcome::Created(..)
+    ));
+    assert!(store.job(&tenant, &done.job_id).await.unwrap().is_some());
+}
+
+pub async fn concurrent_starts_cannot_overshoot_the_budget<S: JobStore>(store: S) {
+    let store = Arc::new(store);
+    let tenant = unique("acme");
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let (store, tenant) = (store.clone(), tenant.clone());
+            tokio::spawn(async move {
+                let key = format!("r:period-{i}");
+                start(&*store, &tenant, &key, "w", Some(Budget::per_month(2))).await
+            })
+        })
+        .collect();
+    let mut created = 0;
+    for task in tasks {
+        match task.await.unwrap() {
+            StartOutcome::Created(..) => created += 1,
+            StartOutcome::BudgetExhausted => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(created, 2);
+}
+
+/// Generates one `#[tokio::test]` per conformance check for a job store factory.
+#[macro_export]
+macro_rules! job_store_conformance_tests {
+    ($factory:path) => {
+        $crate::job_store_conformance_tests!(@tests $factory, LONG:
+            second_start_joins_the_same_job,
+            periods_and_tenants_are_separate_jobs,
+            finalize_completes_once_and_start_returns_the_artifact,
+            readers_see_only_their_tenants_jobs,
+            appends_are_numbered_repeats_are_noops_gaps_refused,
+            a_foreign_worker_cannot_write,
+            acquire_hands_over_queued_jobs_only,
+            failed_jobs_end_and_a_new_start_creates_a_new_job,
+            concurrent_starts_cannot_overshoot_the_budget,
+        );
+        $crate::job_store_conformance_tests!(@tests $factory, SHORT:
+            heartbeat_keeps_a_lease_alive,
+            expired_lease_is_stolen_once_and_the_dead_owner_is_fenced,
+            stale_sweep_fails_abandoned_jobs_only,
+            budget_counts_delivered_and_live_jobs_only,
+        );
+    };
+    (@tests $factory:path, $lease:ident: $($name:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                if let Some(store) = $factory(job_conformance::$lease).await {
+                    job_conformance::$name(store).await;
+                }
+            }
+        )*
+    };
+}
