@@ -295,3 +295,65 @@ pub trait JobStore: Send + Sync + 'static {
     /// against `period`'s budget. Returns how many were reset.
     async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError>;
 }
+
+/// Shares one job store between layers, workers and readers (e.g. `Arc<dyn JobStore>`).
+#[async_trait]
+impl<T: JobStore + ?Sized> JobStore for std::sync::Arc<T> {
+    fn lease_duration(&self) -> std::time::Duration {
+        (**self).lease_duration()
+    }
+
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError> {
+        (**self).start(request).await
+    }
+
+    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError> {
+        (**self).acquire(job_id, owner).await
+    }
+
+    async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError> {
+        (**self).heartbeat(lease).await
+    }
+
+    async fn append(
+        &self,
+        lease: &LeaseGrant,
+        seq: u64,
+        chunk: Bytes,
+    ) -> Result<Appended, LeaseError> {
+        (**self).append(lease, seq, chunk).await
+    }
+
+    async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError> {
+        (**self).finalize(lease, artifact).await
+    }
+
+    async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
+        (**self).fail(lease, code).await
+    }
+
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError> {
+        (**self).job(tenant, job_id).await
+    }
+
+    async fn chunks(
+        &self,
+        tenant: &str,
+        job_id: &str,
+        from_seq: u64,
+    ) -> Result<Option<Vec<Chunk>>, StoreError> {
+        (**self).chunks(tenant, job_id, from_seq).await
+    }
+
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError> {
+        (**self).artifact(tenant, job_id).await
+    }
+
+    async fn sweep_stale(&self) -> Result<u64, StoreError> {
+        (**self).sweep_stale().await
+    }
+
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError> {
+        (**self).reset_budget(tenant, period).await
+    }
+}
