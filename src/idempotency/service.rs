@@ -151,7 +151,7 @@ where
 
     let claim = ClaimGuard {
         store: store.clone(),
-        record,
+        record: record.clone(),
         token: Some(token),
     };
     let response = match inner
@@ -172,11 +172,15 @@ where
             ResponseBody::inner(res_body),
         ));
     }
+    // The handler's effects have happened: from here on a dropped future keeps
+    // the claim until its lock expires rather than letting a retry run them again.
+    let token = claim.keep();
     // A recorded response is buffered whole: a replay returns exactly these bytes.
     let body = match res_body.collect().await.map_err(Into::into) {
         Ok(collected) => collected.to_bytes(),
         Err(error) => {
-            claim.release().await;
+            // Never recorded as success: free the key for a retry.
+            let _ = store.release(&record, token).await;
             return Ok(Response::from_parts(res_parts, ResponseBody::failed(error)));
         }
     };
@@ -198,7 +202,7 @@ where
     };
     // If recording fails the handler has still run: answer with its response and
     // keep the claim, so no retry runs it again before the lock expires.
-    let _ = claim.complete(stored).await;
+    let _ = store.complete(&record, token, stored).await;
     Ok(Response::from_parts(res_parts, ResponseBody::full(body)))
 }
 
@@ -213,9 +217,9 @@ fn replay<B>(stored: &StoredResponse) -> Answer<B> {
     response
 }
 
-/// Holds a claim until it is completed or released. Dropped while still armed
-/// (the handler panicked or the client went away and the future was dropped),
-/// it releases the key in the background so a retry can run.
+/// Holds a claim while the handler runs. Dropped while still armed (the handler
+/// panicked, or the client went away and the future was dropped), it releases
+/// the key in the background so a retry can run.
 struct ClaimGuard {
     store: Arc<dyn Store>,
     record: RecordKey,
@@ -223,11 +227,9 @@ struct ClaimGuard {
 }
 
 impl ClaimGuard {
-    async fn complete(mut self, stored: StoredResponse) -> Result<(), crate::StoreError> {
-        let token = self.token.expect("an armed claim has a token");
-        let result = self.store.complete(&self.record, token, stored).await;
-        self.token = None;
-        result
+    /// Disarms the guard, keeping the claim.
+    fn keep(mut self) -> FencingToken {
+        self.token.take().expect("an armed claim has a token")
     }
 
     async fn release(mut self) {
