@@ -1,0 +1,644 @@
+//! A PostgreSQL [`Store`] shared by every instance of an application.
+//!
+//! Each operation is one prepared statement (one round trip once the
+//! connection's statement cache is warm): a fresh request costs two round trips
+//! (`begin` + `complete`), a replay one (`begin`, a plain read). Every timestamp
+//! is the database's `now()`; claims are fenced by tokens drawn from a sequence;
+//! waiters are woken by `LISTEN`/`NOTIFY` on a dedicated connection and re-check
+//! on a coalesced backoff. `docs/postgres.md` in the repository has the schema and
+//! the SQL of every operation.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency::{IdempotencyLayer, PostgresStore};
+//! use tokio_postgres::NoTls;
+//! use deadpool_postgres::{Manager, Pool, Runtime};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let pg: tokio_postgres::Config = "postgres://app@db/app".parse()?;
+//! let pool = Pool::builder(Manager::new(pg.clone(), NoTls))
+//!     .max_size(16)
+//!     .runtime(Runtime::Tokio1)
+//!     .wait_timeout(Some(Duration::from_secs(2)))
+//!     .create_timeout(Some(Duration::from_secs(2)))
+//!     .build()?;
+//! let store = PostgresStore::new(pool)
+//!     .with_table("idempotency_records")
+//!     .with_lock_timeout(Duration::from_secs(30))
+//!     .with_listener(pg);
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::new(store.clone());
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+
+mod sql;
+mod wait;
+
+use self::sql::{is_identifier, Sql, PURGE_BATCH};
+use self::wait::{listener_connect, ListenerConnect, Waits, RECHECK_FIRST, RECHECK_MAX};
+use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::body::BoxError;
+use crate::Fingerprint;
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::{Object, Pool};
+use http::{HeaderName, HeaderValue, StatusCode};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Socket, Statement};
+
+/// How often `begin` re-runs its statement when a concurrent transaction keeps
+/// committing a live row after the statement's snapshot was taken.
+const BEGIN_ATTEMPTS: usize = 8;
+
+/// A [`Store`] in a PostgreSQL table, shared by every instance of an application.
+///
+/// - **Atomic, one round trip**: `begin` is a single statement that claims a free
+///   or expired key (upsert), or reads the live record (replay, mismatch, in
+///   progress) without writing anything. `complete` and `release` are single
+///   statements fenced by `(scope, key, token)`.
+/// - **Database clock only**: lock and retention expiries are `now() + interval`
+///   in SQL; the application's clock is never compared with the database's.
+/// - **Crash safe**: a claim whose process died stays in progress until its lock
+///   expires; a retry then takes it over with a higher token from a sequence, and
+///   the dead owner's late `complete` fails with [`StoreError::ClaimLost`].
+/// - **Waiting**: with [`with_listener`](Self::with_listener), duplicates waiting
+///   for a request in progress are woken by `NOTIFY` from `complete`/`release`;
+///   they also re-check the record on a coalesced backoff (at most about four
+///   queries a second per key in one process, whatever the number of waiters),
+///   and never wait past the lock's expiry.
+/// - **Outages**: pool and database errors, and operations slower than
+///   [`with_operation_timeout`](Self::with_operation_timeout), are
+///   [`StoreError::Backend`]; the layer answers `503` and runs nothing. The pool
+///   reconnects by itself when the database returns. Give the pool wait and
+///   create timeouts (and `connect_timeout` in its config) so a dead database
+///   fails fast.
+///
+/// Call [`migrate`](Self::migrate) once at startup (any number of instances may
+/// run it at once), and [`purge_expired`](Store::purge_expired) periodically.
+///
+/// Clones share the pool, the listener and the waiters.
+///
+/// ```no_run
+/// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
+/// #     -> Result<(), tower_idempotency::StoreError> {
+/// use std::time::Duration;
+/// use tower_idempotency::{PostgresStore, Store};
+///
+/// let store = PostgresStore::new(pool)
+///     .with_schema("billing")
+///     .with_retention(Duration::from_secs(48 * 3600))
+///     .with_listener(pg);
+/// store.migrate().await?;
+/// let purged = store.purge_expired().await?;
+/// # let _ = purged;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    config: Config,
+    sql: Sql,
+    waits: Waits,
+    stats: Stats,
+}
+
+#[derive(Clone)]
+struct Config {
+    schema: String,
+    table: String,
+    retention: Duration,
+    lock_timeout: Duration,
+    operation_timeout: Duration,
+    listener: Option<ListenerConnect>,
+}
+
+#[derive(Default)]
+struct Stats {
+    round_trips: AtomicU64,
+    begin_retries: AtomicU64,
+    notifications: AtomicU64,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.inner.config;
+        f.debug_struct("PostgresStore")
+            .field("schema", &c.schema)
+            .field("table", &c.table)
+            .field("retention", &c.retention)
+            .field("lock_timeout", &c.lock_timeout)
+            .field("operation_timeout", &c.operation_timeout)
+            .field("listener", &c.listener.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// A store on `pool` in table `public.idempotency_records`, retaining records
+    /// for 24 hours, locking claims for 60 seconds, failing operations that take
+    /// longer than 5 seconds, without a listener (waiters re-check on a backoff).
+    pub fn new(pool: Pool) -> Self {
+        Self::build(
+            pool,
+            Config {
+                schema: "public".to_owned(),
+                table: "idempotency_records".to_owned(),
+                retention: Duration::from_secs(24 * 3600),
+                lock_timeout: Duration::from_secs(60),
+                operation_timeout: Duration::from_secs(5),
+                listener: None,
+            },
+        )
+    }
+
+    fn build(pool: Pool, config: Config) -> Self {
+        let channel = format!(
+            "tower_idempotency_{}",
+            &hex_sha256(format!("{}.{}", config.schema, config.table).as_bytes())[..16]
+        );
+        let sql = Sql::new(
+            &config.schema,
+            &config.table,
+            &channel,
+            config.lock_timeout,
+            config.retention,
+        );
+        Self {
+            inner: Arc::new(Inner {
+                pool,
+                config,
+                sql,
+                waits: Waits::default(),
+                stats: Stats::default(),
+            }),
+        }
+    }
+
+    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
+        let mut config = self.inner.config.clone();
+        f(&mut config);
+        Self::build(self.inner.pool.clone(), config)
+    }
+
+    /// The schema holding the table (default `public`); [`migrate`](Self::migrate)
+    /// creates it if missing.
+    ///
+    /// # Panics
+    ///
+    /// If `schema` is not a plain lower-case identifier `[a-z_][a-z0-9_]{0,62}`.
+    pub fn with_schema(self, schema: &str) -> Self {
+        assert_identifier("schema", schema);
+        self.reconfigure(|c| c.schema = schema.to_owned())
+    }
+
+    /// The table's name (default `idempotency_records`). The store also uses a
+    /// sequence `<table>_token_seq` and an index `<table>_expires_at_idx`.
+    ///
+    /// # Panics
+    ///
+    /// If `table` is not a plain lower-case identifier `[a-z_][a-z0-9_]{0,62}`.
+    pub fn with_table(self, table: &str) -> Self {
+        assert_identifier("table", table);
+        self.reconfigure(|c| c.table = table.to_owned())
+    }
+
+    /// How long a completed response is replayed (default 24 h), from its completion
+    /// on the database's clock.
+    pub fn with_retention(self, retention: Duration) -> Self {
+        self.reconfigure(|c| c.retention = retention)
+    }
+
+    /// How long a claim holds its key before a retry may take it over (default 60 s),
+    /// on the database's clock.
+    ///
+    /// Set it above the slowest handler's latency: a claim older than this is
+    /// presumed dead (its process crashed), and a retry runs the request again.
+    pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
+        self.reconfigure(|c| c.lock_timeout = lock_timeout)
+    }
+
+    /// The longest one operation may take, pool checkout included (default 5 s);
+    /// slower ones fail with [`StoreError::Backend`].
+    pub fn with_operation_timeout(self, timeout: Duration) -> Self {
+        self.reconfigure(|c| c.operation_timeout = timeout)
+    }
+
+    /// Wakes waiting duplicates by `LISTEN`/`NOTIFY` on one dedicated connection
+    /// opened with `config` without TLS (pooled connections cannot receive
+    /// notifications). It connects on first use and reconnects with a backoff.
+    pub fn with_listener(self, config: tokio_postgres::Config) -> Self {
+        self.with_listener_tls(config, tokio_postgres::NoTls)
+    }
+
+    /// Like [`with_listener`](Self::with_listener), connecting with `tls`.
+    pub fn with_listener_tls<T>(self, config: tokio_postgres::Config, tls: T) -> Self
+    where
+        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
+        T::Stream: Send + 'static,
+        T::TlsConnect: Send,
+        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
+    {
+        let connect = listener_connect(config, tls);
+        self.reconfigure(|c| c.listener = Some(connect))
+    }
+
+    /// Creates the schema, sequence, table and index if they do not exist.
+    ///
+    /// Idempotent, and safe to run from many instances at once: it runs in one
+    /// transaction under a transaction-scoped advisory lock.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        inner
+            .timed(async {
+                let mut client = inner.client().await?;
+                let tx = client.transaction().await.map_err(backend)?;
+                tx.batch_execute(&inner.sql.migrate)
+                    .await
+                    .map_err(backend)?;
+                tx.commit().await.map_err(backend)
+            })
+            .await
+    }
+
+    /// The `schema.table` the store uses.
+    pub fn table(&self) -> String {
+        format!("{}.{}", self.inner.config.schema, self.inner.config.table)
+    }
+
+    /// Statements sent to the database so far (executions, plus preparations that
+    /// missed a connection's statement cache). For tests of the round-trip budget.
+    #[doc(hidden)]
+    pub fn round_trips(&self) -> u64 {
+        self.inner.stats.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// How often `begin` re-ran its statement after a concurrent commit.
+    #[doc(hidden)]
+    pub fn begin_retries(&self) -> u64 {
+        self.inner.stats.begin_retries.load(Ordering::Relaxed)
+    }
+
+    /// Notifications received by the listener.
+    #[doc(hidden)]
+    pub fn notifications_received(&self) -> u64 {
+        self.inner.stats.notifications.load(Ordering::Relaxed)
+    }
+
+    /// Whether the listener connection is up and listening.
+    #[doc(hidden)]
+    pub fn is_listening(&self) -> bool {
+        self.inner.waits.listening.load(Ordering::Acquire)
+    }
+
+    /// Starts the listener (it otherwise starts with the first operation).
+    #[doc(hidden)]
+    pub fn start_listener(&self) {
+        self.inner.ensure_listener();
+    }
+
+    /// Keys that waiters in this process are waiting on.
+    #[doc(hidden)]
+    pub fn watched_keys(&self) -> usize {
+        self.inner.waits.watched_keys()
+    }
+}
+
+fn assert_identifier(what: &str, name: &str) {
+    assert!(
+        is_identifier(name),
+        "PostgresStore {what} name {name:?} is not a plain identifier [a-z_][a-z0-9_]{{0,62}}"
+    );
+}
+
+pub(super) fn backend(error: impl Into<BoxError>) -> StoreError {
+    StoreError::Backend(error.into())
+}
+
+pub(super) fn hex_sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The notification payload naming a record: a hash, so any scope and key fit.
+fn key_id(key: &RecordKey) -> String {
+    let (scope, k) = (key.scope().as_str(), key.key().as_str());
+    let mut bytes = Vec::with_capacity(8 + scope.len() + k.len());
+    bytes.extend_from_slice(&(scope.len() as u64).to_be_bytes());
+    bytes.extend_from_slice(scope.as_bytes());
+    bytes.extend_from_slice(k.as_bytes());
+    hex_sha256(&bytes)[..32].to_owned()
+}
+
+/// Headers as `name:value\r\n` lines, in order: names contain no `:` and values
+/// no CR or LF, so the encoding is exact for any (even non-UTF-8) value.
+fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.push(b':');
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out
+}
+
+fn decode_headers(mut bytes: &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, StoreError> {
+    let corrupt = || backend("stored response headers are corrupt");
+    let mut headers = Vec::new();
+    while !bytes.is_empty() {
+        let end = bytes
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or_else(corrupt)?;
+        let line = &bytes[..end];
+        bytes = &bytes[end + 2..];
+        let colon = line.iter().position(|&b| b == b':').ok_or_else(corrupt)?;
+        let name = HeaderName::from_bytes(&line[..colon]).map_err(|_| corrupt())?;
+        let value = HeaderValue::from_bytes(&line[colon + 1..]).map_err(|_| corrupt())?;
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
+    let outcome: &str = row.try_get(0).map_err(backend)?;
+    Ok(match outcome {
+        "claimed" => Begin::Claimed(FencingToken(row.try_get(1).map_err(backend)?)),
+        "replay" => {
+            let status: i16 = row.try_get(2).map_err(backend)?;
+            let status = u16::try_from(status)
+                .ok()
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .ok_or_else(|| backend("stored response status is invalid"))?;
+            let headers = decode_headers(row.try_get(3).map_err(backend)?)?;
+            let body: Vec<u8> = row.try_get(4).map_err(backend)?;
+            Begin::Replay(Arc::new(StoredResponse {
+                status,
+                headers,
+                body: Bytes::from(body),
+            }))
+        }
+        "mismatch" => Begin::Mismatch,
+        "in_progress" => Begin::InProgress,
+        other => return Err(backend(format!("unexpected begin outcome {other:?}"))),
+    })
+}
+
+impl Inner {
+    async fn timed<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let limit = self.config.operation_timeout;
+        match tokio::time::timeout(limit, op).await {
+            Ok(result) => result,
+            Err(_) => Err(backend(format!(
+                "PostgreSQL operation timed out after {limit:?}"
+            ))),
+        }
+    }
+
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.pool.get().await.map_err(backend)
+    }
+
+    /// Prepares through the connection's cache, counting a round trip on a miss.
+    async fn prepare(&self, client: &Object, sql: &str) -> Result<Statement, StoreError> {
+        let cached = client.statement_cache.size();
+        let statement = client.prepare_cached(sql).await;
+        if statement.is_err() || client.statement_cache.size() != cached {
+            self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+        }
+        statement.map_err(backend)
+    }
+
+    async fn query(
+        &self,
+        client: &Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let statement = self.prepare(client, sql).await?;
+        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+        client.query(&statement, params).await.map_err(backend)
+    }
+
+    async fn execute(
+        &self,
+        client: &Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let statement = self.prepare(client, sql).await?;
+        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+        client.execute(&statement, params).await.map_err(backend)
+    }
+
+    /// The lock's remaining time on the database's clock, if `key` is in progress.
+    async fn lock_remaining(&self, key: &RecordKey) -> Result<Option<Duration>, StoreError> {
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        self.timed(async {
+            let client = self.client().await?;
+            let rows = self
+                .query(&client, &self.sql.lock_remaining, &[&scope, &k])
+                .await?;
+            match rows.first() {
+                None => Ok(None),
+                Some(row) => {
+                    let ms: i64 = row.try_get(0).map_err(backend)?;
+                    Ok(Some(Duration::from_millis(ms.max(0) as u64)))
+                }
+            }
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError> {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let fp: &[u8] = fingerprint.as_bytes();
+        inner
+            .timed(async {
+                let client = inner.client().await?;
+                for _ in 0..BEGIN_ATTEMPTS {
+                    let rows = inner
+                        .query(&client, &inner.sql.begin, &[&scope, &k, &fp])
+                        .await?;
+                    if let Some(row) = rows.first() {
+                        return decode_begin(row);
+                    }
+                    // A concurrent claim committed after this statement's snapshot.
+                    inner.stats.begin_retries.fetch_add(1, Ordering::Relaxed);
+                }
+                Err(backend(format!(
+                    "begin saw the record change under it {BEGIN_ATTEMPTS} times in a row"
+                )))
+            })
+            .await
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let status = response.status.as_u16() as i16;
+        let headers = encode_headers(&response.headers);
+        let body: &[u8] = &response.body;
+        let id = key_id(key);
+        let params: [&(dyn ToSql + Sync); 7] =
+            [&scope, &k, &token.0, &status, &headers, &body, &id];
+        inner
+            .timed(async {
+                let client = inner.client().await?;
+                let rows = inner.query(&client, &inner.sql.complete, &params).await?;
+                if rows.is_empty() {
+                    return Err(StoreError::ClaimLost);
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let id = key_id(key);
+        inner
+            .timed(async {
+                let client = inner.client().await?;
+                inner
+                    .query(&client, &inner.sql.release, &[&scope, &k, &token.0, &id])
+                    .await?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        let registration = inner.waits.register(key_id(key));
+        let watch = &registration.watch;
+        let notified = watch.notify.notified();
+        tokio::pin!(notified);
+        // Registered before the first check: a completion after the check started
+        // wakes this waiter, one before it is seen by the check.
+        notified.as_mut().enable();
+        let registered = Instant::now();
+        let (checked, remaining) = inner
+            .shared_check(watch, registered, inner.lock_remaining(key))
+            .await?;
+        let Some(remaining) = remaining else {
+            return Ok(());
+        };
+        // Never past the lock's expiry, as a duration the database measured.
+        let deadline = (registered + timeout).min(checked + remaining);
+        let mut backoff = RECHECK_FIRST;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            let next = (now + backoff).min(deadline);
+            if tokio::time::timeout_at(next, notified.as_mut())
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(());
+            }
+            // Shared with every waiter of this key that re-checks within 250 ms.
+            let fresh_after = now.checked_sub(RECHECK_FIRST).unwrap_or(now);
+            let (_, remaining) = inner
+                .shared_check(watch, fresh_after, inner.lock_remaining(key))
+                .await?;
+            if remaining.is_none() {
+                watch.notify.notify_waiters();
+                return Ok(());
+            }
+            backoff = (backoff * 2).min(RECHECK_MAX);
+        }
+    }
+
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let client = inner.timed(inner.client()).await?;
+        let mut purged = 0;
+        // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
+        loop {
+            let deleted = inner
+                .timed(inner.execute(&client, &inner.sql.purge, &[]))
+                .await?;
+            purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(purged);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_round_trip_exactly_in_order() {
+        let headers = vec![
+            (
+                HeaderName::from_static("link"),
+                HeaderValue::from_static("</a>; rel=\"a\""),
+            ),
+            (
+                HeaderName::from_static("etag"),
+                HeaderValue::from_static(""),
+            ),
+            (
+                HeaderName::from_static("link"),
+                HeaderValue::from_bytes(b" \xff:x\t").unwrap(),
+            ),
+        ];
+        assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
+        assert!(decode_headers(b"no-colon\r\n").is_err());
+        assert!(decode_headers(b"a:b").is_err());
+    }
+
+    #[test]
+    fn key_ids_separate_scope_from_key() {
+        let id = |s: &str, k: &str| {
+            key_id(&RecordKey::new(
+                crate::Scope::new(s),
+                crate::IdempotencyKey::parse(k.as_bytes()).unwrap(),
+            ))
+        };
+        assert_ne!(id("ab", "cdefghijk"), id("abc", "defghijk"));
+        assert_eq!(id("a", "bcdefghij").len(), 32);
+    }
+}

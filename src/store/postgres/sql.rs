@@ -1,0 +1,216 @@
+//! The SQL of every operation, built once per store from its validated names.
+//!
+//! Durations are embedded as integer millisecond literals and every timestamp
+//! is computed with the database's `now()`: the application's clock is never
+//! sent to or compared with the database.
+
+use std::time::Duration;
+
+/// Rows deleted per `purge_expired` statement.
+pub(super) const PURGE_BATCH: u64 = 1000;
+
+/// Advisory lock taken by `migrate` (ASCII "tower_id"), shared by every table so
+/// that concurrent `CREATE SCHEMA`/`CREATE TABLE` of any store never race.
+const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
+
+/// Whether `name` is a plain lower-case SQL identifier: `[a-z_][a-z0-9_]{0,62}`.
+pub(super) fn is_identifier(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && (bytes[0].is_ascii_lowercase() || bytes[0] == b'_')
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'_')
+}
+
+/// `table` + `suffix`, shortened (with a hash of the table name, so that two long
+/// table names sharing a prefix stay distinct) to PostgreSQL's 63-byte limit.
+pub(super) fn derived_name(table: &str, suffix: &str) -> String {
+    let full = format!("{table}_{suffix}");
+    if full.len() <= 63 {
+        return full;
+    }
+    let hash = &super::hex_sha256(table.as_bytes())[..8];
+    let keep = 63 - suffix.len() - hash.len() - 2;
+    format!("{}_{hash}_{suffix}", &table[..keep])
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis())
+        .unwrap_or(u64::MAX)
+        .min(i64::MAX as u64 / 1000)
+}
+
+/// Statement texts of one store.
+#[derive(Debug)]
+pub(super) struct Sql {
+    pub(super) migrate: String,
+    pub(super) begin: String,
+    pub(super) complete: String,
+    pub(super) release: String,
+    pub(super) lock_remaining: String,
+    pub(super) purge: String,
+    pub(super) listen: String,
+}
+
+impl Sql {
+    pub(super) fn new(
+        schema: &str,
+        table: &str,
+        channel: &str,
+        lock: Duration,
+        retention: Duration,
+    ) -> Self {
+        // Names were validated as `[a-z_][a-z0-9_]*`; quoting also keeps reserved words usable.
+        let t = format!(r#""{schema}"."{table}""#);
+        let seq_name = derived_name(table, "token_seq");
+        let seq = format!(r#""{schema}"."{seq_name}""#);
+        let index = derived_name(table, "expires_at_idx");
+        let lock_ms = millis(lock);
+        let retention_ms = millis(retention);
+
+        let migrate = format!(
+            r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '{schema}') THEN
+        CREATE SCHEMA "{schema}";
+    END IF;
+END $$;
+CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
+CREATE TABLE IF NOT EXISTS {t} (
+    scope       text        NOT NULL,
+    key         text        NOT NULL,
+    fingerprint bytea       NOT NULL,
+    token       bigint      NOT NULL,
+    state       text        NOT NULL CHECK (state IN ('in_progress', 'completed')),
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL,
+    status      smallint,
+    headers     bytea,
+    body        bytea,
+    PRIMARY KEY (scope, key),
+    CHECK ((state = 'completed') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL))
+);
+CREATE INDEX IF NOT EXISTS "{index}" ON {t} (expires_at);"#
+        );
+
+        // One statement in every case. `live` is the unexpired row in the statement's
+        // snapshot; only when there is none does the INSERT produce a row (so a replay,
+        // a mismatch or an in-progress answer writes nothing, takes no row lock and
+        // draws no token). The upsert takes over a row that expired, judged on the
+        // row's latest committed version. Zero rows come back only when a concurrent
+        // transaction committed a live row after this statement's snapshot; the
+        // caller then runs the statement again.
+        let begin = format!(
+            r#"WITH live AS (
+    SELECT fingerprint = $3 AS same, state = 'completed' AS done, status, headers, body
+    FROM {t}
+    WHERE scope = $1 AND key = $2 AND expires_at > now()
+), claimed AS (
+    INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at)
+    SELECT $1, $2, $3, nextval('{seq}'), 'in_progress', now(),
+           now() + interval '{lock_ms} milliseconds'
+    WHERE NOT EXISTS (SELECT 1 FROM live)
+    ON CONFLICT (scope, key) DO UPDATE
+    SET fingerprint = excluded.fingerprint, token = excluded.token, state = 'in_progress',
+        created_at = excluded.created_at, expires_at = excluded.expires_at,
+        status = NULL, headers = NULL, body = NULL
+    WHERE r.expires_at <= now()
+    RETURNING r.token
+)
+SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
+       NULL::bytea AS headers, NULL::bytea AS body
+FROM claimed
+UNION ALL
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay' ELSE 'in_progress' END,
+       NULL::bigint,
+       CASE WHEN same AND done THEN status END,
+       CASE WHEN same AND done THEN headers END,
+       CASE WHEN same AND done THEN body END
+FROM live"#
+        );
+
+        let complete = format!(
+            r#"WITH done AS (
+    UPDATE {t}
+    SET state = 'completed', status = $4, headers = $5, body = $6,
+        expires_at = now() + interval '{retention_ms} milliseconds'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT pg_notify('{channel}', $7) FROM done"#
+        );
+
+        let release = format!(
+            r#"WITH gone AS (
+    DELETE FROM {t}
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT pg_notify('{channel}', $4) FROM gone"#
+        );
+
+        let lock_remaining = format!(
+            r#"SELECT ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint
+FROM {t}
+WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND expires_at > now()"#
+        );
+
+        let purge = format!(
+            r#"WITH doomed AS (
+    SELECT scope, key FROM {t}
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT {PURGE_BATCH}
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {t} AS r USING doomed
+WHERE r.scope = doomed.scope AND r.key = doomed.key"#
+        );
+
+        let listen = format!(r#"LISTEN "{channel}""#);
+
+        Self {
+            migrate,
+            begin,
+            complete,
+            release,
+            lock_remaining,
+            purge,
+            listen,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_plain_lower_case_names_of_at_most_63_bytes() {
+        for ok in ["a", "_", "idempotency_records", "t1", &"a".repeat(63)] {
+            assert!(is_identifier(ok), "{ok}");
+        }
+        let long = "a".repeat(64);
+        for bad in [
+            "", "1t", "T", "a-b", "a b", "a\"b", "a;drop", "é", "a.b", &long,
+        ] {
+            assert!(!is_identifier(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn derived_names_fit_and_stay_distinct() {
+        assert_eq!(derived_name("records", "token_seq"), "records_token_seq");
+        let a = format!("{}a", "x".repeat(62));
+        let b = format!("{}b", "x".repeat(62));
+        let (da, db) = (
+            derived_name(&a, "expires_at_idx"),
+            derived_name(&b, "expires_at_idx"),
+        );
+        assert!(da.len() <= 63 && db.len() <= 63);
+        assert_ne!(da, db);
+        assert!(is_identifier(&da));
+    }
+}
