@@ -1,0 +1,118 @@
+//! The reports demo: one live job per tenant, report type and month, however
+//! often the Generate button is pressed.
+//!
+//! ```sh
+//! cargo run --example reports
+//! # another shell: a double click is one job (202 created, then 200 join)
+//! for i in 1 2; do curl -s -X POST localhost:3001/reports/start -H 'Authorization: Bearer acme' \
+//!   -H 'Content-Type: application/json' -d '{"report_type":"customer_health","period":"2026-08"}'; echo; done
+//! curl -sN localhost:3001/reports/$JOB/events -H 'Authorization: Bearer acme'
+//! ```
+//!
+//! Env: `BIND` (default `127.0.0.1:3001`), `LEASE_SECONDS` (default 45),
+//! `REPORT_ALLOWANCE` (jobs per tenant per month; unset = unlimited),
+//! `REPORT_WORKER` (`off`: jobs wait for an external worker), `REPORT_CHUNK_MS`
+//! (default 200), `ADMIN_TOKEN` (default `admin`), `DATABASE_URL` (PostgreSQL,
+//! once its job store lands). See `docs/reports.md`.
+
+mod app;
+
+use std::error::Error;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_idempotency::store::jobs::Budget;
+use tower_idempotency::store::{JobStore, MemoryJobStore};
+
+/// How often jobs whose lease expired with nobody behind them are failed.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn Error>> {
+    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3001".into());
+    let (store, store_name) = job_store_from_env().await?;
+    let config = config_from_env()?;
+    let worker = match config.worker {
+        app::Worker::Off => "off (external workers acquire jobs over HTTP)".to_owned(),
+        app::Worker::BuiltIn { chunk_delay } => {
+            format!("built-in, a chunk every {} ms", chunk_delay.as_millis())
+        }
+    };
+    app::spawn_stale_sweep(store.clone(), SWEEP_EVERY);
+    let app = app::router(store.clone(), config.clone());
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
+    println!(
+        "job store: {store_name}, lease {:?}",
+        store.lease_duration()
+    );
+    println!("worker: {worker}");
+    match config.budget {
+        Some(budget) => println!("budget: {} job(s) per tenant per month", budget.allowance),
+        None => println!("budget: unlimited"),
+    }
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}
+
+/// The one place the job store is chosen.
+async fn job_store_from_env() -> Result<(Arc<dyn JobStore>, &'static str), Box<dyn Error>> {
+    let lease = match std::env::var("LEASE_SECONDS") {
+        Ok(v) => {
+            let secs: f64 = v
+                .parse()
+                .ok()
+                .filter(|s: &f64| s.is_finite() && *s > 0.0)
+                .ok_or("LEASE_SECONDS must be a positive number of seconds")?;
+            Duration::from_secs_f64(secs)
+        }
+        Err(_) => Duration::from_secs(45),
+    };
+    if std::env::var_os("DATABASE_URL").is_some() {
+        // PostgreSQL plugs in here, once its job store exists, e.g.:
+        //
+        //     #[cfg(feature = "postgres")]
+        //     {
+        //         let store = PostgresJobStore::connect(&url).await?.with_lease(lease);
+        //         return Ok((Arc::new(store), "postgres"));
+        //     }
+        //
+        // Until then refuse rather than silently keep jobs in this process
+        // only: instances sharing DATABASE_URL expect to share their jobs.
+        return Err(
+            "DATABASE_URL is set, but the PostgreSQL job store is not wired into \
+                    this demo yet; unset DATABASE_URL to use the in-memory store"
+                .into(),
+        );
+    }
+    Ok((Arc::new(MemoryJobStore::new().with_lease(lease)), "memory"))
+}
+
+fn config_from_env() -> Result<app::Config, Box<dyn Error>> {
+    let mut config = app::Config::default();
+    if let Ok(v) = std::env::var("REPORT_ALLOWANCE") {
+        let allowance: u32 = v
+            .parse()
+            .map_err(|_| "REPORT_ALLOWANCE must be a number of jobs per tenant per month")?;
+        config.budget = Some(Budget::per_month(allowance));
+    }
+    let chunk_ms: u64 = match std::env::var("REPORT_CHUNK_MS") {
+        Ok(v) => v
+            .parse()
+            .map_err(|_| "REPORT_CHUNK_MS must be milliseconds")?,
+        Err(_) => 200,
+    };
+    config.worker = match std::env::var("REPORT_WORKER").as_deref() {
+        Ok("off") => app::Worker::Off,
+        Ok("" | "on" | "builtin" | "built-in") | Err(_) => app::Worker::BuiltIn {
+            chunk_delay: Duration::from_millis(chunk_ms),
+        },
+        Ok(_) => return Err("REPORT_WORKER must be `off` or `on` (the default)".into()),
+    };
+    if let Ok(token) = std::env::var("ADMIN_TOKEN") {
+        if token.is_empty() {
+            return Err("ADMIN_TOKEN must not be empty".into());
+        }
+        config.admin_token = token.into();
+    }
+    Ok(config)
+}
