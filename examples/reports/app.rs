@@ -213,7 +213,8 @@ impl<B: Send + 'static> AsyncAuthorizeRequest<B> for BearerTenant {
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
                 "send Authorization: Bearer <tenant id>",
-            )),
+            )
+            .into_response()),
         })
     }
 }
@@ -235,12 +236,37 @@ fn is_tenant_token(token: &str) -> bool {
 
 // Answers.
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response<Body> {
-    let body = json!({ "code": code, "message": message.into() });
-    (status, Json(body)).into_response()
+/// A refusal: `{"code", "message", ...}` with its status.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    body: Value,
 }
 
-fn unknown_job() -> Response<Body> {
+impl ApiError {
+    /// Adds a field to the body (e.g. `expected` of a sequence gap).
+    fn with(mut self, field: &str, value: impl Into<Value>) -> Self {
+        self.body[field] = value.into();
+        self
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response<Body> {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+type Answer = Result<Response<Body>, ApiError>;
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> ApiError {
+    ApiError {
+        status,
+        body: json!({ "code": code, "message": message.into() }),
+    }
+}
+
+fn unknown_job() -> ApiError {
     error(
         StatusCode::NOT_FOUND,
         "unknown_job",
@@ -248,7 +274,7 @@ fn unknown_job() -> Response<Body> {
     )
 }
 
-fn store_unavailable() -> Response<Body> {
+fn store_unavailable<E>(_: E) -> ApiError {
     error(
         StatusCode::SERVICE_UNAVAILABLE,
         "store_unavailable",
@@ -256,8 +282,24 @@ fn store_unavailable() -> Response<Body> {
     )
 }
 
+fn invalid_body(shape: &str) -> ApiError {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_body",
+        format!("send {shape}"),
+    )
+}
+
+fn invalid_query() -> ApiError {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_query",
+        "use ?from_seq=N or ?offset=BYTES (non-negative integers), not both",
+    )
+}
+
 /// The HTTP answer to a refused lease operation.
-fn lease_error(e: LeaseError) -> Response<Body> {
+fn lease_error(e: LeaseError) -> ApiError {
     match e {
         LeaseError::LeaseLost => error(
             StatusCode::CONFLICT,
@@ -269,16 +311,14 @@ fn lease_error(e: LeaseError) -> Response<Body> {
             "not_owner",
             "only the current owner of a live lease may end this job",
         ),
-        LeaseError::SequenceGap { expected } => {
-            let body = json!({
-                "code": "sequence_gap",
-                "message": format!("append seq {expected} first"),
-                "expected": expected,
-            });
-            (StatusCode::CONFLICT, Json(body)).into_response()
-        }
+        LeaseError::SequenceGap { expected } => error(
+            StatusCode::CONFLICT,
+            "sequence_gap",
+            format!("append seq {expected} first"),
+        )
+        .with("expected", expected),
         LeaseError::UnknownJob => unknown_job(),
-        LeaseError::Store(_) => store_unavailable(),
+        LeaseError::Store(e) => store_unavailable(e),
         other => error(
             StatusCode::INTERNAL_SERVER_ERROR,
             other.code(),
@@ -303,14 +343,15 @@ fn job_json(job: &Job) -> Value {
     body
 }
 
-/// The caller's job, or the answer to send instead (404 for unknown jobs and
-/// other tenants' jobs alike, so ids leak nothing).
-async fn tenant_job(state: &AppState, tenant: &Scope, job_id: &str) -> Result<Job, Response<Body>> {
-    match state.store.job(tenant.as_str(), job_id).await {
-        Ok(Some(job)) => Ok(job),
-        Ok(None) => Err(unknown_job()),
-        Err(_) => Err(store_unavailable()),
-    }
+/// The caller's job; 404 for unknown jobs and other tenants' jobs alike, so
+/// job ids leak nothing.
+async fn tenant_job(state: &AppState, tenant: &Scope, job_id: &str) -> Result<Job, ApiError> {
+    state
+        .store
+        .job(tenant.as_str(), job_id)
+        .await
+        .map_err(store_unavailable)?
+        .ok_or_else(unknown_job)
 }
 
 // Start.
@@ -328,15 +369,10 @@ async fn start_report(
     Extension(tenant): Extension<Scope>,
     Extension(lease): Extension<Lease>,
     body: Bytes,
-) -> Response<Body> {
-    let Ok(start) = serde_json::from_slice::<StartBody>(&body) else {
-        // The key extractor already checked these fields; refusing fails the job.
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_job_key",
-            "report_type and period",
-        );
-    };
+) -> Answer {
+    // The key extractor already checked these fields; a refusal fails the job.
+    let start: StartBody =
+        serde_json::from_slice(&body).map_err(|_| invalid_body("{\"report_type\", \"period\"}"))?;
     match state.worker {
         Worker::Off => {}
         Worker::BuiltIn { chunk_delay } => {
@@ -345,7 +381,7 @@ async fn start_report(
             });
         }
     }
-    StatusCode::ACCEPTED.into_response()
+    Ok(StatusCode::ACCEPTED.into_response())
 }
 
 /// A stand-in for a model: streams a few numbered chunks into the job's
@@ -383,11 +419,9 @@ async fn read_job(
     State(state): State<AppState>,
     Extension(tenant): Extension<Scope>,
     Path(job_id): Path<String>,
-) -> Response<Body> {
-    match tenant_job(&state, &tenant, &job_id).await {
-        Ok(job) => Json(job_json(&job)).into_response(),
-        Err(answer) => answer,
-    }
+) -> Answer {
+    let job = tenant_job(&state, &tenant, &job_id).await?;
+    Ok(Json(job_json(&job)).into_response())
 }
 
 #[derive(Deserialize)]
@@ -403,24 +437,20 @@ async fn read_cursor(
     Extension(tenant): Extension<Scope>,
     Path(job_id): Path<String>,
     query: Result<Query<CursorQuery>, QueryRejection>,
-) -> Response<Body> {
-    let Ok(Query(query)) = query else {
-        return invalid_query();
-    };
+) -> Answer {
+    let Query(query) = query.map_err(|_| invalid_query())?;
     if query.from_seq.is_some() && query.offset.is_some() {
-        return invalid_query();
+        return Err(invalid_query());
     }
     // Status first, chunks second: a job read as ended has all its chunks.
-    let job = match tenant_job(&state, &tenant, &job_id).await {
-        Ok(job) => job,
-        Err(answer) => return answer,
-    };
+    let job = tenant_job(&state, &tenant, &job_id).await?;
     let from_seq = query.from_seq.unwrap_or(0);
-    let chunks = match state.store.chunks(tenant.as_str(), &job_id, from_seq).await {
-        Ok(Some(chunks)) => chunks,
-        Ok(None) => return unknown_job(),
-        Err(_) => return store_unavailable(),
-    };
+    let chunks = state
+        .store
+        .chunks(tenant.as_str(), &job_id, from_seq)
+        .await
+        .map_err(store_unavailable)?
+        .ok_or_else(unknown_job)?;
     // Where to resume: a value below the one asked for means the cursor
     // restarted (the job was taken over after its lease expired).
     let next_seq = chunks.last().map_or(job.next_seq, |c| c.seq + 1);
@@ -436,15 +466,7 @@ async fn read_cursor(
                 .into();
         }
     }
-    Json(body).into_response()
-}
-
-fn invalid_query() -> Response<Body> {
-    error(
-        StatusCode::BAD_REQUEST,
-        "invalid_query",
-        "use ?from_seq=N or ?offset=BYTES (non-negative integers), not both",
-    )
+    Ok(Json(body).into_response())
 }
 
 fn chunk_json(chunk: &Chunk, offset: Option<u64>) -> Value {
@@ -484,37 +506,33 @@ async fn read_events(
     Path(job_id): Path<String>,
     headers: HeaderMap,
     query: Result<Query<CursorQuery>, QueryRejection>,
-) -> Response<Body> {
-    let Ok(Query(query)) = query else {
-        return invalid_query();
-    };
+) -> Answer {
+    let Query(query) = query.map_err(|_| invalid_query())?;
     let from_seq = match headers.get("last-event-id") {
-        Some(value) => match value
-            .to_str()
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
-            Some(last) => last + 1,
-            None => {
-                return error(
+        None => query.from_seq.unwrap_or(0),
+        Some(value) => {
+            let last = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            last.ok_or_else(|| {
+                error(
                     StatusCode::BAD_REQUEST,
                     "invalid_last_event_id",
                     "Last-Event-ID must be a chunk sequence number",
                 )
-            }
-        },
-        None => query.from_seq.unwrap_or(0),
+            })? + 1
+        }
     };
-    if let Err(answer) = tenant_job(&state, &tenant, &job_id).await {
-        return answer;
-    }
+    tenant_job(&state, &tenant, &job_id).await?;
     let (tx, rx) = mpsc::channel(16);
     tokio::spawn(stream_events(state.store, tenant, job_id, from_seq, tx));
-    Response::builder()
+    let response = Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(Body::new(EventBody(rx)))
-        .expect("valid response")
+        .expect("valid response");
+    Ok(response)
 }
 
 async fn stream_events(
@@ -524,15 +542,14 @@ async fn stream_events(
     mut next: u64,
     tx: mpsc::Sender<Bytes>,
 ) {
+    let store_error = || event("error", r#"{"code":"store_unavailable"}"#);
     let mut quiet_since = tokio::time::Instant::now();
     loop {
         let job = match store.job(tenant.as_str(), &job_id).await {
             Ok(Some(job)) => job,
             Ok(None) => return,
             Err(_) => {
-                let _ = tx
-                    .send(event("error", r#"{"code":"store_unavailable"}"#))
-                    .await;
+                let _ = tx.send(store_error()).await;
                 return;
             }
         };
@@ -548,9 +565,7 @@ async fn stream_events(
             Ok(Some(chunks)) => chunks,
             Ok(None) => return,
             Err(_) => {
-                let _ = tx
-                    .send(event("error", r#"{"code":"store_unavailable"}"#))
-                    .await;
+                let _ = tx.send(store_error()).await;
                 return;
             }
         };
@@ -563,19 +578,20 @@ async fn stream_events(
             next = chunk.seq + 1;
             quiet_since = tokio::time::Instant::now();
         }
-        match job.status {
-            JobStatus::Complete => {
-                let data = json!({ "job_id": job.id, "status": "complete", "artifact_id": job.artifact_id });
-                let _ = tx.send(event("done", &data.to_string())).await;
-                return;
-            }
-            JobStatus::Failed => {
-                let data =
-                    json!({ "job_id": job.id, "status": "failed", "error_code": job.error_code });
-                let _ = tx.send(event("failed", &data.to_string())).await;
-                return;
-            }
-            JobStatus::Queued | JobStatus::Running => {}
+        let ending = match job.status {
+            JobStatus::Complete => Some((
+                "done",
+                json!({ "job_id": job.id, "status": "complete", "artifact_id": job.artifact_id }),
+            )),
+            JobStatus::Failed => Some((
+                "failed",
+                json!({ "job_id": job.id, "status": "failed", "error_code": job.error_code }),
+            )),
+            JobStatus::Queued | JobStatus::Running => None,
+        };
+        if let Some((name, data)) = ending {
+            let _ = tx.send(event(name, &data.to_string())).await;
+            return;
         }
         if quiet_since.elapsed() >= EVENTS_KEEP_ALIVE {
             if tx
@@ -621,35 +637,36 @@ async fn read_artifact(
     State(state): State<AppState>,
     Extension(tenant): Extension<Scope>,
     Path(job_id): Path<String>,
-) -> Response<Body> {
-    match state.store.artifact(tenant.as_str(), &job_id).await {
-        Ok(ArtifactLookup::Found(bytes)) => (
-            [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")],
-            bytes,
-        )
-            .into_response(),
-        Ok(ArtifactLookup::NotReady(status)) => {
-            let body = json!({
-                "code": "not_ready",
-                "message": "the job has not completed",
-                "status": status.as_str(),
-            });
-            (StatusCode::CONFLICT, Json(body)).into_response()
+) -> Answer {
+    let lookup = state
+        .store
+        .artifact(tenant.as_str(), &job_id)
+        .await
+        .map_err(store_unavailable)?;
+    match lookup {
+        ArtifactLookup::Found(bytes) => {
+            let content_type = [(header::CONTENT_TYPE, "text/markdown; charset=utf-8")];
+            Ok((content_type, bytes).into_response())
         }
-        Ok(ArtifactLookup::OtherTenant) => error(
+        ArtifactLookup::NotReady(status) => Err(error(
+            StatusCode::CONFLICT,
+            "not_ready",
+            "the job has not completed",
+        )
+        .with("status", status.as_str())),
+        ArtifactLookup::OtherTenant => Err(error(
             StatusCode::FORBIDDEN,
             "tenant_mismatch",
             "this job belongs to another tenant",
-        ),
-        Ok(ArtifactLookup::Unknown) => unknown_job(),
-        Err(_) => store_unavailable(),
+        )),
+        ArtifactLookup::Unknown => Err(unknown_job()),
     }
 }
 
 // The worker side.
 
 /// `X-Worker-Id`: 1 to 128 visible ASCII characters.
-fn worker_id(headers: &HeaderMap) -> Result<String, Response<Body>> {
+fn worker_id(headers: &HeaderMap) -> Result<String, ApiError> {
     headers
         .get("x-worker-id")
         .and_then(|v| v.to_str().ok())
@@ -671,7 +688,7 @@ async fn worker_grant(
     tenant: &Scope,
     job_id: &str,
     headers: &HeaderMap,
-) -> Result<LeaseGrant, Response<Body>> {
+) -> Result<LeaseGrant, ApiError> {
     let owner = worker_id(headers)?;
     let token = headers
         .get("x-lease-token")
@@ -701,33 +718,29 @@ async fn acquire(
     Extension(tenant): Extension<Scope>,
     Path(job_id): Path<String>,
     headers: HeaderMap,
-) -> Response<Body> {
-    let owner = match worker_id(&headers) {
-        Ok(owner) => owner,
-        Err(answer) => return answer,
-    };
-    let job = match tenant_job(&state, &tenant, &job_id).await {
-        Ok(job) => job,
-        Err(answer) => return answer,
-    };
-    match state.store.acquire(&job_id, &owner).await {
-        Ok(Some(grant)) => Json(json!({
-            "job_id": grant.job_id,
-            "owner": grant.owner,
-            "token": grant.token.0,
-            "lease_seconds": lease_seconds(&state),
-        }))
-        .into_response(),
-        Ok(None) => {
-            let body = json!({
-                "code": "not_available",
-                "message": "the job has ended or another worker holds a live lease",
-                "status": job.status.as_str(),
-            });
-            (StatusCode::CONFLICT, Json(body)).into_response()
-        }
-        Err(_) => store_unavailable(),
-    }
+) -> Answer {
+    let owner = worker_id(&headers)?;
+    let job = tenant_job(&state, &tenant, &job_id).await?;
+    let grant = state
+        .store
+        .acquire(&job_id, &owner)
+        .await
+        .map_err(store_unavailable)?
+        .ok_or_else(|| {
+            error(
+                StatusCode::CONFLICT,
+                "not_available",
+                "the job has ended or another worker holds a live lease",
+            )
+            .with("status", job.status.as_str())
+        })?;
+    Ok(Json(json!({
+        "job_id": grant.job_id,
+        "owner": grant.owner,
+        "token": grant.token.0,
+        "lease_seconds": lease_seconds(&state),
+    }))
+    .into_response())
 }
 
 async fn heartbeat(
@@ -735,20 +748,15 @@ async fn heartbeat(
     Extension(tenant): Extension<Scope>,
     Path(job_id): Path<String>,
     headers: HeaderMap,
-) -> Response<Body> {
-    let grant = match worker_grant(&state, &tenant, &job_id, &headers).await {
-        Ok(grant) => grant,
-        Err(answer) => return answer,
-    };
-    match state.store.heartbeat(&grant).await {
-        Ok(()) => Json(json!({
-            "job_id": job_id,
-            "status": "running",
-            "lease_seconds": lease_seconds(&state),
-        }))
-        .into_response(),
-        Err(e) => lease_error(e),
-    }
+) -> Answer {
+    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
+    state.store.heartbeat(&grant).await.map_err(lease_error)?;
+    Ok(Json(json!({
+        "job_id": job_id,
+        "status": "running",
+        "lease_seconds": lease_seconds(&state),
+    }))
+    .into_response())
 }
 
 #[derive(Deserialize)]
@@ -763,32 +771,24 @@ async fn append(
     Path(job_id): Path<String>,
     headers: HeaderMap,
     body: Result<Json<AppendBody>, JsonRejection>,
-) -> Response<Body> {
-    let grant = match worker_grant(&state, &tenant, &job_id, &headers).await {
-        Ok(grant) => grant,
-        Err(answer) => return answer,
-    };
-    let Ok(Json(body)) = body else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "invalid_body",
-            "send {\"seq\": <integer from 0>, \"chunk\": <string>}",
-        );
-    };
-    match state
+) -> Answer {
+    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
+    let Json(body) =
+        body.map_err(|_| invalid_body("{\"seq\": <integer from 0>, \"chunk\": <string>}"))?;
+    let appended = state
         .store
         .append(&grant, body.seq, body.chunk.into())
         .await
-    {
-        Ok(Appended::Added { next_seq }) => {
-            Json(json!({ "job_id": job_id, "added": true, "next_seq": next_seq })).into_response()
+        .map_err(lease_error)?;
+    let body = match appended {
+        Appended::Added { next_seq } => {
+            json!({ "job_id": job_id, "added": true, "next_seq": next_seq })
         }
-        Ok(Appended::Duplicate { next_seq }) => Json(
-            json!({ "job_id": job_id, "added": false, "duplicate": true, "next_seq": next_seq }),
-        )
-        .into_response(),
-        Err(e) => lease_error(e),
-    }
+        Appended::Duplicate { next_seq } => {
+            json!({ "job_id": job_id, "added": false, "duplicate": true, "next_seq": next_seq })
+        }
+    };
+    Ok(Json(body).into_response())
 }
 
 /// Completes the job. An empty body makes the artifact the concatenated
@@ -799,30 +799,31 @@ async fn finalize(
     Path(job_id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
-) -> Response<Body> {
-    let grant = match worker_grant(&state, &tenant, &job_id, &headers).await {
-        Ok(grant) => grant,
-        Err(answer) => return answer,
-    };
+) -> Answer {
+    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
     let artifact = if body.is_empty() {
-        // Only the owner can append, so the cursor cannot change under its finalize.
-        match state.store.chunks(tenant.as_str(), &job_id, 0).await {
-            Ok(Some(chunks)) => chunks.iter().flat_map(|c| c.data.iter().copied()).collect(),
-            Ok(None) => return unknown_job(),
-            Err(_) => return store_unavailable(),
-        }
+        // Only the owner appends, so the cursor cannot change under its finalize.
+        let chunks = state
+            .store
+            .chunks(tenant.as_str(), &job_id, 0)
+            .await
+            .map_err(store_unavailable)?
+            .ok_or_else(unknown_job)?;
+        chunks.iter().flat_map(|c| c.data.iter().copied()).collect()
     } else {
         body
     };
-    match state.store.finalize(&grant, artifact).await {
-        Ok(artifact_id) => Json(json!({
-            "job_id": job_id,
-            "status": "complete",
-            "artifact_id": artifact_id,
-        }))
-        .into_response(),
-        Err(e) => lease_error(e),
-    }
+    let artifact_id = state
+        .store
+        .finalize(&grant, artifact)
+        .await
+        .map_err(lease_error)?;
+    Ok(Json(json!({
+        "job_id": job_id,
+        "status": "complete",
+        "artifact_id": artifact_id,
+    }))
+    .into_response())
 }
 
 #[derive(Deserialize)]
@@ -836,33 +837,20 @@ async fn fail(
     Path(job_id): Path<String>,
     headers: HeaderMap,
     body: Result<Json<FailBody>, JsonRejection>,
-) -> Response<Body> {
-    let grant = match worker_grant(&state, &tenant, &job_id, &headers).await {
-        Ok(grant) => grant,
-        Err(answer) => return answer,
-    };
-    let code = match body {
-        Ok(Json(FailBody { code }))
-            if (1..=64).contains(&code.len())
+) -> Answer {
+    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
+    let code = body
+        .ok()
+        .map(|Json(body)| body.code)
+        .filter(|code| {
+            (1..=64).contains(&code.len())
                 && code
                     .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_') =>
-        {
-            code
-        }
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                "send {\"code\": <1 to 64 characters [a-z0-9_]>}",
-            )
-        }
-    };
-    match state.store.fail(&grant, &code).await {
-        Ok(()) => Json(json!({ "job_id": job_id, "status": "failed", "error_code": code }))
-            .into_response(),
-        Err(e) => lease_error(e),
-    }
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+        })
+        .ok_or_else(|| invalid_body("{\"code\": <1 to 64 characters [a-z0-9_]>}"))?;
+    state.store.fail(&grant, &code).await.map_err(lease_error)?;
+    Ok(Json(json!({ "job_id": job_id, "status": "failed", "error_code": code })).into_response())
 }
 
 // Operator.
@@ -878,40 +866,32 @@ async fn reset_budget(
     State(state): State<AppState>,
     headers: HeaderMap,
     body: Result<Json<ResetBody>, JsonRejection>,
-) -> Response<Body> {
-    match bearer(&headers) {
-        None => {
-            return error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "send Authorization: Bearer <admin token>",
-            )
-        }
-        Some(token) if !constant_time_eq(token.as_bytes(), state.admin_token.as_bytes()) => {
-            return error(
-                StatusCode::FORBIDDEN,
-                "forbidden",
-                "this endpoint needs the admin token",
-            )
-        }
-        Some(_) => {}
+) -> Answer {
+    let token = bearer(&headers).ok_or_else(|| {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send Authorization: Bearer <admin token>",
+        )
+    })?;
+    if !constant_time_eq(token.as_bytes(), state.admin_token.as_bytes()) {
+        return Err(error(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            "this endpoint needs the admin token",
+        ));
     }
-    let tenant = match body {
-        Ok(Json(ResetBody { tenant })) if is_tenant_token(&tenant) => tenant,
-        _ => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_body",
-                "send {\"tenant\": <tenant id>}",
-            )
-        }
-    };
-    match state.store.reset_budget(&tenant, BudgetPeriod::Month).await {
-        Ok(reset) => {
-            Json(json!({ "tenant": tenant, "period": "month", "reset": reset })).into_response()
-        }
-        Err(_) => store_unavailable(),
-    }
+    let tenant = body
+        .ok()
+        .map(|Json(body)| body.tenant)
+        .filter(|tenant| is_tenant_token(tenant))
+        .ok_or_else(|| invalid_body("{\"tenant\": <tenant id>}"))?;
+    let reset = state
+        .store
+        .reset_budget(&tenant, BudgetPeriod::Month)
+        .await
+        .map_err(store_unavailable)?;
+    Ok(Json(json!({ "tenant": tenant, "period": "month", "reset": reset })).into_response())
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
