@@ -322,6 +322,26 @@ async fn round_trips_fresh_request_two_replay_one() {
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     let replay_trips = store.round_trips() - before;
 
+    // A response the policy does not record: begin + release.
+    let not_recorded = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store.clone()))
+        .service_fn(|_req: Request<Full<Bytes>>| async {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::from_static(b"{}"))))
+        });
+    let warm = not_recorded
+        .clone()
+        .oneshot(order_request("warm-up-200"))
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), StatusCode::OK);
+    let before = store.round_trips();
+    let ok = not_recorded
+        .oneshot(order_request("counted-200"))
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), StatusCode::OK);
+    let released_trips = store.round_trips() - before;
+
     // Directly on the store: a mismatch and an in-progress answer are one each too.
     let key = fresh_key();
     claim(&store, &key, "a").await;
@@ -336,9 +356,13 @@ async fn round_trips_fresh_request_two_replay_one() {
     ));
     let decided_trips = store.round_trips() - before;
 
-    eprintln!("round trips: fresh {fresh_trips}, replay {replay_trips}, in progress + mismatch {decided_trips}");
+    eprintln!(
+        "round trips: fresh {fresh_trips}, replay {replay_trips}, \
+         not recorded {released_trips}, in progress + mismatch {decided_trips}"
+    );
     assert_eq!(fresh_trips, 2, "fresh request = begin + complete");
     assert_eq!(replay_trips, 1, "replay = begin");
+    assert_eq!(released_trips, 2, "not recorded = begin + release");
     assert_eq!(decided_trips, 2);
 }
 

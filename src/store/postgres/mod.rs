@@ -33,8 +33,11 @@
 //! # }
 //! ```
 
+mod jobs;
 mod sql;
 mod wait;
+
+pub use jobs::PostgresJobStore;
 
 use self::sql::{is_identifier, Sql, PURGE_BATCH};
 use self::wait::{listener_connect, ListenerConnect, Waits, RECHECK_FIRST, RECHECK_MAX};

@@ -86,7 +86,6 @@ where
 #[derive(Default)]
 pub(super) struct Waits {
     watches: DashMap<String, Arc<Watch>>,
-    listener_started: AtomicBool,
     pub(super) listening: AtomicBool,
     listener_task: Mutex<Option<AbortHandle>>,
 }
@@ -154,26 +153,27 @@ impl Waits {
 }
 
 impl Inner {
-    /// Starts the listener task once, if the store has a listener configuration.
+    /// Starts the listener task if the store has a listener configuration and no
+    /// task runs (for instance because the runtime that ran it shut down).
     pub(super) fn ensure_listener(self: &Arc<Self>) {
+        if self.waits.listening.load(Ordering::Acquire) {
+            return;
+        }
         let Some(connect) = self.config.listener.clone() else {
             return;
         };
-        if self.waits.listener_started.swap(true, Ordering::AcqRel) {
-            return;
-        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            self.waits.listener_started.store(false, Ordering::Release);
             return;
         };
-        let task = runtime.spawn(listen(
-            Arc::downgrade(self),
-            connect,
-            self.sql.listen.clone(),
-        ));
-        if let Ok(mut slot) = self.waits.listener_task.lock() {
-            *slot = Some(task.abort_handle());
+        let Ok(mut task) = self.waits.listener_task.lock() else {
+            return;
+        };
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
         }
+        let listen_sql = self.sql.listen.clone();
+        let spawned = runtime.spawn(listen(Arc::downgrade(self), connect, listen_sql));
+        *task = Some(spawned.abort_handle());
     }
 
     /// A re-check shared by the key's waiters: reuses a check that started at or

@@ -1,0 +1,561 @@
+//! A PostgreSQL [`JobStore`]: natural-key jobs shared by every instance.
+
+use super::backend;
+use super::sql::{derived_name, is_identifier};
+use crate::store::jobs::{
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError,
+    LeaseGrant, StartJob, StartOutcome,
+};
+use crate::store::{FencingToken, StoreError};
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::{Object, Pool};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_postgres::Row;
+
+/// A [`JobStore`] in PostgreSQL tables, shared by every instance of an application.
+///
+/// - **One live job per natural key**: a unique index over the natural key of
+///   jobs that have not failed, and `start` serialised per key by a
+///   transaction-scoped advisory lock (per tenant too when a budget applies, so
+///   concurrent starts cannot overshoot it).
+/// - **Database clock only**: leases expire at `now() + interval`; every liveness
+///   check compares with `now()` in SQL.
+/// - **Fenced writes**: heartbeat, append, finalize and fail match the job's
+///   `(lease_owner, lease_token)`; tokens come from a sequence, so a steal always
+///   issues a higher one and the dead owner's writes change nothing.
+///
+/// ```no_run
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::StoreError> {
+/// use std::time::Duration;
+/// use tower_idempotency::store::PostgresJobStore;
+///
+/// let jobs = PostgresJobStore::new(pool).with_lease(Duration::from_secs(45));
+/// jobs.migrate().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct PostgresJobStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    schema: String,
+    table: String,
+    lease: Duration,
+    sql: JobSql,
+}
+
+impl std::fmt::Debug for PostgresJobStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresJobStore")
+            .field("schema", &self.inner.schema)
+            .field("table", &self.inner.table)
+            .field("lease", &self.inner.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Advisory lock of `migrate` (ASCII "tower_jb").
+const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6a62;
+
+const JOB_COLUMNS: &str = "job_id, tenant, natural_key, status, lease_owner, next_seq, \
+                           cursor_len, artifact_id, error_code";
+
+impl PostgresJobStore {
+    /// Jobs in `public.lease_jobs` (chunks in `public.lease_jobs_chunks`), 45 s leases.
+    pub fn new(pool: Pool) -> Self {
+        Self::build(pool, "public", "lease_jobs", Duration::from_secs(45))
+    }
+
+    fn build(pool: Pool, schema: &str, table: &str, lease: Duration) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                sql: JobSql::new(schema, table, lease),
+                pool,
+                schema: schema.to_owned(),
+                table: table.to_owned(),
+                lease,
+            }),
+        }
+    }
+
+    fn rebuild(self, schema: &str, table: &str, lease: Duration) -> Self {
+        Self::build(self.inner.pool.clone(), schema, table, lease)
+    }
+
+    /// The schema of the tables (default `public`); `migrate` creates it.
+    ///
+    /// # Panics
+    ///
+    /// If `schema` is not a plain identifier `[a-z_][a-z0-9_]{0,62}`.
+    pub fn with_schema(self, schema: &str) -> Self {
+        assert!(
+            is_identifier(schema),
+            "schema {schema:?} is not a plain identifier"
+        );
+        let (table, lease) = (self.inner.table.clone(), self.inner.lease);
+        self.rebuild(schema, &table, lease)
+    }
+
+    /// The jobs table (default `lease_jobs`); chunks go to `<table>_chunks`.
+    ///
+    /// # Panics
+    ///
+    /// If `table` is not a plain identifier `[a-z_][a-z0-9_]{0,62}`.
+    pub fn with_table(self, table: &str) -> Self {
+        assert!(
+            is_identifier(table),
+            "table {table:?} is not a plain identifier"
+        );
+        let (schema, lease) = (self.inner.schema.clone(), self.inner.lease);
+        self.rebuild(&schema, table, lease)
+    }
+
+    /// How long a lease lives without a heartbeat (default 45 s), on the database clock.
+    pub fn with_lease(self, lease: Duration) -> Self {
+        let (schema, table) = (self.inner.schema.clone(), self.inner.table.clone());
+        self.rebuild(&schema, &table, lease)
+    }
+
+    /// Creates the schema, sequence, tables and indexes if missing. Idempotent and
+    /// safe to run from many instances at once.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(backend)?;
+        tx.batch_execute(&self.inner.sql.migrate)
+            .await
+            .map_err(backend)?;
+        tx.commit().await.map_err(backend)
+    }
+
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.inner.pool.get().await.map_err(backend)
+    }
+
+    async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.client().await?;
+        let statement = client.prepare_cached(sql).await.map_err(backend)?;
+        client.query(&statement, params).await.map_err(backend)
+    }
+
+    /// Why a fenced write matched nothing: unknown job, or the lease is not the caller's.
+    async fn refusal(&self, lease: &LeaseGrant, not_yours: LeaseError) -> LeaseError {
+        match self.query(&self.inner.sql.exists, &[&lease.job_id]).await {
+            Ok(rows) if rows.is_empty() => LeaseError::UnknownJob,
+            Ok(_) => not_yours,
+            Err(e) => LeaseError::Store(e),
+        }
+    }
+}
+
+fn decode_job(row: &Row) -> Result<Job, StoreError> {
+    let status: String = row.try_get("status").map_err(backend)?;
+    Ok(Job {
+        id: row.try_get("job_id").map_err(backend)?,
+        tenant: row.try_get("tenant").map_err(backend)?,
+        natural_key: row.try_get("natural_key").map_err(backend)?,
+        status: JobStatus::parse(&status)
+            .ok_or_else(|| backend(format!("unknown job status {status:?}")))?,
+        lease_owner: row.try_get("lease_owner").map_err(backend)?,
+        next_seq: row.try_get::<_, i64>("next_seq").map_err(backend)? as u64,
+        cursor_len: row.try_get::<_, i64>("cursor_len").map_err(backend)? as u64,
+        artifact_id: row.try_get("artifact_id").map_err(backend)?,
+        error_code: row.try_get("error_code").map_err(backend)?,
+    })
+}
+
+fn decode_grant(row: &Row, job: &Job) -> Result<LeaseGrant, StoreError> {
+    Ok(LeaseGrant {
+        job_id: job.id.clone(),
+        owner: job.lease_owner.clone().unwrap_or_default(),
+        token: FencingToken(row.try_get("lease_token").map_err(backend)?),
+    })
+}
+
+fn period_unit(budget: Budget) -> &'static str {
+    match budget.period {
+        BudgetPeriod::Day => "day",
+        BudgetPeriod::Month => "month",
+    }
+}
+
+#[async_trait]
+impl JobStore for PostgresJobStore {
+    fn lease_duration(&self) -> Duration {
+        self.inner.lease
+    }
+
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError> {
+        let sql = &self.inner.sql;
+        let mut client = self.client().await?;
+        let tx = client.transaction().await.map_err(backend)?;
+        if request.budget.is_some() {
+            // Serialise a tenant's starts so the count and the insert are one decision.
+            let lock_key = format!("tower_idempotency.budget:{}", request.tenant);
+            tx.execute(&sql.lock, &[&lock_key]).await.map_err(backend)?;
+        }
+        let lock_key = format!("tower_idempotency.job:{}", request.natural_key);
+        tx.execute(&sql.lock, &[&lock_key]).await.map_err(backend)?;
+        let current = tx
+            .query_opt(&sql.current, &[&request.natural_key])
+            .await
+            .map_err(backend)?;
+        if let Some(row) = &current {
+            let job = decode_job(row)?;
+            let live: bool = row.try_get("live").map_err(backend)?;
+            if job.status == JobStatus::Complete {
+                return Ok(StartOutcome::Completed(job));
+            }
+            if live {
+                return Ok(StartOutcome::Joined(job));
+            }
+        }
+        if let Some(budget) = request.budget {
+            let unit = period_unit(budget);
+            let counted: i64 = tx
+                .query_one(&sql.budget_count, &[&request.tenant, &unit])
+                .await
+                .map_err(backend)?
+                .try_get(0)
+                .map_err(backend)?;
+            if counted >= i64::from(budget.allowance) {
+                return Ok(StartOutcome::BudgetExhausted);
+            }
+        }
+        let outcome = match current {
+            Some(row) => {
+                let job_id: String = row.try_get("job_id").map_err(backend)?;
+                let stolen = tx
+                    .query_one(&sql.steal, &[&job_id, &request.owner])
+                    .await
+                    .map_err(backend)?;
+                let job = decode_job(&stolen)?;
+                let grant = decode_grant(&stolen, &job)?;
+                StartOutcome::Stolen(job, grant)
+            }
+            None => {
+                let created = tx
+                    .query_one(
+                        &sql.create,
+                        &[&request.tenant, &request.natural_key, &request.owner],
+                    )
+                    .await
+                    .map_err(backend)?;
+                let job = decode_job(&created)?;
+                let grant = decode_grant(&created, &job)?;
+                StartOutcome::Created(job, grant)
+            }
+        };
+        tx.commit().await.map_err(backend)?;
+        Ok(outcome)
+    }
+
+    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError> {
+        let rows = self
+            .query(&self.inner.sql.acquire, &[&job_id, &owner])
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(None);
+        };
+        Ok(Some(LeaseGrant {
+            job_id: job_id.to_owned(),
+            owner: owner.to_owned(),
+            token: FencingToken(row.try_get("lease_token").map_err(backend)?),
+        }))
+    }
+
+    async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&lease.job_id, &lease.owner, &lease.token.0];
+        if self
+            .query(&self.inner.sql.heartbeat, &params)
+            .await?
+            .is_empty()
+        {
+            return Err(self.refusal(lease, LeaseError::LeaseLost).await);
+        }
+        Ok(())
+    }
+
+    async fn append(
+        &self,
+        lease: &LeaseGrant,
+        seq: u64,
+        chunk: Bytes,
+    ) -> Result<Appended, LeaseError> {
+        let seq = i64::try_from(seq).map_err(|_| LeaseError::SequenceGap { expected: 0 })?;
+        let data: &[u8] = &chunk;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+            [&lease.job_id, &lease.owner, &lease.token.0, &seq, &data];
+        let rows = self.query(&self.inner.sql.append, &params).await?;
+        let Some(row) = rows.first() else {
+            return Err(self.refusal(lease, LeaseError::LeaseLost).await);
+        };
+        let before: i64 = row.try_get("before").map_err(backend)?;
+        let after: Option<i64> = row.try_get("after").map_err(backend)?;
+        match after {
+            Some(next) => Ok(Appended::Added {
+                next_seq: next as u64,
+            }),
+            None if seq < before => Ok(Appended::Duplicate {
+                next_seq: before as u64,
+            }),
+            None => Err(LeaseError::SequenceGap {
+                expected: before as u64,
+            }),
+        }
+    }
+
+    async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError> {
+        let data: &[u8] = &artifact;
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&lease.job_id, &lease.owner, &lease.token.0, &data];
+        let rows = self.query(&self.inner.sql.finalize, &params).await?;
+        match rows.first() {
+            Some(row) => Ok(row.try_get("artifact_id").map_err(backend)?),
+            None => Err(self.refusal(lease, LeaseError::NotOwner).await),
+        }
+    }
+
+    async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&lease.job_id, &lease.owner, &lease.token.0, &code];
+        if self.query(&self.inner.sql.fail, &params).await?.is_empty() {
+            return Err(self.refusal(lease, LeaseError::NotOwner).await);
+        }
+        Ok(())
+    }
+
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError> {
+        let rows = self.query(&self.inner.sql.job, &[&job_id, &tenant]).await?;
+        rows.first().map(decode_job).transpose()
+    }
+
+    async fn chunks(
+        &self,
+        tenant: &str,
+        job_id: &str,
+        from_seq: u64,
+    ) -> Result<Option<Vec<Chunk>>, StoreError> {
+        if self.job(tenant, job_id).await?.is_none() {
+            return Ok(None);
+        }
+        let from = i64::try_from(from_seq).unwrap_or(i64::MAX);
+        let rows = self
+            .query(&self.inner.sql.chunks, &[&job_id, &from])
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(backend)?;
+                let data: Vec<u8> = row.try_get(1).map_err(backend)?;
+                Ok(Chunk {
+                    seq: seq as u64,
+                    data: Bytes::from(data),
+                })
+            })
+            .collect::<Result<_, _>>()
+            .map(Some)
+    }
+
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError> {
+        let rows = self.query(&self.inner.sql.artifact, &[&job_id]).await?;
+        let Some(row) = rows.first() else {
+            return Ok(ArtifactLookup::Unknown);
+        };
+        let owner: String = row.try_get(0).map_err(backend)?;
+        if owner != tenant {
+            return Ok(ArtifactLookup::OtherTenant);
+        }
+        let artifact: Option<Vec<u8>> = row.try_get(2).map_err(backend)?;
+        Ok(match artifact {
+            Some(bytes) => ArtifactLookup::Found(Bytes::from(bytes)),
+            None => {
+                let status: String = row.try_get(1).map_err(backend)?;
+                ArtifactLookup::NotReady(JobStatus::parse(&status).unwrap_or(JobStatus::Queued))
+            }
+        })
+    }
+
+    async fn sweep_stale(&self) -> Result<u64, StoreError> {
+        let client = self.client().await?;
+        client
+            .execute(&self.inner.sql.sweep_stale, &[])
+            .await
+            .map_err(backend)
+    }
+
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError> {
+        let unit = period_unit(Budget {
+            allowance: 0,
+            period,
+        });
+        let client = self.client().await?;
+        client
+            .execute(&self.inner.sql.reset_budget, &[&tenant, &unit])
+            .await
+            .map_err(backend)
+    }
+}
+
+/// Statement texts of one job store, built from its validated names.
+struct JobSql {
+    migrate: String,
+    lock: String,
+    current: String,
+    budget_count: String,
+    create: String,
+    steal: String,
+    acquire: String,
+    heartbeat: String,
+    append: String,
+    finalize: String,
+    fail: String,
+    exists: String,
+    job: String,
+    chunks: String,
+    artifact: String,
+    sweep_stale: String,
+    reset_budget: String,
+}
+
+impl JobSql {
+    fn new(schema: &str, table: &str, lease: Duration) -> Self {
+        let t = format!(r#""{schema}"."{table}""#);
+        let chunks_table = format!(r#""{schema}"."{}""#, derived_name(table, "chunks"));
+        let seq = format!(r#""{schema}"."{}""#, derived_name(table, "token_seq"));
+        let live_idx = derived_name(table, "live_key_idx");
+        let tenant_idx = derived_name(table, "tenant_idx");
+        let lease_ms = lease.as_millis().min(i64::MAX as u128 / 1000);
+        let expires = format!("now() + interval '{lease_ms} milliseconds'");
+        let live = "status IN ('queued', 'running') AND lease_expires_at > now()";
+        let fenced = "job_id = $1 AND lease_owner = $2 AND lease_token = $3";
+        let period_start = "date_trunc($2, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'";
+        Self {
+            migrate: format!(
+                r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
+DO $$ BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '{schema}') THEN
+        CREATE SCHEMA "{schema}";
+    END IF;
+END $$;
+CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
+CREATE TABLE IF NOT EXISTS {t} (
+    job_id            text        PRIMARY KEY
+                      DEFAULT 'job_' || replace(gen_random_uuid()::text, '-', ''),
+    tenant            text        NOT NULL,
+    natural_key       text        NOT NULL,
+    status            text        NOT NULL
+                      CHECK (status IN ('queued', 'running', 'complete', 'failed')),
+    lease_owner       text,
+    lease_token       bigint      NOT NULL,
+    lease_expires_at  timestamptz NOT NULL,
+    next_seq          bigint      NOT NULL DEFAULT 0,
+    cursor_len        bigint      NOT NULL DEFAULT 0,
+    artifact_id       text,
+    artifact          bytea,
+    error_code        text,
+    budget_reset      boolean     NOT NULL DEFAULT false,
+    period_started_at timestamptz NOT NULL DEFAULT now(),
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX IF NOT EXISTS "{live_idx}" ON {t} (natural_key) WHERE status <> 'failed';
+CREATE INDEX IF NOT EXISTS "{tenant_idx}" ON {t} (tenant, period_started_at);
+CREATE TABLE IF NOT EXISTS {chunks_table} (
+    job_id text   NOT NULL REFERENCES {t} (job_id) ON DELETE CASCADE,
+    seq    bigint NOT NULL,
+    data   bytea  NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);"#
+            ),
+            lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))".to_owned(),
+            current: format!(
+                "SELECT {JOB_COLUMNS}, lease_token, ({live}) AS live \
+                 FROM {t} WHERE natural_key = $1 AND status <> 'failed'"
+            ),
+            budget_count: format!(
+                "SELECT count(*) FROM {t} WHERE tenant = $1 AND NOT budget_reset \
+                 AND period_started_at >= {period_start} \
+                 AND (status = 'complete' OR ({live}))"
+            ),
+            create: format!(
+                "INSERT INTO {t} (tenant, natural_key, status, lease_owner, lease_token, \
+                 lease_expires_at) VALUES ($1, $2, 'queued', $3, nextval('{seq}'), {expires}) \
+                 RETURNING {JOB_COLUMNS}, lease_token"
+            ),
+            // The dead worker's partial cursor is dropped with its lease.
+            steal: format!(
+                "WITH gone AS (DELETE FROM {chunks_table} WHERE job_id = $1) \
+                 UPDATE {t} SET status = 'queued', lease_owner = $2, \
+                 lease_token = nextval('{seq}'), lease_expires_at = {expires}, next_seq = 0, \
+                 cursor_len = 0, budget_reset = false, period_started_at = now(), \
+                 updated_at = now() \
+                 WHERE job_id = $1 AND status IN ('queued', 'running') \
+                 AND lease_expires_at <= now() \
+                 RETURNING {JOB_COLUMNS}, lease_token"
+            ),
+            acquire: format!(
+                "WITH old AS (SELECT job_id, status = 'running' AS expired FROM {t} \
+                 WHERE job_id = $1 AND (status = 'queued' \
+                 OR (status = 'running' AND lease_expires_at <= now())) FOR UPDATE), \
+                 gone AS (DELETE FROM {chunks_table} c USING old \
+                 WHERE old.expired AND c.job_id = old.job_id) \
+                 UPDATE {t} j SET status = 'running', lease_owner = $2, \
+                 lease_token = nextval('{seq}'), lease_expires_at = {expires}, \
+                 next_seq = CASE WHEN old.expired THEN 0 ELSE j.next_seq END, \
+                 cursor_len = CASE WHEN old.expired THEN 0 ELSE j.cursor_len END, \
+                 updated_at = now() \
+                 FROM old WHERE j.job_id = old.job_id RETURNING j.lease_token"
+            ),
+            heartbeat: format!(
+                "UPDATE {t} SET lease_expires_at = {expires}, status = 'running', \
+                 updated_at = now() WHERE {fenced} AND {live} RETURNING 1"
+            ),
+            append: format!(
+                "WITH j AS (SELECT next_seq FROM {t} WHERE {fenced} AND {live} FOR UPDATE), \
+                 ins AS (INSERT INTO {chunks_table} (job_id, seq, data) \
+                 SELECT $1, $4::bigint, $5::bytea FROM j WHERE j.next_seq = $4::bigint RETURNING 1), \
+                 upd AS (UPDATE {t} SET next_seq = next_seq + 1, \
+                 cursor_len = cursor_len + length($5::bytea), status = 'running', updated_at = now() \
+                 WHERE job_id = $1 AND EXISTS (SELECT 1 FROM ins) RETURNING next_seq) \
+                 SELECT j.next_seq AS before, (SELECT next_seq FROM upd) AS after FROM j"
+            ),
+            // A retried finalize by the same owner matches the completed row and
+            // returns its artifact id without storing anything.
+            finalize: format!(
+                "WITH done AS (UPDATE {t} SET status = 'complete', artifact = $4, \
+                 artifact_id = 'art_' || substr(job_id, 5), updated_at = now() \
+                 WHERE {fenced} AND {live} RETURNING artifact_id) \
+                 SELECT artifact_id FROM done \
+                 UNION ALL SELECT artifact_id FROM {t} \
+                 WHERE {fenced} AND status = 'complete' AND NOT EXISTS (SELECT 1 FROM done)"
+            ),
+            fail: format!(
+                "UPDATE {t} SET status = 'failed', error_code = $4, updated_at = now() \
+                 WHERE {fenced} AND status IN ('queued', 'running') RETURNING 1"
+            ),
+            exists: format!("SELECT 1 FROM {t} WHERE job_id = $1"),
+            job: format!("SELECT {JOB_COLUMNS} FROM {t} WHERE job_id = $1 AND tenant = $2"),
+            chunks: format!(
+                "SELECT seq, data FROM {chunks_table} WHERE job_id = $1 AND seq >= $2 ORDER BY seq"
+            ),
+            artifact: format!("SELECT tenant, status, artifact FROM {t} WHERE job_id = $1"),
+            sweep_stale: format!(
+                "UPDATE {t} SET status = 'failed', error_code = 'stale', updated_at = now() \
+                 WHERE status IN ('queued', 'running') AND lease_expires_at <= now()"
+            ),
+            reset_budget: format!(
+                "UPDATE {t} SET budget_reset = true WHERE tenant = $1 AND NOT budget_reset \
+                 AND period_started_at >= {period_start}"
+            ),
+        }
+    }
+}
