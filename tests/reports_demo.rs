@@ -1398,6 +1398,47 @@ async fn events_resume_after_last_event_id_and_end_with_done_or_failed() {
     assert_eq!(last.data["error_code"], "model_error");
 }
 
+#[tokio::test]
+async fn after_a_takeover_readers_learn_the_cursor_restarted() {
+    let app = demo_with(Opts {
+        lease: SHORT_LEASE,
+        ..Opts::default()
+    })
+    .await;
+    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let dead = app.acquire_token("acme", &job, "w1").await;
+    app.append("acme", &job, "w1", dead, 0, "old zero ").await;
+    app.append("acme", &job, "w1", dead, 1, "old one").await;
+    let stream = {
+        let client = app.client.clone();
+        let path = format!("/reports/{job}/events");
+        tokio::spawn(async move {
+            let headers = [("authorization", "Bearer acme")];
+            tokio::time::timeout(PATIENCE, client.get(&path, &headers))
+                .await
+                .expect("the stream ends with the job")
+        })
+    };
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let alive = app.acquire_token("acme", &job, "w2").await;
+    // A poller that had read two chunks sees the cursor is now shorter.
+    let cursor = app
+        .get("acme", &format!("/reports/{job}/cursor?from_seq=2"))
+        .await;
+    assert_eq!(cursor.json()["next_seq"], 0, "below from_seq: start over");
+    app.append("acme", &job, "w2", alive, 0, "new").await;
+    let done = app.worker("acme", &job, "finalize", "w2", alive, "").await;
+    assert_eq!(done.status, 200, "{}", text(&done));
+
+    let events = parse_sse(&stream.await.unwrap().body);
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_str()).collect();
+    assert_eq!(names, ["message", "message", "reset", "message", "done"]);
+    assert_eq!(chunk_ids(&events), [0, 1, 0]);
+    assert_eq!(events[3].data["data"], "new");
+    let artifact = app.get("acme", &format!("/reports/{job}/artifact")).await;
+    assert_eq!(&artifact.body[..], b"new");
+}
+
 // The built-in worker.
 
 #[tokio::test]

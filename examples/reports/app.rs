@@ -553,8 +553,10 @@ async fn stream_events(
                 return;
             }
         };
-        if job.next_seq < next && !job.status.is_terminal() {
-            // The job was taken over after its lease expired: its cursor restarts at 0.
+        if job.next_seq < next {
+            // Behind where this reader is: the job was taken over after its lease
+            // expired and its cursor restarted (or the reader's position was
+            // bogus). Either way, say so and replay the cursor from 0.
             next = 0;
             let data = json!({ "job_id": job.id, "next_seq": 0 }).to_string();
             if tx.send(event("reset", &data)).await.is_err() {
