@@ -15,7 +15,7 @@ pub use jobs::JobStore;
 pub use memory::MemoryStore;
 pub use memory_jobs::MemoryJobStore;
 #[cfg(feature = "postgres")]
-pub use postgres::PostgresStore;
+pub use postgres::{PostgresJobStore, PostgresStore};
 
 use crate::body::BoxError;
 use crate::{Fingerprint, IdempotencyKey, Scope};

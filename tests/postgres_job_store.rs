@@ -1,0 +1,320 @@
+//! `PostgresJobStore` against a real PostgreSQL: the job store conformance
+//! suite, plus starts and a killed worker across separate processes.
+//!
+//! Without `DATABASE_URL` the tests skip loudly; with `REQUIRE_POSTGRES=1`
+//! (CI, `./scripts/test`) they fail instead.
+#![cfg(feature = "postgres")]
+
+mod job_conformance;
+mod support;
+
+use bytes::Bytes;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+use support::pg;
+use tower_idempotency::store::jobs::{JobStatus, JobStore, LeaseError, StartJob, StartOutcome};
+use tower_idempotency::store::PostgresJobStore;
+use tower_idempotency::Lease;
+
+async fn job_store(url: &str, table: &str, lease: Duration) -> PostgresJobStore {
+    let store = PostgresJobStore::new(pg::pool(pg::pg_config(url), 8))
+        .with_table(table)
+        .with_lease(lease);
+    store.migrate().await.expect("migrate");
+    store
+}
+
+async fn postgres_job_store(lease: Duration) -> Option<PostgresJobStore> {
+    let url = pg::database_url("postgres job store conformance")?;
+    Some(job_store(&url, &pg::unique_table("jobs"), lease).await)
+}
+
+job_store_conformance_tests!(postgres_job_store);
+
+#[tokio::test]
+async fn migrate_is_idempotent_and_concurrent() {
+    let Some(url) = pg::database_url("migrate_is_idempotent_and_concurrent") else {
+        return;
+    };
+    let table = pg::unique_table("jobs_migrate");
+    let store = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 8)).with_table(&table);
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap().expect("concurrent migrate");
+    }
+    store.migrate().await.expect("again");
+}
+
+#[test]
+#[should_panic(expected = "not a plain identifier")]
+fn table_names_are_validated() {
+    let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
+    let _ = PostgresJobStore::new(pool).with_table("jobs; drop table x");
+}
+
+// ---------------------------------------------------------------------------
+// Several processes on one database (the test binary re-runs itself as a child)
+// ---------------------------------------------------------------------------
+
+const CHILD_ENV: &str = "TOWER_IDEMPOTENCY_JOB_CHILD";
+/// Prefixes the child's reports: libtest prints its own text on the same lines.
+const MARK: &str = "@@child@@ ";
+
+struct ChildProcess(Child);
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_child(role: &str, table: &str, extra: &[(&str, String)]) -> ChildProcess {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args([
+            "--exact",
+            "job_child_process",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, role)
+        .env("CHILD_TABLE", table)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (k, v) in extra {
+        command.env(k, v);
+    }
+    ChildProcess(command.spawn().expect("spawn child"))
+}
+
+/// The child side: does nothing unless started by a test below.
+#[test]
+fn job_child_process() {
+    let Ok(role) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async move {
+        let url = std::env::var("DATABASE_URL").unwrap();
+        let table = std::env::var("CHILD_TABLE").unwrap();
+        let lease =
+            Duration::from_millis(std::env::var("CHILD_LEASE_MS").unwrap().parse().unwrap());
+        let store = job_store(&url, &table, lease).await;
+        match role.as_str() {
+            "starts" => child_starts(store).await,
+            "worker" => child_worker(store).await,
+            other => panic!("unknown role {other}"),
+        }
+    });
+}
+
+/// Fires 25 concurrent starts at the instant the parent named, prints each outcome.
+async fn child_starts(store: PostgresJobStore) {
+    let at_ms: u64 = std::env::var("CHILD_START_AT_MS").unwrap().parse().unwrap();
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(now_ms))).await;
+    let tasks: Vec<_> = (0..25)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let owner = format!("proc-{}-{i}", std::process::id());
+                store
+                    .start(&StartJob {
+                        tenant: "acme",
+                        natural_key: "acme:customer_health:2026-08",
+                        owner: &owner,
+                        budget: None,
+                    })
+                    .await
+                    .expect("start")
+            })
+        })
+        .collect();
+    for task in tasks {
+        let line = match task.await.unwrap() {
+            StartOutcome::Stolen(job, _) => format!("stolen {}", job.id),
+            StartOutcome::Joined(job) => format!("joined {}", job.id),
+            StartOutcome::Created(job, _) => format!("created {}", job.id),
+            other => format!("other {other:?}"),
+        };
+        println!("{MARK}{line}");
+    }
+}
+
+/// Starts a job and works on it forever (heartbeating, appending), until killed.
+async fn child_worker(store: PostgresJobStore) {
+    let StartOutcome::Created(job, grant) = store
+        .start(&StartJob {
+            tenant: "acme",
+            natural_key: "acme:customer_health:2026-09",
+            owner: "doomed-worker",
+            budget: None,
+        })
+        .await
+        .expect("start")
+    else {
+        panic!("expected a new job");
+    };
+    println!("{MARK}job {} token {}", job.id, grant.token.0);
+    let lease = Lease::new(std::sync::Arc::new(store), grant);
+    let worker = lease.spawn_worker(|lease| async move {
+        for seq in 0.. {
+            lease
+                .append(seq, format!("chunk {seq} "))
+                .await
+                .map_err(|e| e.to_string())?;
+            if seq == 2 {
+                println!("{MARK}appending");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        unreachable!()
+    });
+    let _ = worker.await;
+}
+
+fn read_lines(child: &mut ChildProcess) -> impl Iterator<Item = String> {
+    BufReader::new(child.0.stdout.take().unwrap())
+        .lines()
+        .map(|l| l.unwrap())
+        .filter_map(|l| l.split_once(MARK).map(|(_, report)| report.to_owned()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_is_stolen_once_by_50_concurrent_starts_across_two_processes() {
+    let Some(url) = pg::database_url("stolen once across two processes") else {
+        return;
+    };
+    let table = pg::unique_table("jobs_steal");
+    let lease = Duration::from_millis(500);
+    let store = job_store(&url, &table, lease).await;
+    let StartOutcome::Created(job, dead) = store
+        .start(&StartJob {
+            tenant: "acme",
+            natural_key: "acme:customer_health:2026-08",
+            owner: "dead-worker",
+            budget: None,
+        })
+        .await
+        .unwrap()
+    else {
+        panic!("created");
+    };
+    // Both children fire at the same instant, after the lease has expired.
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+        + 2_500;
+    let env = [
+        ("CHILD_LEASE_MS", lease.as_millis().to_string()),
+        ("CHILD_START_AT_MS", at.to_string()),
+    ];
+    let mut a = spawn_child("starts", &table, &env);
+    let mut b = spawn_child("starts", &table, &env);
+    let lines: Vec<String> = read_lines(&mut a).chain(read_lines(&mut b)).collect();
+    assert_eq!(lines.len(), 50, "{lines:?}");
+    let stolen = lines.iter().filter(|l| l.starts_with("stolen ")).count();
+    assert_eq!(stolen, 1, "stolen once, never twice: {lines:?}");
+    for line in &lines {
+        assert!(
+            line.ends_with(&job.id),
+            "every start names the same job: {line}"
+        );
+        assert!(
+            line.starts_with("stolen ") || line.starts_with("joined "),
+            "{line}"
+        );
+    }
+    assert!(matches!(
+        store.finalize(&dead, Bytes::from_static(b"stale")).await,
+        Err(LeaseError::NotOwner)
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() {
+    let Some(url) = pg::database_url("killed worker process") else {
+        return;
+    };
+    let table = pg::unique_table("jobs_kill");
+    let lease = Duration::from_millis(1500);
+    let store = job_store(&url, &table, lease).await;
+    let mut child = spawn_child(
+        "worker",
+        &table,
+        &[("CHILD_LEASE_MS", lease.as_millis().to_string())],
+    );
+    let mut lines = read_lines(&mut child);
+    let first = lines.next().expect("the child reports its job");
+    let mut words = first.split(' ');
+    let (job_id, dead_token) = (
+        words.nth(1).unwrap().to_owned(),
+        words.nth(1).unwrap().parse::<i64>().unwrap(),
+    );
+    assert_eq!(lines.next().as_deref(), Some("appending"));
+    // kill -9: no hook runs, the lease is left behind.
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
+    let natural = StartJob {
+        tenant: "acme",
+        natural_key: "acme:customer_health:2026-09",
+        owner: "rescuer",
+        budget: None,
+    };
+    // Before expiry: the dead worker's lease is still live, a start joins.
+    assert!(
+        matches!(store.start(&natural).await.unwrap(), StartOutcome::Joined(ref j) if j.id == job_id)
+    );
+    tokio::time::sleep(lease + Duration::from_millis(300)).await;
+    let StartOutcome::Stolen(stolen, grant) = store.start(&natural).await.unwrap() else {
+        panic!("expected a steal after expiry");
+    };
+    assert_eq!(stolen.id, job_id);
+    assert!(grant.token.0 > dead_token);
+    let dead = tower_idempotency::store::jobs::LeaseGrant {
+        job_id: job_id.clone(),
+        owner: "doomed-worker".into(),
+        token: tower_idempotency::FencingToken(dead_token),
+    };
+    assert!(matches!(
+        store.append(&dead, 99, Bytes::from_static(b"x")).await,
+        Err(LeaseError::LeaseLost)
+    ));
+    let rescuer = Lease::new(std::sync::Arc::new(store.clone()), grant);
+    rescuer.append(0, "fresh ").await.unwrap();
+    let artifact_id = rescuer.finalize("fresh report").await.unwrap();
+    assert!(matches!(
+        store
+            .finalize(&dead, Bytes::from_static(b"stale report"))
+            .await,
+        Err(LeaseError::NotOwner)
+    ));
+    let job = store.job("acme", &job_id).await.unwrap().unwrap();
+    assert_eq!(
+        (job.status, job.artifact_id.as_deref()),
+        (JobStatus::Complete, Some(artifact_id.as_str()))
+    );
+    assert_eq!(
+        store.artifact("acme", &job_id).await.unwrap(),
+        tower_idempotency::store::jobs::ArtifactLookup::Found(Bytes::from_static(b"fresh report"))
+    );
+    // The cursor holds only the rescuer's chunk: the dead worker's partial output is gone.
+    let chunks = store.chunks("acme", &job_id, 0).await.unwrap().unwrap();
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].data, Bytes::from_static(b"fresh "));
+}
