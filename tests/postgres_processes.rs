@@ -370,9 +370,9 @@ async fn killed_owner_blocks_until_its_lock_expires_then_runs_once_and_is_fenced
     let (table, sql) = setup(&url, "crash").await;
     let client = http_client();
     let key = "order-crash-1";
-    // A 2 s lock; duplicates answer 409 at once instead of waiting.
-    let mut doomed = Server::spawn(&url, &table, 2_000, 0);
-    let survivor = Server::spawn(&url, &table, 2_000, 0);
+    // A short lock (3 s); duplicates answer 409 at once instead of waiting.
+    let mut doomed = Server::spawn(&url, &table, 3_000, 0);
+    let survivor = Server::spawn(&url, &table, 3_000, 0);
 
     // The doomed server claims the key and sleeps in its handler.
     let hanging = {
