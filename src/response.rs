@@ -26,6 +26,8 @@ pub enum Refusal {
     InProgress,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
+    /// `503 job_store_unavailable`: the job store failed; nothing was started.
+    JobStoreUnavailable,
     /// `403 tenant_mismatch`: the body names another tenant than the caller's.
     TenantMismatch,
     /// `429 budget_exhausted`: the tenant's job allowance for the period is spent.
@@ -44,6 +46,7 @@ impl Refusal {
             Self::KeyReuse => "idempotency_key_reuse",
             Self::InProgress => "idempotency_in_progress",
             Self::StoreUnavailable => "idempotency_store_unavailable",
+            Self::JobStoreUnavailable => "job_store_unavailable",
             Self::TenantMismatch => "tenant_mismatch",
             Self::BudgetExhausted => "budget_exhausted",
         }
@@ -66,6 +69,7 @@ impl Refusal {
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
             }
+            Self::JobStoreUnavailable => "the job store is unavailable; nothing was started",
             Self::TenantMismatch => "the request names another tenant than the authenticated one",
             Self::BudgetExhausted => "the job allowance for this period is spent",
         }
@@ -78,7 +82,7 @@ impl Refusal {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::JobStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::TenantMismatch => StatusCode::FORBIDDEN,
             Self::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
         }
@@ -125,7 +129,11 @@ impl Responder {
 
     pub(crate) fn refuse<B>(&self, refusal: Refusal) -> Response<ResponseBody<B>> {
         let mut response = self.error(self.status(refusal), refusal.code(), refusal.message());
-        if matches!(refusal, Refusal::InProgress | Refusal::StoreUnavailable) {
+        let retry_later = matches!(
+            refusal,
+            Refusal::InProgress | Refusal::StoreUnavailable | Refusal::JobStoreUnavailable
+        );
+        if retry_later {
             let secs = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
             response
                 .headers_mut()

@@ -97,11 +97,11 @@ where
     let Some(scope) = config.scope.extract(&parts) else {
         return refuse(Refusal::Unauthorized);
     };
-    let bytes = match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await
-    {
-        Ok(bytes) => bytes,
-        Err(refusal) => return refuse(refusal),
-    };
+    let bytes =
+        match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
+            Ok(bytes) => bytes,
+            Err(refusal) => return refuse(refusal),
+        };
     let key = match config.key.job_key(&scope, &parts, &bytes) {
         Ok(key) => key,
         Err(rejection) => {
@@ -133,13 +133,15 @@ where
             return Ok(job_answer(&config, StatusCode::OK, &job, &body));
         }
         Ok(StartOutcome::BudgetExhausted) => return refuse(Refusal::BudgetExhausted),
-        Err(_) => return refuse(Refusal::StoreUnavailable),
+        Err(_) => return refuse(Refusal::JobStoreUnavailable),
     };
 
     let lease = Lease::new(config.store.clone(), grant);
     parts.extensions.insert(lease.clone());
     let guard = FailOnPanic(Some(lease.clone()));
-    let result = inner.call(Request::from_parts(parts, ReqBody::from(bytes))).await;
+    let result = inner
+        .call(Request::from_parts(parts, ReqBody::from(bytes)))
+        .await;
     guard.disarm();
     match result {
         Ok(response) if response.status().is_success() => {

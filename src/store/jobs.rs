@@ -65,6 +65,10 @@ pub struct Job {
     pub status: JobStatus,
     /// The identity of the worker holding the lease, if any.
     pub lease_owner: Option<String>,
+    /// Which run of the job this is: 1 at creation, one more at every takeover
+    /// of an expired lease. The cursor belongs to the current attempt: a reader
+    /// that sees the attempt change must read the cursor again from 0.
+    pub attempt: u64,
     /// Chunks appended so far (the next expected sequence number).
     pub next_seq: u64,
     /// Bytes appended so far.
@@ -172,7 +176,9 @@ pub enum Appended {
 /// A chunk of a job's cursor.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Chunk {
-    /// Its sequence number, from 0.
+    /// The job's attempt the chunk belongs to (see [`Job::attempt`]).
+    pub attempt: u64,
+    /// Its sequence number, from 0 within the attempt.
     pub seq: u64,
     /// Its bytes.
     pub data: Bytes,
@@ -263,8 +269,12 @@ pub trait JobStore: Send + Sync + 'static {
 
     /// Appends chunk `seq` under a live lease. A repeated `seq` is a no-op; a
     /// gap is refused.
-    async fn append(&self, lease: &LeaseGrant, seq: u64, chunk: Bytes)
-        -> Result<Appended, LeaseError>;
+    async fn append(
+        &self,
+        lease: &LeaseGrant,
+        seq: u64,
+        chunk: Bytes,
+    ) -> Result<Appended, LeaseError>;
 
     /// Stores the artifact once, for the current owner of a live lease only,
     /// and ends the job as complete. Returns the artifact id.

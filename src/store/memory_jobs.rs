@@ -1,6 +1,6 @@
 use super::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError, LeaseGrant,
-    StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError,
+    LeaseGrant, StartJob, StartOutcome,
 };
 use super::{FencingToken, StoreError};
 use async_trait::async_trait;
@@ -111,7 +111,10 @@ impl State {
     fn grant(&mut self, entry_id: &str, owner: &str, expires: Instant) -> LeaseGrant {
         let token = FencingToken(self.next_token);
         self.next_token += 1;
-        let entry = self.jobs.get_mut(entry_id).expect("granting an existing job");
+        let entry = self
+            .jobs
+            .get_mut(entry_id)
+            .expect("granting an existing job");
         entry.token = token;
         entry.lease_expires = expires;
         entry.job.lease_owner = Some(owner.to_owned());
@@ -140,7 +143,10 @@ impl State {
 
     /// The entry a worker's write applies to, if its lease is the current one.
     fn owned(&mut self, lease: &LeaseGrant) -> Result<&mut Entry, LeaseError> {
-        let entry = self.jobs.get_mut(&lease.job_id).ok_or(LeaseError::UnknownJob)?;
+        let entry = self
+            .jobs
+            .get_mut(&lease.job_id)
+            .ok_or(LeaseError::UnknownJob)?;
         let owns = entry.token == lease.token
             && entry.job.lease_owner.as_deref() == Some(lease.owner.as_str());
         if owns {
@@ -224,6 +230,7 @@ impl JobStore for MemoryJobStore {
             let grant = state.grant(&id, request.owner, expires);
             let entry = state.jobs.get_mut(&id).expect("present");
             entry.job.status = JobStatus::Queued;
+            entry.job.attempt += 1;
             entry.job.next_seq = 0;
             entry.job.cursor_len = 0;
             entry.chunks.clear();
@@ -242,6 +249,7 @@ impl JobStore for MemoryJobStore {
             natural_key: request.natural_key.to_owned(),
             status: JobStatus::Queued,
             lease_owner: None,
+            attempt: 1,
             next_seq: 0,
             cursor_len: 0,
             artifact_id: None,
@@ -285,6 +293,7 @@ impl JobStore for MemoryJobStore {
         let entry = state.jobs.get_mut(job_id).expect("present");
         if expired {
             // A dead worker's partial cursor never becomes part of the result.
+            entry.job.attempt += 1;
             entry.chunks.clear();
             entry.job.next_seq = 0;
             entry.job.cursor_len = 0;
@@ -389,6 +398,7 @@ impl JobStore for MemoryJobStore {
                     .enumerate()
                     .skip(from_seq.min(usize::MAX as u64) as usize)
                     .map(|(seq, data)| Chunk {
+                        attempt: e.job.attempt,
                         seq: seq as u64,
                         data: data.clone(),
                     })

@@ -221,6 +221,11 @@ pub async fn acquire_hands_over_queued_jobs_only<S: JobStore>(store: S) {
         .unwrap()
         .expect("queued job");
     assert!(worker.token > grant.token);
+    let job = store.job(&tenant, &grant.job_id).await.unwrap().unwrap();
+    assert_eq!(
+        job.attempt, 1,
+        "handing a queued job to a worker is not a takeover"
+    );
     assert_eq!(
         store
             .job(&tenant, &grant.job_id)
@@ -327,6 +332,7 @@ pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: JobSto
     assert_eq!(stolen.len(), 1, "stolen once, never twice");
     let (job, thief) = stolen.pop().unwrap();
     assert_eq!(job.id, dead.job_id, "the job keeps its id");
+    assert_eq!(job.attempt, 2, "a takeover starts the second attempt");
     assert_eq!(
         (job.next_seq, job.cursor_len),
         (0, 0),
@@ -347,6 +353,54 @@ pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: JobSto
         store.artifact(&tenant, &job.id).await.unwrap(),
         ArtifactLookup::Found(Bytes::from_static(b"fresh pdf"))
     );
+}
+
+/// Needs a store with [`SHORT`] leases.
+pub async fn an_expired_running_job_is_acquired_as_a_new_attempt<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    let first = store.acquire(&grant.job_id, "w1").await.unwrap().unwrap();
+    store
+        .append(&first, 0, Bytes::from_static(b"w1-0"))
+        .await
+        .unwrap();
+    store
+        .append(&first, 1, Bytes::from_static(b"w1-1"))
+        .await
+        .unwrap();
+    expire(SHORT).await;
+    let second = store
+        .acquire(&grant.job_id, "w2")
+        .await
+        .unwrap()
+        .expect("expired: available");
+    assert!(second.token > first.token);
+    let job = store.job(&tenant, &grant.job_id).await.unwrap().unwrap();
+    assert_eq!((job.attempt, job.next_seq, job.cursor_len), (2, 0, 0));
+    store
+        .append(&second, 0, Bytes::from_static(b"w2-0"))
+        .await
+        .unwrap();
+    store
+        .append(&second, 1, Bytes::from_static(b"w2-1"))
+        .await
+        .unwrap();
+    store
+        .append(&second, 2, Bytes::from_static(b"w2-2"))
+        .await
+        .unwrap();
+    // A reader that had w1's chunks 0 and 1 sees the attempt change, never a splice.
+    let tail = store
+        .chunks(&tenant, &grant.job_id, 2)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(tail.len(), 1);
+    assert_eq!((tail[0].attempt, &tail[0].data[..]), (2, &b"w2-2"[..]));
+    assert!(matches!(
+        store.append(&first, 2, Bytes::from_static(b"w1-2")).await,
+        Err(LeaseError::LeaseLost)
+    ));
 }
 
 /// Needs a store with [`SHORT`] leases.
@@ -489,6 +543,7 @@ macro_rules! job_store_conformance_tests {
         $crate::job_store_conformance_tests!(@tests $factory, SHORT:
             heartbeat_keeps_a_lease_alive,
             expired_lease_is_stolen_once_and_the_dead_owner_is_fenced,
+            an_expired_running_job_is_acquired_as_a_new_attempt,
             stale_sweep_fails_abandoned_jobs_only,
             budget_counts_delivered_and_live_jobs_only,
         );

@@ -62,8 +62,8 @@ impl std::fmt::Debug for PostgresJobStore {
 /// Advisory lock of `migrate` (ASCII "tower_jb").
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6a62;
 
-const JOB_COLUMNS: &str = "job_id, tenant, natural_key, status, lease_owner, next_seq, \
-                           cursor_len, artifact_id, error_code";
+const JOB_COLUMNS: &str = "job_id, tenant, natural_key, status, lease_owner, attempt, \
+                           next_seq, cursor_len, artifact_id, error_code";
 
 impl PostgresJobStore {
     /// Jobs in `public.lease_jobs` (chunks in `public.lease_jobs_chunks`), 45 s leases.
@@ -165,6 +165,7 @@ fn decode_job(row: &Row) -> Result<Job, StoreError> {
         status: JobStatus::parse(&status)
             .ok_or_else(|| backend(format!("unknown job status {status:?}")))?,
         lease_owner: row.try_get("lease_owner").map_err(backend)?,
+        attempt: row.try_get::<_, i64>("attempt").map_err(backend)? as u64,
         next_seq: row.try_get::<_, i64>("next_seq").map_err(backend)? as u64,
         cursor_len: row.try_get::<_, i64>("cursor_len").map_err(backend)? as u64,
         artifact_id: row.try_get("artifact_id").map_err(backend)?,
@@ -356,7 +357,9 @@ impl JobStore for PostgresJobStore {
             .map(|row| {
                 let seq: i64 = row.try_get(0).map_err(backend)?;
                 let data: Vec<u8> = row.try_get(1).map_err(backend)?;
+                let attempt: i64 = row.try_get(2).map_err(backend)?;
                 Ok(Chunk {
+                    attempt: attempt as u64,
                     seq: seq as u64,
                     data: Bytes::from(data),
                 })
@@ -457,6 +460,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     lease_owner       text,
     lease_token       bigint      NOT NULL,
     lease_expires_at  timestamptz NOT NULL,
+    attempt           bigint      NOT NULL DEFAULT 1,
     next_seq          bigint      NOT NULL DEFAULT 0,
     cursor_len        bigint      NOT NULL DEFAULT 0,
     artifact_id       text,
@@ -496,6 +500,7 @@ CREATE TABLE IF NOT EXISTS {chunks_table} (
                 "WITH gone AS (DELETE FROM {chunks_table} WHERE job_id = $1) \
                  UPDATE {t} SET status = 'queued', lease_owner = $2, \
                  lease_token = nextval('{seq}'), lease_expires_at = {expires}, next_seq = 0, \
+                 attempt = attempt + 1, \
                  cursor_len = 0, budget_reset = false, period_started_at = now(), \
                  updated_at = now() \
                  WHERE job_id = $1 AND status IN ('queued', 'running') \
@@ -511,6 +516,7 @@ CREATE TABLE IF NOT EXISTS {chunks_table} (
                  UPDATE {t} j SET status = 'running', lease_owner = $2, \
                  lease_token = nextval('{seq}'), lease_expires_at = {expires}, \
                  next_seq = CASE WHEN old.expired THEN 0 ELSE j.next_seq END, \
+                 attempt = CASE WHEN old.expired THEN j.attempt + 1 ELSE j.attempt END, \
                  cursor_len = CASE WHEN old.expired THEN 0 ELSE j.cursor_len END, \
                  updated_at = now() \
                  FROM old WHERE j.job_id = old.job_id RETURNING j.lease_token"
@@ -545,7 +551,8 @@ CREATE TABLE IF NOT EXISTS {chunks_table} (
             exists: format!("SELECT 1 FROM {t} WHERE job_id = $1"),
             job: format!("SELECT {JOB_COLUMNS} FROM {t} WHERE job_id = $1 AND tenant = $2"),
             chunks: format!(
-                "SELECT seq, data FROM {chunks_table} WHERE job_id = $1 AND seq >= $2 ORDER BY seq"
+                "SELECT c.seq, c.data, j.attempt FROM {chunks_table} c JOIN {t} j USING (job_id) \
+                 WHERE c.job_id = $1 AND c.seq >= $2 ORDER BY c.seq"
             ),
             artifact: format!("SELECT tenant, status, artifact FROM {t} WHERE job_id = $1"),
             sweep_stale: format!(
