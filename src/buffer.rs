@@ -39,4 +39,3 @@ where
         Err(_) => Err(Refusal::BodyUnreadable),
     }
 }
-

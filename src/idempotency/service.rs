@@ -1,13 +1,13 @@
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use crate::body::{BoxError, ResponseBody};
+use crate::buffer::buffer_body;
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::{Begin, FencingToken, RecordKey, Store, StoredResponse};
 use crate::{Fingerprint, IdempotencyKey};
 use bytes::Bytes;
-use crate::buffer::buffer_body;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body::Body;
@@ -113,10 +113,11 @@ where
     else {
         return refuse(Refusal::KeyRequired);
     };
-    let bytes = match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
-        Ok(bytes) => bytes,
-        Err(refusal) => return refuse(refusal),
-    };
+    let bytes =
+        match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
+            Ok(bytes) => bytes,
+            Err(refusal) => return refuse(refusal),
+        };
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let fingerprint = Fingerprint::compute(
         &parts.method,

@@ -13,13 +13,21 @@ use std::sync::Arc;
 /// implement this trait.
 pub trait JobKeyExtractor: Clone + Send + Sync + 'static {
     /// The key for this request (e.g. `customer_health:2026-08`), or why it is refused.
-    fn job_key(&self, scope: &Scope, parts: &Parts, body: &Bytes)
-        -> Result<String, JobKeyRejection>;
+    fn job_key(
+        &self,
+        scope: &Scope,
+        parts: &Parts,
+        body: &Bytes,
+    ) -> Result<String, JobKeyRejection>;
 }
 
 impl<F> JobKeyExtractor for F
 where
-    F: Fn(&Scope, &Parts, &Bytes) -> Result<String, JobKeyRejection> + Clone + Send + Sync + 'static,
+    F: Fn(&Scope, &Parts, &Bytes) -> Result<String, JobKeyRejection>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
 {
     fn job_key(
         &self,
