@@ -553,14 +553,15 @@ impl Store for PostgresStore {
         // wakes this waiter, one before it is seen by the check.
         notified.as_mut().enable();
         let registered = Instant::now();
-        let (checked, remaining) = inner
+        let (answered, remaining) = inner
             .shared_check(watch, registered, inner.lock_remaining(key))
             .await?;
         let Some(remaining) = remaining else {
             return Ok(());
         };
-        // Never past the lock's expiry, as a duration the database measured.
-        let deadline = (registered + timeout).min(checked + remaining);
+        // Not past the lock's expiry, as a duration the database measured (at most a
+        // network delay after it, never before it: `begin` then takes the claim over).
+        let deadline = (registered + timeout).min(answered + remaining);
         let mut backoff = RECHECK_FIRST;
         loop {
             let now = Instant::now();

@@ -110,6 +110,8 @@ pub(super) struct Watch {
 pub(super) struct Check {
     /// When the query was sent: its answer describes the record at or after this.
     pub(super) started: Instant,
+    /// When the answer arrived: the database measured `outcome` before this.
+    pub(super) finished: Instant,
     /// The lock's remaining time, if the key is still in progress.
     pub(super) outcome: Result<Option<Duration>, Arc<str>>,
 }
@@ -177,7 +179,9 @@ impl Inner {
     }
 
     /// A re-check shared by the key's waiters: reuses a check that started at or
-    /// after `fresh_after`, otherwise queries the lock's remaining time.
+    /// after `fresh_after`, otherwise queries the lock's remaining time. Returns
+    /// when the answer arrived, and the remaining time the database measured
+    /// before that (so `arrived + remaining` is at or just after the expiry).
     pub(super) async fn shared_check(
         &self,
         watch: &Watch,
@@ -190,14 +194,19 @@ impl Inner {
             _ => {
                 let started = Instant::now();
                 let outcome = query.await.map_err(|e| Arc::<str>::from(e.to_string()));
-                let check = Check { started, outcome };
+                let finished = Instant::now();
+                let check = Check {
+                    started,
+                    finished,
+                    outcome,
+                };
                 *last = Some(check.clone());
                 check
             }
         };
         drop(last);
         let remaining = check.outcome.map_err(|message| backend(&*message))?;
-        Ok((check.started, remaining))
+        Ok((check.finished, remaining))
     }
 }
 
