@@ -50,3 +50,29 @@ async fn store_from_env() -> Result<(Arc<dyn Store>, &'static str), Box<dyn std:
     }
     Ok((Arc::new(MemoryStore::new()), "memory"))
 }
+
+/// A migrated PostgreSQL store whose pool fails fast when the database is down.
+#[cfg(feature = "postgres")]
+async fn postgres_store(
+    url: &str,
+) -> Result<tower_idempotency::PostgresStore, Box<dyn std::error::Error>> {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+    let mut config: tokio_postgres::Config = url.parse()?;
+    config.connect_timeout(Duration::from_secs(3));
+    let manager = Manager::from_config(
+        config.clone(),
+        tokio_postgres::NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(16)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(2)))
+        .create_timeout(Some(Duration::from_secs(3)))
+        .build()?;
+    let store = tower_idempotency::PostgresStore::new(pool).with_listener(config);
+    store.migrate().await?;
+    Ok(store)
+}
