@@ -1,5 +1,5 @@
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
-use crate::Fingerprint;
+use crate::{Fingerprint, Scope};
 use async_trait::async_trait;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -333,6 +333,24 @@ impl Store for MemoryStore {
         let mut purged = 0;
         self.shared.records.retain(|_, r| {
             let keep = r.deadline > now;
+            if !keep {
+                purged += 1;
+                if let State::InProgress(done) = &r.state {
+                    done.notify_waiters();
+                }
+            }
+            keep
+        });
+        self.shared
+            .live
+            .fetch_sub(purged as usize, Ordering::Relaxed);
+        Ok(purged)
+    }
+
+    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        let mut purged = 0;
+        self.shared.records.retain(|key, r| {
+            let keep = key.scope() != scope;
             if !keep {
                 purged += 1;
                 if let State::InProgress(done) = &r.state {

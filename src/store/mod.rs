@@ -145,6 +145,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Deletes expired records; returns how many were deleted.
     async fn purge_expired(&self) -> Result<u64, StoreError>;
+
+    /// Deletes every record of `scope`, completed or in progress (stored
+    /// responses may hold personal data: use it when a tenant or user is
+    /// erased). Returns how many were deleted. A request of that scope still
+    /// running afterwards cannot complete: its claim is gone.
+    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError>;
 }
 
 /// Shares one store between layers (or keeps a handle for `purge_expired`).
@@ -173,5 +179,9 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         (**self).purge_expired().await
+    }
+
+    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        (**self).purge_scope(scope).await
     }
 }

@@ -245,6 +245,44 @@ pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
     assert_eq!(claims, 1);
 }
 
+pub async fn purge_scope_erases_one_tenants_records_only<S: Store>(store: S) {
+    let (erased, kept) = (unique("erased"), unique("kept"));
+    let fp = fingerprint("a");
+    let done = record(&erased, "key-0000000d");
+    let token = claim(&store, &done, &fp).await;
+    store
+        .complete(&done, token, response(b"personal data"))
+        .await
+        .unwrap();
+    let running = record(&erased, "key-0000000e");
+    let running_token = claim(&store, &running, &fp).await;
+    let other = record(&kept, "key-0000000d");
+    let other_token = claim(&store, &other, &fp).await;
+    store
+        .complete(&other, other_token, response(b"kept"))
+        .await
+        .unwrap();
+
+    let purged = store
+        .purge_scope(&Scope::new(erased.as_str()))
+        .await
+        .unwrap();
+    assert_eq!(purged, 2);
+    // The erased tenant's response is gone: the same request would run anew.
+    claim(&store, &done, &fp).await;
+    // Its request still running cannot record afterwards.
+    assert!(matches!(
+        store
+            .complete(&running, running_token, response(b"late"))
+            .await,
+        Err(StoreError::ClaimLost)
+    ));
+    assert!(matches!(
+        store.begin(&other, &fp).await.unwrap(),
+        Begin::Replay(_)
+    ));
+}
+
 /// Needs a store built with [`SHORT`] durations.
 pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-0000000a");
@@ -304,6 +342,7 @@ macro_rules! store_conformance_tests {
             wait_is_woken_by_release,
             wait_gives_up_at_its_timeout,
             concurrent_begins_claim_exactly_once,
+            purge_scope_erases_one_tenants_records_only,
         );
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_lock_is_taken_over_and_the_old_token_is_fenced,

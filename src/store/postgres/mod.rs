@@ -607,6 +607,22 @@ impl Store for PostgresStore {
             }
         }
     }
+
+    async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let client = inner.timed(inner.client()).await?;
+        let scope = scope.as_str();
+        let mut purged = 0;
+        loop {
+            let deleted = inner
+                .timed(inner.execute(&client, &inner.sql.purge_scope, &[&scope]))
+                .await?;
+            purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(purged);
+            }
+        }
+    }
 }
 
 #[cfg(test)]

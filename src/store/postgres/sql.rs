@@ -51,6 +51,7 @@ pub(super) struct Sql {
     pub(super) release: String,
     pub(super) lock_remaining: String,
     pub(super) purge: String,
+    pub(super) purge_scope: String,
     pub(super) listen: String,
 }
 
@@ -169,6 +170,17 @@ DELETE FROM {t} AS r USING doomed
 WHERE r.scope = doomed.scope AND r.key = doomed.key"#
         );
 
+        let purge_scope = format!(
+            r#"WITH doomed AS (
+    SELECT scope, key FROM {t}
+    WHERE scope = $1
+    LIMIT {PURGE_BATCH}
+    FOR UPDATE
+)
+DELETE FROM {t} AS r USING doomed
+WHERE r.scope = doomed.scope AND r.key = doomed.key"#
+        );
+
         let listen = format!(r#"LISTEN "{channel}""#);
 
         Self {
@@ -178,6 +190,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             release,
             lock_remaining,
             purge,
+            purge_scope,
             listen,
         }
     }
