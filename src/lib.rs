@@ -38,6 +38,7 @@ mod policy;
 mod response;
 mod scope;
 pub mod store;
+pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
 pub use fingerprint::Fingerprint;

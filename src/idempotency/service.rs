@@ -6,6 +6,7 @@ use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::{Begin, FencingToken, RecordKey, Store, StoredResponse};
+use crate::telemetry::{self, Outcome};
 use crate::{Fingerprint, IdempotencyKey};
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
@@ -16,6 +17,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// Middleware that runs each `(scope, Idempotency-Key)` at most once and replays
 /// its recorded response to retries. Built by [`IdempotencyLayer`](crate::IdempotencyLayer).
@@ -82,15 +84,23 @@ where
         // The clone is not ready; keep it and run the instance that was polled ready.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::idempotent(Box::pin(handle(self.config.clone(), ready, req)))
+        let span = tracing::debug_span!(
+            "idempotency",
+            method = %req.method(),
+            scope = tracing::field::Empty,
+            key_hash = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let future = observed(self.config.clone(), ready, req);
+        ResponseFuture::idempotent(Box::pin(future.instrument(span)))
     }
 }
 
 type Answer<B> = Response<ResponseBody<B>>;
 
-async fn handle<S, E, P, ReqBody, ResBody>(
+async fn observed<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
-    mut inner: S,
+    inner: S,
     req: Request<ReqBody>,
 ) -> Result<Answer<ResBody>, S::Error>
 where
@@ -102,7 +112,35 @@ where
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal| Ok(config.responder.refuse(refusal));
+    let started = Instant::now();
+    let (answer, outcome) = handle(config, inner, req).await;
+    telemetry::finish("idempotency", outcome, started.elapsed());
+    answer
+}
+
+async fn handle<S, E, P, ReqBody, ResBody>(
+    config: Arc<Config<E, P>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> (Result<Answer<ResBody>, S::Error>, Outcome)
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    E: ScopeExtractor,
+    P: CachePolicy,
+    ReqBody: Body + From<Bytes>,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let refuse = |refusal: Refusal| {
+        let outcome = match refusal {
+            Refusal::KeyReuse => Outcome::Reused,
+            Refusal::InProgress => Outcome::InProgress,
+            Refusal::StoreUnavailable => Outcome::StoreError,
+            _ => Outcome::Rejected,
+        };
+        (Ok(config.responder.refuse(refusal)), outcome)
+    };
     let (parts, body) = req.into_parts();
 
     // Authentication comes first, so an anonymous caller learns nothing about keys.
@@ -127,6 +165,7 @@ where
         parts.headers.get(CONTENT_TYPE),
         &bytes,
     );
+    telemetry::identify(scope.as_str(), key.as_str());
     let record = RecordKey::new(scope, key);
     let store = &config.store;
 
@@ -135,7 +174,7 @@ where
     let token = loop {
         match store.begin(&record, &fingerprint).await {
             Ok(Begin::Claimed(token)) => break token,
-            Ok(Begin::Replay(stored)) => return Ok(replay(&stored)),
+            Ok(Begin::Replay(stored)) => return (Ok(replay(&stored)), Outcome::Replayed),
             Ok(Begin::Mismatch) => return refuse(Refusal::KeyReuse),
             Ok(Begin::InProgress) => {
                 let now = Instant::now();
@@ -162,16 +201,14 @@ where
         Ok(response) => response,
         Err(error) => {
             claim.release().await;
-            return Err(error);
+            return (Err(error), Outcome::Released);
         }
     };
     let (res_parts, res_body) = response.into_parts();
     if !config.policy.should_record(&res_parts) {
         claim.release().await;
-        return Ok(Response::from_parts(
-            res_parts,
-            ResponseBody::inner(res_body),
-        ));
+        let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
+        return (Ok(response), Outcome::Released);
     }
     // The handler's effects have happened: from here on a dropped future keeps
     // the claim until its lock expires rather than letting a retry run them again.
@@ -182,7 +219,8 @@ where
         Err(error) => {
             // Never recorded as success: free the key for a retry.
             let _ = store.release(&record, token).await;
-            return Ok(Response::from_parts(res_parts, ResponseBody::failed(error)));
+            let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+            return (Ok(response), Outcome::Released);
         }
     };
     let headers = config
@@ -203,8 +241,15 @@ where
     };
     // If recording fails the handler has still run: answer with its response and
     // keep the claim, so no retry runs it again before the lock expires.
-    let _ = store.complete(&record, token, stored).await;
-    Ok(Response::from_parts(res_parts, ResponseBody::full(body)))
+    let outcome = match store.complete(&record, token, stored).await {
+        Ok(()) => Outcome::Claimed,
+        Err(error) => {
+            tracing::warn!(%error, "the handler ran but its response could not be recorded");
+            Outcome::StoreError
+        }
+    };
+    let response = Response::from_parts(res_parts, ResponseBody::full(body));
+    (Ok(response), outcome)
 }
 
 fn replay<B>(stored: &StoredResponse) -> Answer<B> {

@@ -7,6 +7,7 @@ use crate::idempotency::ResponseFuture;
 use crate::response::{json_response, Refusal};
 use crate::scope::ScopeExtractor;
 use crate::store::jobs::{Job, StartJob, StartOutcome};
+use crate::telemetry::{self, Outcome};
 use bytes::Bytes;
 use http::header::{HeaderValue, LOCATION};
 use http::{Request, Response, StatusCode};
@@ -14,7 +15,9 @@ use http_body::Body;
 use serde_json::json;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::time::Instant;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// Middleware that starts at most one live job per natural key. Built by
 /// [`LeaseLayer`](crate::LeaseLayer).
@@ -76,15 +79,25 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::idempotent(Box::pin(start(self.config.clone(), ready, req)))
+        let span = tracing::debug_span!(
+            "lease",
+            scope = tracing::field::Empty,
+            key_hash = tracing::field::Empty,
+            job_id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        let future = observed(self.config.clone(), ready, req);
+        ResponseFuture::idempotent(Box::pin(future.instrument(span)))
     }
 }
 
-async fn start<S, K, E, ReqBody, ResBody>(
+type Answer<B> = Response<ResponseBody<B>>;
+
+async fn observed<S, K, E, ReqBody, ResBody>(
     config: Arc<LeaseConfig<K, E>>,
-    mut inner: S,
+    inner: S,
     req: Request<ReqBody>,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> Result<Answer<ResBody>, S::Error>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     K: JobKeyExtractor,
@@ -92,7 +105,32 @@ where
     ReqBody: Body + From<Bytes>,
     ReqBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal| Ok(config.responder.refuse(refusal));
+    let started = Instant::now();
+    let (answer, outcome) = start(config, inner, req).await;
+    telemetry::finish("lease", outcome, started.elapsed());
+    answer
+}
+
+async fn start<S, K, E, ReqBody, ResBody>(
+    config: Arc<LeaseConfig<K, E>>,
+    mut inner: S,
+    req: Request<ReqBody>,
+) -> (Result<Answer<ResBody>, S::Error>, Outcome)
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    K: JobKeyExtractor,
+    E: ScopeExtractor,
+    ReqBody: Body + From<Bytes>,
+    ReqBody::Error: Into<BoxError>,
+{
+    let refuse = |refusal: Refusal| {
+        let outcome = match refusal {
+            Refusal::BudgetExhausted => Outcome::BudgetExhausted,
+            Refusal::JobStoreUnavailable => Outcome::StoreError,
+            _ => Outcome::Rejected,
+        };
+        (Ok(config.responder.refuse(refusal)), outcome)
+    };
     let (mut parts, body) = req.into_parts();
     let Some(scope) = config.scope.extract(&parts) else {
         return refuse(Refusal::Unauthorized);
@@ -106,11 +144,13 @@ where
         Ok(key) => key,
         Err(rejection) => {
             let responder = &config.responder;
-            return Ok(responder.error(rejection.status, &rejection.code, &rejection.message));
+            let answer = responder.error(rejection.status, &rejection.code, &rejection.message);
+            return (Ok(answer), Outcome::Rejected);
         }
     };
     // The tenant is part of the key by construction: tenants never share a job.
     let natural_key = format!("{}:{key}", scope.as_str());
+    telemetry::identify(scope.as_str(), &natural_key);
     let request = StartJob {
         tenant: scope.as_str(),
         natural_key: &natural_key,
@@ -122,7 +162,8 @@ where
         Ok(StartOutcome::Stolen(job, grant)) => (job, grant, true),
         Ok(StartOutcome::Joined(job)) => {
             let body = json!({ "job_id": job.id, "status": job.status.as_str(), "join": true });
-            return Ok(job_answer(&config, StatusCode::OK, &job, &body));
+            let answer = job_answer(&config, StatusCode::OK, &job, &body);
+            return (Ok(answer), Outcome::JobJoined);
         }
         Ok(StartOutcome::Completed(job)) => {
             let body = json!({
@@ -130,12 +171,14 @@ where
                 "status": job.status.as_str(),
                 "artifact_id": job.artifact_id,
             });
-            return Ok(job_answer(&config, StatusCode::OK, &job, &body));
+            let answer = job_answer(&config, StatusCode::OK, &job, &body);
+            return (Ok(answer), Outcome::JobCompleted);
         }
         Ok(StartOutcome::BudgetExhausted) => return refuse(Refusal::BudgetExhausted),
         Err(_) => return refuse(Refusal::JobStoreUnavailable),
     };
 
+    tracing::Span::current().record("job_id", job.id.as_str());
     let lease = Lease::new(config.store.clone(), grant);
     parts.extensions.insert(lease.clone());
     let guard = FailOnPanic(Some(lease.clone()));
@@ -147,16 +190,22 @@ where
         Ok(response) if response.status().is_success() => {
             let mut body = json!({ "job_id": job.id, "status": job.status.as_str() });
             body[if stolen { "stolen" } else { "created" }] = true.into();
-            Ok(job_answer(&config, StatusCode::ACCEPTED, &job, &body))
+            let answer = job_answer(&config, StatusCode::ACCEPTED, &job, &body);
+            let outcome = if stolen {
+                Outcome::JobStolen
+            } else {
+                Outcome::JobCreated
+            };
+            (Ok(answer), outcome)
         }
         Ok(response) => {
             // The handler refused to start the work: end the job so it cannot block.
             let _ = lease.fail("start_rejected").await;
-            Ok(response.map(ResponseBody::inner))
+            (Ok(response.map(ResponseBody::inner)), Outcome::StartFailed)
         }
         Err(error) => {
             let _ = lease.fail("start_failed").await;
-            Err(error)
+            (Err(error), Outcome::StartFailed)
         }
     }
 }

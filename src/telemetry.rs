@@ -1,0 +1,106 @@
+//! Tracing spans and events for every decision, and (feature `metrics`) counters
+//! and a latency histogram per outcome.
+//!
+//! Each request the layers decide runs in a span (`idempotency` or `lease`) with
+//! the scope, a hash of the key (never the key itself: it may be guessable or
+//! carry meaning) and the outcome, and ends with one event at `DEBUG` (`WARN`
+//! for store errors). With the `metrics` feature, the [`metrics`] facade
+//! receives `tower_idempotency_requests_total{layer, outcome}` and
+//! `tower_idempotency_request_duration_seconds{layer, outcome}`.
+
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+/// What the idempotency layer did with a request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Outcome {
+    /// Claimed the key, ran the handler and recorded its response.
+    Claimed,
+    /// Ran the handler and released the key (response not recorded, error, body failure).
+    Released,
+    /// Replayed a recorded response.
+    Replayed,
+    /// `409 idempotency_key_reuse`.
+    Reused,
+    /// `409 idempotency_in_progress`.
+    InProgress,
+    /// `503`: the store failed.
+    StoreError,
+    /// Refused before any decision: no scope, bad key, body too large or too slow.
+    Rejected,
+    /// LeaseLayer: a new job was created.
+    JobCreated,
+    /// LeaseLayer: joined a live job.
+    JobJoined,
+    /// LeaseLayer: took over an expired lease.
+    JobStolen,
+    /// LeaseLayer: answered with a completed job.
+    JobCompleted,
+    /// LeaseLayer: `429 budget_exhausted`.
+    BudgetExhausted,
+    /// LeaseLayer: the start handler refused, failed or panicked; the job was failed.
+    StartFailed,
+}
+
+impl Outcome {
+    /// The label used in events and metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Claimed => "claimed",
+            Self::Released => "released",
+            Self::Replayed => "replayed",
+            Self::Reused => "reused",
+            Self::InProgress => "in_progress",
+            Self::StoreError => "store_error",
+            Self::Rejected => "rejected",
+            Self::JobCreated => "created",
+            Self::JobJoined => "joined",
+            Self::JobStolen => "stolen",
+            Self::JobCompleted => "completed",
+            Self::BudgetExhausted => "budget_exhausted",
+            Self::StartFailed => "start_failed",
+        }
+    }
+}
+
+/// A short, stable, non-reversible id of a key for logs: 16 hex digits of SHA-256.
+pub(crate) fn key_hash(key: &str) -> String {
+    Sha256::digest(key.as_bytes())[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// Emits the request's closing event and metrics.
+pub(crate) fn finish(layer: &'static str, outcome: Outcome, elapsed: Duration) {
+    let span = tracing::Span::current();
+    span.record("outcome", outcome.as_str());
+    let micros = elapsed.as_micros() as u64;
+    if outcome == Outcome::StoreError {
+        tracing::warn!(
+            layer,
+            outcome = outcome.as_str(),
+            micros,
+            "store unavailable"
+        );
+    } else {
+        tracing::debug!(layer, outcome = outcome.as_str(), micros, "decided");
+    }
+    #[cfg(feature = "metrics")]
+    {
+        let labels = [("layer", layer), ("outcome", outcome.as_str())];
+        metrics::counter!("tower_idempotency_requests_total", &labels).increment(1);
+        metrics::histogram!("tower_idempotency_request_duration_seconds", &labels)
+            .record(elapsed.as_secs_f64());
+    }
+}
+
+/// Records the scope and key hash on the current span, if anyone listens.
+pub(crate) fn identify(scope: &str, key: &str) {
+    let span = tracing::Span::current();
+    if !span.is_disabled() {
+        span.record("scope", scope);
+        span.record("key_hash", key_hash(key).as_str());
+    }
+}

@@ -1,0 +1,271 @@
+//! Every decision is observable: a span per request with the scope, the key's
+//! hash (never the key) and the outcome; with `metrics`, a counter and a
+//! latency histogram per outcome.
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use tower::{service_fn, Layer, ServiceExt};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::registry::LookupSpan;
+
+/// Collects every field recorded on spans and events, as text.
+#[derive(Clone, Default)]
+struct Capture {
+    spans: Arc<Mutex<HashMap<u64, HashMap<String, String>>>>,
+    events: Arc<Mutex<Vec<HashMap<String, String>>>>,
+}
+
+struct Fields<'a>(&'a mut HashMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        self.0.insert(
+            field.name().to_owned(),
+            format!("{value:?}").trim_matches('"').to_owned(),
+        );
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Capture {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
+        let mut fields = HashMap::new();
+        attrs.record(&mut Fields(&mut fields));
+        self.spans.lock().unwrap().insert(id.into_u64(), fields);
+    }
+    fn on_record(&self, id: &Id, values: &Record<'_>, _ctx: Context<'_, S>) {
+        let mut spans = self.spans.lock().unwrap();
+        values.record(&mut Fields(spans.entry(id.into_u64()).or_default()));
+    }
+    fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
+        let mut fields = HashMap::new();
+        event.record(&mut Fields(&mut fields));
+        if let Some(span) = ctx.event_span(event) {
+            if let Some(span_fields) = self.spans.lock().unwrap().get(&span.id().into_u64()) {
+                for (k, v) in span_fields {
+                    fields
+                        .entry(format!("span.{k}"))
+                        .or_insert_with(|| v.clone());
+                }
+            }
+        }
+        self.events.lock().unwrap().push(fields);
+    }
+}
+
+fn request(key: &str, body: &'static str) -> Request<Full<Bytes>> {
+    let mut req = Request::post("/v1/orders")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    req.extensions_mut().insert(Scope::new("merchant_7"));
+    req
+}
+
+#[tokio::test]
+async fn every_decision_is_traced_with_scope_key_hash_and_outcome_never_the_key() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn(
+        |req: Request<Full<Bytes>>| async move {
+            let status = if req.headers().contains_key("x-fail") {
+                500
+            } else {
+                201
+            };
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        },
+    ));
+    let secret_key = "secret-key-0123456789";
+    svc.clone()
+        .oneshot(request(secret_key, "{}"))
+        .await
+        .unwrap();
+    svc.clone()
+        .oneshot(request(secret_key, "{}"))
+        .await
+        .unwrap();
+    svc.clone()
+        .oneshot(request(secret_key, r#"{"other":1}"#))
+        .await
+        .unwrap();
+    let mut failing = request("failing-key-0001", "{}");
+    failing.headers_mut().insert("x-fail", "1".parse().unwrap());
+    svc.clone().oneshot(failing).await.unwrap();
+    svc.clone().oneshot(request("bad", "{}")).await.unwrap();
+
+    let events = capture.events.lock().unwrap().clone();
+    let outcomes: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e.get("outcome").map(String::as_str))
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["claimed", "replayed", "reused", "released", "rejected"]
+    );
+    let first = &events[0];
+    assert_eq!(first["span.scope"], "merchant_7");
+    assert_eq!(first["span.key_hash"].len(), 16);
+    assert_eq!(first["layer"], "idempotency");
+    assert_eq!(
+        events[1]["span.key_hash"], first["span.key_hash"],
+        "the same key hashes alike"
+    );
+    for event in &events {
+        for value in event.values() {
+            assert!(
+                !value.contains(secret_key),
+                "the key itself is never logged: {event:?}"
+            );
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+mod metrics_feature {
+    use super::*;
+    use metrics::{Counter, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Counts increments and histogram samples per metric name and label set.
+    #[derive(Default)]
+    struct Counting {
+        values: Mutex<HashMap<String, Arc<AtomicU64>>>,
+    }
+
+    struct Handle(Arc<AtomicU64>);
+
+    impl metrics::CounterFn for Handle {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::Relaxed);
+        }
+        fn absolute(&self, value: u64) {
+            self.0.store(value, Ordering::Relaxed);
+        }
+    }
+
+    impl metrics::HistogramFn for Handle {
+        fn record(&self, _value: f64) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    impl Counting {
+        fn handle(&self, key: &Key) -> Arc<AtomicU64> {
+            let mut labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            labels.sort();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            self.values.lock().unwrap().entry(name).or_default().clone()
+        }
+        fn get(&self, name: &str) -> u64 {
+            self.values
+                .lock()
+                .unwrap()
+                .get(name)
+                .map_or(0, |v| v.load(Ordering::Relaxed))
+        }
+    }
+
+    impl Recorder for Counting {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(Arc::new(Handle(self.handle(key))))
+        }
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(Arc::new(Handle(self.handle(key))))
+        }
+    }
+
+    #[tokio::test]
+    async fn counters_and_latency_histogram_per_outcome() {
+        let recorder = Arc::new(Counting::default());
+        let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn(
+            |_req: Request<Full<Bytes>>| async {
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::new()))
+                        .unwrap(),
+                )
+            },
+        ));
+        let run = async {
+            svc.clone()
+                .oneshot(request("metrics-key-01", "{}"))
+                .await
+                .unwrap();
+            svc.clone()
+                .oneshot(request("metrics-key-01", "{}"))
+                .await
+                .unwrap();
+            svc.clone()
+                .oneshot(request("metrics-key-01", "{}"))
+                .await
+                .unwrap();
+        };
+        // Global: the layer records from inside futures polled on the runtime.
+        metrics::set_global_recorder(RecorderRef(recorder.clone())).expect("first recorder");
+        run.await;
+        let total = |outcome: &str| {
+            recorder.get(&format!(
+                "tower_idempotency_requests_total{{layer=idempotency,outcome={outcome}}}"
+            ))
+        };
+        assert_eq!((total("claimed"), total("replayed")), (1, 2));
+        assert_eq!(
+            recorder.get(
+                "tower_idempotency_request_duration_seconds{layer=idempotency,outcome=replayed}"
+            ),
+            2
+        );
+    }
+
+    struct RecorderRef(Arc<Counting>);
+
+    impl Recorder for RecorderRef {
+        fn describe_counter(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+            self.0.describe_counter(k, u, d)
+        }
+        fn describe_gauge(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+            self.0.describe_gauge(k, u, d)
+        }
+        fn describe_histogram(&self, k: KeyName, u: Option<Unit>, d: SharedString) {
+            self.0.describe_histogram(k, u, d)
+        }
+        fn register_counter(&self, key: &Key, m: &Metadata<'_>) -> Counter {
+            self.0.register_counter(key, m)
+        }
+        fn register_gauge(&self, key: &Key, m: &Metadata<'_>) -> metrics::Gauge {
+            self.0.register_gauge(key, m)
+        }
+        fn register_histogram(&self, key: &Key, m: &Metadata<'_>) -> Histogram {
+            self.0.register_histogram(key, m)
+        }
+    }
+}
