@@ -13,9 +13,18 @@
 //! `REPORT_ALLOWANCE` (jobs per tenant per month; unset = unlimited),
 //! `REPORT_WORKER` (`off`: jobs wait for an external worker), `REPORT_CHUNK_MS`
 //! (default 200), `ADMIN_TOKEN` (default `admin`), `DATABASE_URL` (PostgreSQL,
-//! once its job store lands). See `docs/reports.md`.
+//! with `--features postgres`; `REPORT_JOBS_TABLE` picks the table, default
+//! `lease_jobs`). See `docs/reports.md`.
+//!
+//! ```sh
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
+//!   cargo run --example reports --features postgres
+//! # job store: postgres (database postgres on 127.0.0.1:5432, table lease_jobs), lease 45s
+//! ```
 
 mod app;
+#[cfg(feature = "postgres")]
+mod postgres;
 
 use std::error::Error;
 use std::sync::Arc;
@@ -29,8 +38,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3001".into());
-    let (store, store_name) = job_store_from_env().await?;
     let config = config_from_env()?;
+    let (store, store_name) = job_store_from_env().await?;
     let worker = match config.worker {
         app::Worker::Off => "off (external workers acquire jobs over HTTP)".to_owned(),
         app::Worker::BuiltIn { chunk_delay } => {
@@ -54,8 +63,11 @@ async fn main() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
-/// The one place the job store is chosen.
-async fn job_store_from_env() -> Result<(Arc<dyn JobStore>, &'static str), Box<dyn Error>> {
+/// The one place the job store is chosen: PostgreSQL when built with
+/// `--features postgres` and `DATABASE_URL` is set (migrated here, so a fresh
+/// database works), the in-memory store otherwise. Returns a description of
+/// the store for the start-up banner.
+async fn job_store_from_env() -> Result<(Arc<dyn JobStore>, String), Box<dyn Error>> {
     let lease = match std::env::var("LEASE_SECONDS") {
         Ok(v) => {
             let secs: f64 = v
@@ -67,24 +79,30 @@ async fn job_store_from_env() -> Result<(Arc<dyn JobStore>, &'static str), Box<d
         }
         Err(_) => Duration::from_secs(45),
     };
-    if std::env::var_os("DATABASE_URL").is_some() {
-        // PostgreSQL plugs in here, once its job store exists, e.g.:
-        //
-        //     #[cfg(feature = "postgres")]
-        //     {
-        //         let store = PostgresJobStore::connect(&url).await?.with_lease(lease);
-        //         return Ok((Arc::new(store), "postgres"));
-        //     }
-        //
-        // Until then refuse rather than silently keep jobs in this process
-        // only: instances sharing DATABASE_URL expect to share their jobs.
-        return Err(
-            "DATABASE_URL is set, but the PostgreSQL job store is not wired into \
-                    this demo yet; unset DATABASE_URL to use the in-memory store"
-                .into(),
-        );
+    let database_url = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|url| !url.is_empty());
+    if let Some(url) = database_url {
+        #[cfg(feature = "postgres")]
+        {
+            let (store, description) = postgres::job_store(&url, lease).await?;
+            return Ok((Arc::new(store), description));
+        }
+        // Refuse rather than silently keep jobs in this process only:
+        // instances sharing DATABASE_URL expect to share their jobs.
+        #[cfg(not(feature = "postgres"))]
+        {
+            let _ = url;
+            return Err(
+                "DATABASE_URL is set, but this build has no PostgreSQL support: \
+                 run with `--features postgres`, or unset DATABASE_URL to use the \
+                 in-memory store"
+                    .into(),
+            );
+        }
     }
-    Ok((Arc::new(MemoryJobStore::new().with_lease(lease)), "memory"))
+    let store = MemoryJobStore::new().with_lease(lease);
+    Ok((Arc::new(store), "memory (this process only)".into()))
 }
 
 fn config_from_env() -> Result<app::Config, Box<dyn Error>> {
