@@ -114,18 +114,28 @@ impl std::error::Error for CanonicalizeError {}
 /// assert!(canonicalize_json(br#"{"a":1,"a":2}"#).is_err());
 /// ```
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
-    let mut out = Vec::with_capacity(input.len());
+    let mut buffers = Buffers {
+        out: Vec::with_capacity(input.len()),
+        scratch: Vec::new(),
+    };
     let mut de = serde_json::Deserializer::from_slice(input);
-    CanonicalValue { out: &mut out }
+    CanonicalValue { buf: &mut buffers }
         .deserialize(&mut de)
         .and_then(|()| de.end())
         .map_err(|e| CanonicalizeError(e.to_string()))?;
-    Ok(out)
+    Ok(buffers.out)
 }
 
-/// Writes one JSON value in canonical form to `out`.
+/// The canonical output, and a scratch buffer reused by every object to
+/// reorder its members (no allocation per object).
+struct Buffers {
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+}
+
+/// Writes one JSON value in canonical form to `buf.out`.
 struct CanonicalValue<'a> {
-    out: &'a mut Vec<u8>,
+    buf: &'a mut Buffers,
 }
 
 impl<'de> DeserializeSeed<'de> for CanonicalValue<'_> {
@@ -144,84 +154,92 @@ impl<'de> Visitor<'de> for CanonicalValue<'_> {
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        self.out.extend_from_slice(b"null");
+        self.buf.out.extend_from_slice(b"null");
         Ok(())
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.out
+        self.buf
+            .out
             .extend_from_slice(if v { b"true" } else { b"false" });
         Ok(())
     }
 
     fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        write_integer_or_double(self.out, v.unsigned_abs(), v < 0);
+        write_integer_or_double(&mut self.buf.out, v.unsigned_abs(), v < 0);
         Ok(())
     }
 
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        write_integer_or_double(self.out, v, false);
+        write_integer_or_double(&mut self.buf.out, v, false);
         Ok(())
     }
 
     fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        write_es6_number(self.out, v);
+        write_es6_number(&mut self.buf.out, v);
         Ok(())
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        write_json_string(self.out, v);
+        write_json_string(&mut self.buf.out, v);
         Ok(())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.out.push(b'[');
+        self.buf.out.push(b'[');
         let mut first = true;
         loop {
-            let mark = self.out.len();
+            let mark = self.buf.out.len();
             if !first {
-                self.out.push(b',');
+                self.buf.out.push(b',');
             }
             if seq
-                .next_element_seed(CanonicalValue { out: self.out })?
+                .next_element_seed(CanonicalValue {
+                    buf: &mut *self.buf,
+                })?
                 .is_none()
             {
-                self.out.truncate(mark);
+                self.buf.out.truncate(mark);
                 break;
             }
             first = false;
         }
-        self.out.push(b']');
+        self.buf.out.push(b']');
         Ok(())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         // Values are written in arrival order after `start`, then the region is
         // rewritten in key order; this avoids an allocation per member.
-        let start = self.out.len();
+        let start = self.buf.out.len();
         let mut members: Vec<(Cow<'de, str>, usize, usize)> = Vec::new();
         while let Some(key) = map.next_key_seed(KeySeed)? {
-            let from = self.out.len();
-            map.next_value_seed(CanonicalValue { out: self.out })?;
-            members.push((key, from, self.out.len()));
+            let from = self.buf.out.len();
+            map.next_value_seed(CanonicalValue {
+                buf: &mut *self.buf,
+            })?;
+            members.push((key, from, self.buf.out.len()));
         }
         members.sort_unstable_by(|a, b| cmp_utf16(&a.0, &b.0));
         if members.windows(2).any(|w| w[0].0 == w[1].0) {
             return Err(de::Error::custom("duplicate object key"));
         }
-        let values = self.out.split_off(start);
-        self.out.reserve(values.len() + members.len() * 8);
-        self.out.push(b'{');
+        // Nested objects finished using the scratch buffer before this one.
+        let Buffers { out, scratch } = &mut *self.buf;
+        scratch.clear();
+        scratch.extend_from_slice(&out[start..]);
+        out.truncate(start);
+        out.reserve(scratch.len() + members.len() * 8);
+        out.push(b'{');
         for (i, (key, from, to)) in members.iter().enumerate() {
             if i > 0 {
-                self.out.push(b',');
+                out.push(b',');
             }
-            write_json_string(self.out, key);
-            self.out.push(b':');
-            self.out
-                .extend_from_slice(&values[from - start..to - start]);
+            write_json_string(out, key);
+            out.push(b':');
+            out.extend_from_slice(&scratch[from - start..to - start]);
         }
-        self.out.push(b'}');
+        out.push(b'}');
         Ok(())
     }
 }
@@ -254,17 +272,67 @@ impl<'de> Visitor<'de> for KeySeed {
 }
 
 /// Orders strings by UTF-16 code units, as RFC 8785 section 3.2.3 requires.
+///
+/// UTF-8 byte order is code point order, and UTF-16 order differs from it only
+/// between a character in U+E000..=U+FFFF and a supplementary one (whose
+/// surrogates D800..DFFF come first), so only the first differing characters
+/// are decoded.
 fn cmp_utf16(a: &str, b: &str) -> Ordering {
-    if a.is_ascii() && b.is_ascii() {
-        return a.as_bytes().cmp(b.as_bytes());
+    let (ab, bb) = (a.as_bytes(), b.as_bytes());
+    let Some(i) = ab.iter().zip(bb).position(|(x, y)| x != y) else {
+        return ab.len().cmp(&bb.len());
+    };
+    // The common prefix ends inside (or at the start of) the same character in
+    // both strings, so this boundary is one in both.
+    let mut at = i;
+    while !a.is_char_boundary(at) {
+        at -= 1;
     }
-    a.encode_utf16().cmp(b.encode_utf16())
+    let first = |s: &str| s[at..].chars().next().map_or(0, u32::from);
+    let utf16_rank = |c: u32| match c {
+        0..=0xD7FF => (0, c),
+        0x10000.. => (1, c),
+        _ => (2, c),
+    };
+    utf16_rank(first(a)).cmp(&utf16_rank(first(b)))
 }
 
+/// JCS string escaping (the same as serde_json's): `"`, `\\`, and control
+/// characters, with the short forms \b \t \n \f \r and lowercase \u00xx
+/// otherwise; everything else is copied as is.
 fn write_json_string(out: &mut Vec<u8>, s: &str) {
-    // serde_json's escaping is exactly JCS's: `"`, `\`, and control characters,
-    // with the short forms \b \t \n \f \r and lowercase \u00xx otherwise.
-    serde_json::to_writer(&mut *out, s).expect("writing to a Vec cannot fail");
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
+    let mut copied = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let short = match b {
+            b'"' => b'"',
+            b'\\' => b'\\',
+            0x08 => b'b',
+            0x0C => b'f',
+            b'\n' => b'n',
+            b'\r' => b'r',
+            b'\t' => b't',
+            0..=0x1F => b'u',
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[copied..i]);
+        copied = i + 1;
+        out.push(b'\\');
+        out.push(short);
+        if short == b'u' {
+            out.extend_from_slice(&[
+                b'0',
+                b'0',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 0xF)],
+            ]);
+        }
+    }
+    out.extend_from_slice(&bytes[copied..]);
+    out.push(b'"');
 }
 
 /// Integers up to 2^53 are exact doubles and print as plain digits; larger ones
@@ -296,7 +364,6 @@ fn itoa_u64(mut n: u64, buf: &mut [u8; 20]) -> &[u8] {
 
 /// Serialises a finite double per ECMAScript `Number.prototype.toString`.
 pub(crate) fn write_es6_number(out: &mut Vec<u8>, v: f64) {
-    use std::io::Write;
     if v == 0.0 {
         out.push(b'0');
         return;
@@ -304,30 +371,25 @@ pub(crate) fn write_es6_number(out: &mut Vec<u8>, v: f64) {
     if v < 0.0 {
         out.push(b'-');
     }
-    // Rust's `{:e}` prints the shortest round-trip digits, like ECMAScript.
-    let mut buf = [0u8; 40];
-    let len = {
-        let mut cursor = std::io::Cursor::new(&mut buf[..]);
-        write!(cursor, "{:e}", v.abs()).expect("buffer is large enough for any f64");
-        cursor.position() as usize
+    // At most 17 significant digits: kept on the stack.
+    let mut digit_buf = [0u8; 24];
+    let mut int_buf = [0u8; 20];
+    let even;
+    let (mut digits, exponent) = match short_decimal(v.abs()) {
+        Some((n, fraction_digits)) => {
+            let d = itoa_u64(n, &mut int_buf);
+            let exponent = d.len() as i32 - 1 - fraction_digits;
+            let significant = d.len() - d.iter().rev().take_while(|&&b| b == b'0').count();
+            (&d[..significant], exponent)
+        }
+        None => shortest_digits(v.abs(), &mut digit_buf),
     };
-    let text = &buf[..len];
-    let e_at = text
-        .iter()
-        .position(|&b| b == b'e')
-        .expect("{:e} has an exponent");
-    let mut digits: Vec<u8> = text[..e_at]
-        .iter()
-        .copied()
-        .filter(|&b| b != b'.')
-        .collect();
-    let exponent: i32 = std::str::from_utf8(&text[e_at + 1..])
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .expect("{:e} exponent is an integer");
-    if digits.last().is_some_and(|d| d % 2 == 1) {
-        if let Some(even) = even_tie_digits(v.abs(), &digits, exponent) {
-            digits = even;
+    // The exact (800-digit) tie check is expensive; run it only when the value's
+    // exact decimal expansion has the one length a tie needs.
+    if digits.last().is_some_and(|d| d % 2 == 1) && tie_possible(v.abs(), digits.len()) {
+        if let Some(found) = even_tie_digits(v.abs(), digits, exponent) {
+            even = found;
+            digits = &even;
         }
     }
     let k = digits.len() as i32;
@@ -353,6 +415,110 @@ pub(crate) fn write_es6_number(out: &mut Vec<u8>, v: f64) {
         out.push(if n > 0 { b'+' } else { b'-' });
         out.extend_from_slice(itoa_u64((n - 1).unsigned_abs() as u64, &mut [0u8; 20]));
     }
+}
+
+/// The shortest round-trip digits of the finite, positive `v` and the decimal
+/// exponent of the first one, from Rust's `{:e}` (shortest, like ECMAScript).
+fn shortest_digits(v: f64, digit_buf: &mut [u8; 24]) -> (&[u8], i32) {
+    use std::io::Write;
+    let mut buf = [0u8; 40];
+    let len = {
+        let mut cursor = std::io::Cursor::new(&mut buf[..]);
+        write!(cursor, "{v:e}").expect("buffer is large enough for any f64");
+        cursor.position() as usize
+    };
+    let text = &buf[..len];
+    let e_at = text
+        .iter()
+        .position(|&b| b == b'e')
+        .expect("{:e} has an exponent");
+    let mut k = 0;
+    for &b in &text[..e_at] {
+        if b != b'.' {
+            digit_buf[k] = b;
+            k += 1;
+        }
+    }
+    let exponent: i32 = std::str::from_utf8(&text[e_at + 1..])
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .expect("{:e} exponent is an integer");
+    (&digit_buf[..k], exponent)
+}
+
+/// `Some((n, j))` when the positive `v` is the double nearest to the decimal
+/// `n / 10^j` with `n < 10^15` and `j <= 15`: such a decimal has at most 15
+/// significant digits, and no two decimals of at most 15 digits round to the same
+/// double, so it is the unique shortest round-trip form (no tie either, which
+/// needs 16 digits or more). `n / 10^j` in floating point is correctly rounded,
+/// so the comparison is exact.
+fn short_decimal(v: f64) -> Option<(u64, i32)> {
+    const POW10: [f64; 16] = [
+        1e0, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+    ];
+    const LIMIT: f64 = 1e15;
+    for (j, p) in POW10.iter().enumerate() {
+        let n = (v * p).round();
+        if n >= LIMIT {
+            return None;
+        }
+        if n >= 1.0 && n / p == v {
+            return Some((n as u64, j as i32));
+        }
+    }
+    None
+}
+
+/// Whether the exact decimal expansion of the finite, non-zero `v` has exactly
+/// `k + 1` significant digits. A tie (see [`even_tie_digits`]) needs the exact
+/// value to be `k` digits followed by a single `5`, so when this is false
+/// `even_tie_digits(v, digits, _)` with `k` digits is `None`, and is skipped.
+/// Integer arithmetic only; answers `true` (check exactly) when it cannot tell.
+fn tie_possible(v: f64, k: usize) -> bool {
+    let bits = v.abs().to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i32;
+    let fraction = bits & ((1 << 52) - 1);
+    // v = m * 2^q exactly.
+    let (mut m, mut q) = if biased == 0 {
+        (fraction, -1074)
+    } else {
+        (fraction | (1 << 52), biased - 1075)
+    };
+    if m == 0 {
+        return false;
+    }
+    let tz = m.trailing_zeros();
+    m >>= tz;
+    q += tz as i32;
+    let significant = if q >= 0 {
+        // An integer: m * 2^q, without its trailing decimal zeros.
+        if (64 - m.leading_zeros()) as i32 + q > 127 {
+            return true;
+        }
+        let mut n = u128::from(m) << q;
+        while n % 10 == 0 {
+            n /= 10;
+        }
+        decimal_len(n)
+    } else {
+        // m odd: v = m * 5^x / 10^x, and m * 5^x (odd) has no trailing zero.
+        let x = q.unsigned_abs();
+        if x > 32 {
+            // m * 5^x >= 5^33 > 10^23: more than the 18 digits a tie can have.
+            return false;
+        }
+        decimal_len(u128::from(m) * 5u128.pow(x))
+    };
+    significant == k + 1
+}
+
+fn decimal_len(mut n: u128) -> usize {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
 }
 
 /// ECMAScript breaks a tie between two shortest digit strings (the double lies
@@ -433,6 +599,44 @@ mod tests {
         ];
         for &(bits, want) in cases {
             assert_eq!(es6(f64::from_bits(bits)), want, "bits {bits:#x}");
+        }
+    }
+
+    #[test]
+    fn tie_precheck_never_skips_a_tie() {
+        // Whenever the cheap precheck says "no tie", the exact check agrees.
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut values: Vec<f64> = Vec::new();
+        for _ in 0..20_000 {
+            // xorshift64*: random bit patterns over the whole exponent range.
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            values.push(f64::from_bits(x.wrapping_mul(0x2545_f491_4f6c_dd1d)));
+        }
+        for i in 0..2_000u64 {
+            values.push(((1u64 << 53) + 2 * i + 1) as f64 * 8.0);
+            values.push((i as f64 + 0.5) / 8.0);
+            values.push(i as f64 * 1e21 + 5e20);
+        }
+        values.extend([
+            f64::from_bits(0x4430000000000000),
+            f64::from_bits(0x44b52d02c7e14af5),
+            f64::from_bits(0x41b3de4355555553),
+            f64::from_bits(0x41b3de4355555557),
+            f64::from_bits(0x43143ff3c1cb0959),
+            5e-324,
+            1.7976931348623157e308,
+        ]);
+        for v in values.into_iter().filter(|v| v.is_finite() && *v != 0.0) {
+            let v = v.abs();
+            let text = format!("{v:e}");
+            let (mantissa, exponent) = text.split_once('e').unwrap();
+            let digits: Vec<u8> = mantissa.bytes().filter(|&b| b != b'.').collect();
+            let exponent: i32 = exponent.parse().unwrap();
+            if digits.last().is_some_and(|d| d % 2 == 1) && !tie_possible(v, digits.len()) {
+                assert_eq!(even_tie_digits(v, &digits, exponent), None, "{v:e}");
+            }
         }
     }
 
