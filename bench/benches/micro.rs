@@ -119,7 +119,8 @@ async fn setup(variant: Variant, body: &Bytes) -> (Router, RequestTemplate) {
 
 /// Requests for `n` iterations of `variant`, built before timing.
 fn requests(variant: Variant, template: &RequestTemplate, n: u64, run: u64) -> Vec<Request> {
-    let other_body = json_body(template.body.len() + 7);
+    // The same order in another currency: a different request under the same key.
+    let other_body = Bytes::from(String::from_utf8_lossy(&template.body).replacen("USD", "EUR", 1));
     (0..n)
         .map(|i| match variant {
             v if v.fresh() => template.request(&key(&format!("fresh{run}"), i)),
@@ -519,9 +520,56 @@ fn bench_layer(c: &mut Criterion) {
     g.finish();
 }
 
+/// `MICRO_ONLY=loop LOOP=<what> N=<count>`: runs one operation N times and
+/// exits, for `valgrind --tool=callgrind` (instructions per operation =
+/// total / N, stable under a loaded machine).
+fn profile_loop() {
+    let what = std::env::var("LOOP").unwrap_or_default();
+    let n: u64 = env_or("N", 10_000);
+    let body = json_body(1024);
+    let key = IdempotencyKey::parse(b"order-7f3a9c2e-5b1d").expect("key");
+    let json = HeaderValue::from_static("application/json");
+    let start = Instant::now();
+    match what.as_str() {
+        "canon_1k" => {
+            for _ in 0..n {
+                black_box(canonicalize_json(black_box(&body)).expect("json"));
+            }
+        }
+        "fingerprint_1k" => {
+            for _ in 0..n {
+                black_box(Fingerprint::compute(
+                    &http::Method::POST,
+                    ORDERS,
+                    &key,
+                    TENANT,
+                    Some(&json),
+                    black_box(&body),
+                ));
+            }
+        }
+        layer => {
+            let v = *Variant::ALL
+                .iter()
+                .find(|v| v.name() == layer)
+                .unwrap_or_else(|| panic!("LOOP=canon_1k|fingerprint_1k|<variant name>"));
+            let rt = current_thread();
+            rt.block_on(async {
+                let (app, template) = setup(v, &body).await;
+                let reqs = requests(v, &template, n, 1);
+                drive(&app, reqs).await
+            });
+        }
+    }
+    println!("{what}: {n} in {:?}", start.elapsed());
+}
+
 fn main() {
     println!("# micro: {}", machine_line());
     let only = std::env::var("MICRO_ONLY").unwrap_or_default();
+    if only == "loop" {
+        return profile_loop();
+    }
     if only.is_empty() || only == "duplicates" {
         duplicate_report();
     }
