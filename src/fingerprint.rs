@@ -305,6 +305,12 @@ fn write_json_string(out: &mut Vec<u8>, s: &str) {
     let bytes = s.as_bytes();
     out.reserve(bytes.len() + 2);
     out.push(b'"');
+    // Nearly every string needs no escape: one vectorisable pass, one copy.
+    if bytes.iter().all(|&b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.extend_from_slice(bytes);
+        out.push(b'"');
+        return;
+    }
     let mut copied = 0;
     for (i, &b) in bytes.iter().enumerate() {
         let short = match b {
