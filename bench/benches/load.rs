@@ -1,1 +1,376 @@
-fn main() {}
+//! Loopback HTTP load harness: one axum server with the same handler on three
+//! routes — no layer, our layer over `MemoryStore`, our layer over
+//! `PostgresStore` (when `DATABASE_URL` is set) — and a closed-loop load
+//! generator on hyper's HTTP/1 client, in the same process on separate runtimes.
+//!
+//! `cargo bench -p tower-idempotency-bench --ignore-rust-version --bench load`
+//!
+//! Scenarios, each at 1, 16 and 64 keep-alive connections:
+//! - `fresh`: every request has a new key (the handler runs every time);
+//! - `replay`: each connection cycles through 16 keys it completed beforehand;
+//! - `hot`: all connections share one key at a time, a new key every 64
+//!   requests, so concurrent duplicates wait for the first and replay.
+//!
+//! Environment: `LOAD_SECS` (5), `LOAD_CONNS` (1,16,64), `LOAD_SCENARIOS`
+//! (fresh,replay,hot), `LOAD_ROUTES` (plain,memory,pg), `SERVER_THREADS` (1),
+//! `CLIENT_THREADS` (1), `PG_POOL` (16), `LOAD_BODY` (1024 bytes of JSON),
+//! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk), `DATABASE_URL`.
+
+use axum::extract::Request;
+use axum::Router;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower_idempotency::{PostgresStore, Scope};
+use tower_idempotency_bench::*;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn env_list(name: &str, default: &str) -> Vec<String> {
+    std::env::var(name)
+        .unwrap_or_else(|_| default.to_owned())
+        .split(',')
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+struct Server {
+    addr: SocketAddr,
+    handlers: Vec<(String, Arc<Handler>)>,
+    pg: Option<PostgresStore>,
+}
+
+async fn pg_store(url: &str, pool_size: usize, table: &str) -> PostgresStore {
+    let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
+    let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(pool_size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .expect("pool");
+    let store = PostgresStore::new(pool.clone())
+        .with_table(table)
+        .with_listener(config);
+    store.migrate().await.expect("migrate");
+    let client = pool.get().await.expect("connection");
+    client
+        .batch_execute(&format!("TRUNCATE {}", store.table()))
+        .await
+        .expect("truncate");
+    store
+}
+
+async fn start_server(bind: &str, routes: &[String]) -> Server {
+    let mut app = Router::new();
+    let mut handlers = Vec::new();
+    let mut pg = None;
+    for route in routes {
+        let h = Handler::new();
+        let sub = match route.as_str() {
+            "plain" => plain_app(h.clone()),
+            "memory" => ours_memory_app(h.clone()),
+            "pg" => {
+                let Ok(url) = std::env::var("DATABASE_URL") else {
+                    println!("(route pg skipped: DATABASE_URL is not set)");
+                    continue;
+                };
+                let store = pg_store(&url, env_or("PG_POOL", 16), "bench_load_records").await;
+                pg = Some(store.clone());
+                ours_app(h.clone(), store)
+            }
+            other => panic!("unknown route {other}"),
+        };
+        app = app.nest(&format!("/{route}"), sub);
+        handlers.push((route.clone(), h));
+    }
+    // The auth layer every route shares: the tenant as a request extension.
+    let scope = Scope::new(TENANT);
+    let app = app.layer(tower::util::MapRequestLayer::new(
+        move |mut req: Request| {
+            req.extensions_mut().insert(scope.clone());
+            req
+        },
+    ));
+    let listener = tokio::net::TcpListener::bind(bind).await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    Server { addr, handlers, pg }
+}
+
+#[derive(Default)]
+struct Tally {
+    latencies_ns: Vec<u64>,
+    created: u64,
+    replayed: u64,
+    other: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scenario {
+    Fresh,
+    Replay,
+    Hot,
+}
+
+const REPLAY_KEYS: u64 = 16;
+const HOT_PER_KEY: u64 = 64;
+
+#[allow(clippy::too_many_arguments)]
+async fn connection(
+    addr: SocketAddr,
+    path: String,
+    scenario: Scenario,
+    run: u64,
+    conn: u64,
+    body: Bytes,
+    hot: Arc<AtomicU64>,
+    start: Arc<tokio::sync::Barrier>,
+    secs: Duration,
+) -> Tally {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut sender, conn_task) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn_task);
+    let mut tally = Tally::default();
+    let mut send = |key: String| {
+        let req = http::Request::post(&path)
+            .header("content-type", "application/json")
+            .header("idempotency-key", key)
+            .body(Full::new(body.clone()))
+            .expect("request");
+        let fut = sender.send_request(req);
+        async move {
+            let response = fut.await.expect("response");
+            let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
+            response.into_body().collect().await.expect("body");
+            (status, replayed)
+        }
+    };
+    if scenario == Scenario::Replay {
+        for i in 0..REPLAY_KEYS {
+            send(format!("rep-{run}-{conn}-{i:04}")).await;
+        }
+    }
+    start.wait().await;
+    let deadline = Instant::now() + secs;
+    let mut i = 0u64;
+    while Instant::now() < deadline {
+        let key = match scenario {
+            Scenario::Fresh => format!("fr-{run}-{conn}-{i:09}"),
+            Scenario::Replay => format!("rep-{run}-{conn}-{:04}", i % REPLAY_KEYS),
+            Scenario::Hot => format!(
+                "hot-{run}-{:09}",
+                hot.fetch_add(1, Ordering::Relaxed) / HOT_PER_KEY
+            ),
+        };
+        let t = Instant::now();
+        let (status, replayed) = send(key).await;
+        tally.latencies_ns.push(t.elapsed().as_nanos() as u64);
+        match (status.as_u16(), replayed) {
+            (201, false) => tally.created += 1,
+            (201, true) => tally.replayed += 1,
+            _ => tally.other += 1,
+        }
+        i += 1;
+    }
+    tally
+}
+
+struct Row {
+    route: String,
+    scenario: &'static str,
+    conns: u64,
+    rps: f64,
+    p50: f64,
+    p99: f64,
+    tally: Tally,
+    handler_runs: u64,
+}
+
+fn main() {
+    let secs = Duration::from_secs_f64(env_or("LOAD_SECS", 5.0));
+    let conns: Vec<u64> = env_list("LOAD_CONNS", "1,16,64")
+        .iter()
+        .map(|c| c.parse().expect("LOAD_CONNS"))
+        .collect();
+    let scenarios = env_list("LOAD_SCENARIOS", "fresh,replay,hot");
+    let routes = env_list("LOAD_ROUTES", "plain,memory,pg");
+    let body = json_body(env_or("LOAD_BODY", 1024));
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(env_or("SERVER_THREADS", 1))
+        .thread_name("server")
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(env_or("CLIENT_THREADS", 1))
+        .thread_name("client")
+        .enable_all()
+        .build()
+        .expect("client runtime");
+
+    if let Ok(bind) = std::env::var("LOAD_SERVE") {
+        let server = server_rt.block_on(start_server(&bind, &routes));
+        println!(
+            "serving on http://{} (routes /<route>/v1/orders)",
+            server.addr
+        );
+        server_rt.block_on(std::future::pending::<()>());
+        return;
+    }
+
+    let server = server_rt.block_on(start_server("127.0.0.1:0", &routes));
+    println!("# load: {}", machine_line());
+    println!(
+        "server threads {}, client threads {}, {} s per cell, {}-byte JSON body, routes {:?}",
+        env_or("SERVER_THREADS", 1),
+        env_or("CLIENT_THREADS", 1),
+        secs.as_secs_f64(),
+        body.len(),
+        server.handlers.iter().map(|h| &h.0).collect::<Vec<_>>()
+    );
+    let run_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() % 100_000);
+    let mut rows: Vec<Row> = Vec::new();
+    let mut run = 0u64;
+    for &n in &conns {
+        for scenario_name in &scenarios {
+            let scenario = match scenario_name.as_str() {
+                "fresh" => Scenario::Fresh,
+                "replay" => Scenario::Replay,
+                "hot" => Scenario::Hot,
+                other => panic!("unknown scenario {other}"),
+            };
+            for (route, handler) in &server.handlers {
+                // Without the layer the key is ignored: one scenario is enough.
+                if route == "plain" && scenario != Scenario::Fresh {
+                    continue;
+                }
+                run += 1;
+                let runs_before = handler.runs();
+                let rt_before = server.pg.as_ref().map(|p| p.round_trips());
+                let path = format!("/{route}{ORDERS}");
+                let start = Arc::new(tokio::sync::Barrier::new(n as usize + 1));
+                let hot = Arc::new(AtomicU64::new(0));
+                let begun = client_rt.block_on(async {
+                    let tasks: Vec<_> = (0..n)
+                        .map(|c| {
+                            tokio::spawn(connection(
+                                server.addr,
+                                path.clone(),
+                                scenario,
+                                run_id * 1000 + run,
+                                c,
+                                body.clone(),
+                                hot.clone(),
+                                start.clone(),
+                                secs,
+                            ))
+                        })
+                        .collect();
+                    start.wait().await;
+                    let begun = Instant::now();
+                    let mut total = Tally::default();
+                    for t in tasks {
+                        let t = t.await.expect("connection");
+                        total.latencies_ns.extend(t.latencies_ns);
+                        total.created += t.created;
+                        total.replayed += t.replayed;
+                        total.other += t.other;
+                    }
+                    (total, begun.elapsed())
+                });
+                let (mut tally, elapsed) = begun;
+                tally.latencies_ns.sort_unstable();
+                let count = tally.latencies_ns.len() as f64;
+                let row = Row {
+                    route: route.clone(),
+                    scenario: match scenario {
+                        Scenario::Fresh => "fresh",
+                        Scenario::Replay => "replay",
+                        Scenario::Hot => "hot",
+                    },
+                    conns: n,
+                    rps: count / elapsed.as_secs_f64(),
+                    p50: quantile_us(&tally.latencies_ns, 0.5),
+                    p99: quantile_us(&tally.latencies_ns, 0.99),
+                    handler_runs: handler.runs() - runs_before,
+                    tally,
+                };
+                let pg_note = match (rt_before, server.pg.as_ref()) {
+                    (Some(before), Some(pg)) if route == "pg" => format!(
+                        " pg round trips/request {:.2}",
+                        (pg.round_trips() - before) as f64 / count.max(1.0)
+                    ),
+                    _ => String::new(),
+                };
+                println!(
+                    "{:>6} {:>6} conns={:<3} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs  201 {} replayed {} other {} handler runs {}{pg_note}",
+                    row.route,
+                    row.scenario,
+                    row.conns,
+                    row.rps,
+                    row.p50,
+                    row.p99,
+                    row.tally.created,
+                    row.tally.replayed,
+                    row.tally.other,
+                    row.handler_runs,
+                );
+                rows.push(row);
+            }
+        }
+    }
+    println!();
+    println!("| route | scenario | connections | requests/s | p50 µs | p99 µs | answers (new / replayed / other) | handler runs |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for r in &rows {
+        println!(
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {} / {} / {} | {} |",
+            r.route,
+            r.scenario,
+            r.conns,
+            r.rps,
+            r.p50,
+            r.p99,
+            r.tally.created,
+            r.tally.replayed,
+            r.tally.other,
+            r.handler_runs
+        );
+    }
+    println!();
+    for &n in &conns {
+        let rps = |route: &str, scenario: &str| {
+            rows.iter()
+                .find(|r| r.route == route && r.scenario == scenario && r.conns == n)
+                .map(|r| r.rps)
+        };
+        if let Some(plain) = rps("plain", "fresh") {
+            for route in ["memory", "pg"] {
+                for scenario in ["fresh", "replay", "hot"] {
+                    if let Some(v) = rps(route, scenario) {
+                        println!(
+                            "{n} conns: {route} {scenario} = {:.1}% of the no-layer route",
+                            100.0 * v / plain
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
