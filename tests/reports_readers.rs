@@ -15,10 +15,7 @@ for_each_store! {
     #[tokio::test] resume_positions_carry_their_attempt,
     #[tokio::test] a_takeover_never_splices_two_attempts_by_cursor_or_sse,
     #[tokio::test] a_start_that_steals_the_job_resets_its_readers,
-    #[tokio::test]
-    #[ignore = "library bug: MemoryJobStore::acquire counts handing over a queued job whose \
-                starter's lease expired as a takeover (attempt 2); PostgresJobStore keeps attempt 1"]
-    handing_a_queued_job_to_a_worker_is_not_a_new_attempt_even_after_the_starters_lease_expired,
+    #[tokio::test] handing_a_queued_job_to_a_worker_is_not_a_new_attempt_even_after_the_starters_lease_expired,
 }
 
 async fn events_resume_after_last_event_id_and_end_with_done_or_failed(backend: Backend) {

@@ -280,7 +280,9 @@ impl JobStore for MemoryJobStore {
         let Some(entry) = state.jobs.get(job_id) else {
             return Ok(None);
         };
-        let expired = entry.lease_expires <= now;
+        // Only a running job under an expired lease is a takeover; a queued job
+        // is handed over as it is, whatever its starter's lease says.
+        let expired = entry.job.status == JobStatus::Running && entry.lease_expires <= now;
         let available = match entry.job.status {
             JobStatus::Queued => true,
             JobStatus::Running => expired,

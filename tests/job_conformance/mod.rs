@@ -356,6 +356,23 @@ pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: JobSto
 }
 
 /// Needs a store with [`SHORT`] leases.
+pub async fn a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry<S: JobStore>(
+    store: S,
+) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "r:2026-08").await;
+    expire(SHORT).await;
+    let worker = store
+        .acquire(&grant.job_id, "w1")
+        .await
+        .unwrap()
+        .expect("queued: available");
+    assert!(worker.token > grant.token);
+    let job = store.job(&tenant, &grant.job_id).await.unwrap().unwrap();
+    assert_eq!((job.status, job.attempt), (JobStatus::Running, 1));
+}
+
+/// Needs a store with [`SHORT`] leases.
 pub async fn an_expired_running_job_is_acquired_as_a_new_attempt<S: JobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -544,6 +561,7 @@ macro_rules! job_store_conformance_tests {
             heartbeat_keeps_a_lease_alive,
             expired_lease_is_stolen_once_and_the_dead_owner_is_fenced,
             an_expired_running_job_is_acquired_as_a_new_attempt,
+            a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry,
             stale_sweep_fails_abandoned_jobs_only,
             budget_counts_delivered_and_live_jobs_only,
         );
