@@ -25,18 +25,7 @@ fn start_checkout() -> (Server, std::net::SocketAddr) {
 /// Starts the example, on PostgreSQL when `database_url` is given; returns the
 /// store it reported.
 fn start_checkout_with(database_url: Option<&str>) -> ((Server, std::net::SocketAddr), String) {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(&cargo);
-    build.args(["build", "--quiet", "--example", "checkout"]);
-    if cfg!(feature = "postgres") {
-        build.args(["--features", "postgres"]);
-    }
-    assert!(
-        build.status().expect("run cargo").success(),
-        "example builds"
-    );
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    let exe = std::path::Path::new(&target).join("debug/examples/checkout");
+    let exe = http::example_binary("checkout");
     let mut command = Command::new(exe);
     command.env("BIND", "127.0.0.1:0").stdout(Stdio::piped());
     match database_url {

@@ -29,18 +29,7 @@ impl Drop for Server {
 
 /// Builds the example with this test's features (a no-op when fresh).
 fn example() -> Command {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(&cargo);
-    build.args(["build", "--quiet", "--example", "reports"]);
-    if cfg!(feature = "postgres") {
-        build.args(["--features", "postgres"]);
-    }
-    assert!(
-        build.status().expect("run cargo").success(),
-        "example builds"
-    );
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    let mut command = Command::new(std::path::Path::new(&target).join("debug/examples/reports"));
+    let mut command = Command::new(http::example_binary("reports"));
     command
         .env("BIND", "127.0.0.1:0")
         .env("REPORT_WORKER", "off")

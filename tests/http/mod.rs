@@ -94,3 +94,36 @@ pub async fn serve(app: axum::Router) -> SocketAddr {
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     addr
 }
+
+/// The features this test binary was built with, so an example built from a
+/// test reuses the same compiled library instead of building another variant.
+pub fn enabled_features() -> Vec<&'static str> {
+    let mut features = Vec::new();
+    if cfg!(feature = "postgres") {
+        features.push("postgres");
+    }
+    if cfg!(feature = "metrics") {
+        features.push("metrics");
+    }
+    features
+}
+
+/// Builds example `name` with this test's features (a no-op when fresh) and
+/// returns the path of its binary.
+pub fn example_binary(name: &str) -> std::path::PathBuf {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut build = std::process::Command::new(&cargo);
+    build.args(["build", "--quiet", "--example", name]);
+    let features = enabled_features();
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
+    }
+    assert!(
+        build.status().expect("run cargo").success(),
+        "example {name} builds"
+    );
+    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    std::path::Path::new(&target)
+        .join("debug/examples")
+        .join(name)
+}
