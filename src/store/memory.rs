@@ -1,6 +1,7 @@
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::{Fingerprint, Scope};
 use async_trait::async_trait;
+use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use std::collections::VecDeque;
@@ -14,6 +15,11 @@ use tokio::time::Instant;
 const EVICTIONS_PER_CALL: usize = 8;
 /// Expired records examined when the store is full before it answers "full".
 const EVICTIONS_WHEN_FULL: usize = 1024;
+/// Recorded bodies up to this size are copied into a buffer of their exact
+/// length: a handler's body often sits in a larger allocation (a `String`
+/// grown by pushes), whose slack would otherwise be retained for the whole
+/// retention period. Larger bodies are kept as they are (no copy).
+const COMPACT_BODY_MAX: usize = 1024;
 
 /// An in-process store on a sharded concurrent map.
 ///
@@ -182,10 +188,17 @@ impl MemoryStore {
             for _ in 0..budget {
                 let due = {
                     let mut q = lock(queue);
-                    match q.front() {
+                    let due = match q.front() {
                         Some(d) if d.at <= now => q.pop_front(),
                         _ => None,
+                    };
+                    // A queue never shrinks by itself: after a burst its buffer
+                    // would stay at the peak size for good.
+                    let (len, capacity) = (q.len(), q.capacity());
+                    if due.is_some() && capacity > 1024 && len < capacity / 4 {
+                        q.shrink_to(len * 2);
                     }
+                    due
                 };
                 let Some(due) = due else { break };
                 let removed = self
@@ -203,6 +216,16 @@ impl MemoryStore {
     }
 }
 
+/// The same response in as little memory as it can be kept: the header list
+/// without spare capacity, a small body in a buffer of its exact length.
+fn compact(mut response: StoredResponse) -> StoredResponse {
+    response.headers.shrink_to_fit();
+    if response.body.len() <= COMPACT_BODY_MAX {
+        response.body = Bytes::copy_from_slice(&response.body);
+    }
+    response
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // The queues hold plain data; a panic elsewhere cannot leave them inconsistent.
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -217,6 +240,21 @@ impl Store for MemoryStore {
             self.evict(now, EVICTIONS_WHEN_FULL);
             if self.len() >= self.shared.capacity {
                 return Err(StoreError::CapacityExceeded);
+            }
+        }
+        // A live record is decided under its shard's read lock, without cloning
+        // the key; only a claim (of a free or expired key) takes the write lock,
+        // where the record is examined again.
+        if let Some(record) = self.shared.records.get(key) {
+            if record.deadline > now {
+                return Ok(if record.fingerprint != *fingerprint {
+                    Begin::Mismatch
+                } else {
+                    match &record.state {
+                        State::Completed(response) => Begin::Replay(response.clone()),
+                        State::InProgress(_) => Begin::InProgress,
+                    }
+                });
             }
         }
         let (decision, lock_deadline) = match self.shared.records.entry(key.clone()) {
@@ -272,6 +310,7 @@ impl Store for MemoryStore {
         };
         let deadline = now + self.shared.retention;
         record.deadline = deadline;
+        let response = compact(response);
         let old = std::mem::replace(&mut record.state, State::Completed(Arc::new(response)));
         drop(record);
         if let State::InProgress(done) = old {
