@@ -1,1 +1,243 @@
-fn main() {}
+//! Growth: per-request cost and memory as the MemoryStore retains 1 thousand,
+//! 100 thousand and 1 million records, and the bytes each retained record costs.
+//!
+//! `cargo bench -p tower-idempotency-bench --ignore-rust-version --bench growth`
+//!
+//! Records are filled through the whole layer (fresh keys, a handler answering
+//! `201` with a 100-byte body), as in production. Memory is counted two ways: a
+//! counting global allocator (bytes requested and not yet freed, without the
+//! allocator's own overhead) and the process RSS. Costs are measured at two
+//! levels: the layer (100-byte JSON request, `oneshot`) and the store alone
+//! (`begin`+`complete` of a new key; `begin` of a retained key, i.e. a replay).
+//!
+//! Environment: `GROWTH_SIZES` (1000,100000,1000000), `GROWTH_BATCH` (20000),
+//! `GROWTH_ROUNDS` (7).
+
+use axum::http::StatusCode;
+use axum::Router;
+use bytes::Bytes;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tower_idempotency::{
+    Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, Scope, Store, StoredResponse,
+};
+use tower_idempotency_bench::*;
+
+struct Counting;
+
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; the
+// counters are only statistics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.alloc(layout)
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size() as isize, Ordering::Relaxed);
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.alloc_zeroed(layout)
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        System.dealloc(ptr, layout)
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LIVE.fetch_add(
+            new_size as isize - layout.size() as isize,
+            Ordering::Relaxed,
+        );
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn live() -> isize {
+    LIVE.load(Ordering::Relaxed)
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A deterministic permutation-like walk over `0..n` (odd stride mod n).
+fn spread(i: u64, n: u64) -> u64 {
+    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15 | 1)) % n
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    v[v.len() / 2]
+}
+
+async fn layer_ns(app: &Router, template: &RequestTemplate, keys: Vec<String>) -> f64 {
+    let n = keys.len() as f64;
+    let reqs: Vec<_> = keys.iter().map(|k| template.request(k)).collect();
+    let start = Instant::now();
+    for req in reqs {
+        black_box(send(app, req).await);
+    }
+    start.elapsed().as_nanos() as f64 / n
+}
+
+fn record_key(prefix: &str, i: u64) -> RecordKey {
+    RecordKey::new(
+        Scope::new(TENANT),
+        IdempotencyKey::parse(key(prefix, i).as_bytes()).expect("key"),
+    )
+}
+
+fn main() {
+    let sizes: Vec<u64> = std::env::var("GROWTH_SIZES")
+        .unwrap_or_else(|_| "1000,100000,1000000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("GROWTH_SIZES"))
+        .collect();
+    let batch: u64 = env_or("GROWTH_BATCH", 20_000);
+    let rounds: usize = env_or("GROWTH_ROUNDS", 7);
+    // Claims' lock deadlines stay queued for the lock timeout (60 s by default)
+    // even after completion; a short one shows the steady state, where only the
+    // retention deadline remains per record.
+    let lock_ms: u64 = env_or("GROWTH_LOCK_MS", 60_000);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!("# growth: {}", machine_line());
+    println!(
+        "MemoryStore filled through the layer (100-byte response body); {rounds} rounds × {batch} requests, median"
+    );
+    println!();
+    println!("lock timeout {lock_ms} ms");
+    println!();
+    println!("| retained records | allocator bytes/record (filled) | allocator bytes/record (after the rounds) | allocations/request | RSS bytes/record | layer fresh ns | layer replay ns | store begin+complete ns | store begin (replay) ns |");
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let body = json_body(100);
+    let template = RequestTemplate::new(body.clone());
+    let fp = Fingerprint([3; 32]);
+    let response = StoredResponse {
+        status: StatusCode::CREATED,
+        headers: vec![(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        )],
+        body: Bytes::from(vec![b'x'; 100]),
+    };
+    for &n in &sizes {
+        let capacity = (n + batch * rounds as u64 * 2 + 10_000) as usize;
+        let store = MemoryStore::new()
+            .with_capacity(capacity)
+            .with_lock_timeout(Duration::from_millis(lock_ms));
+        let app = ours_app(Handler::with(Duration::ZERO, 100), store.clone());
+        // Fill through the layer, measuring what stays allocated.
+        let (bytes, allocations, rss) = rt.block_on(async {
+            // Warm the runtime, the router and the allocator first.
+            for i in 0..100 {
+                send(&app, template.request(&key("warm", i))).await;
+            }
+            let (b0, a0, r0) = (live(), ALLOCATIONS.load(Ordering::Relaxed), rss_bytes());
+            let mut done = 0;
+            while done < n {
+                let chunk = (n - done).min(10_000);
+                let reqs: Vec<_> = (done..done + chunk)
+                    .map(|i| template.request(&key("fill", i)))
+                    .collect();
+                for req in reqs {
+                    let (status, _) = send(&app, req).await;
+                    assert_eq!(status, StatusCode::CREATED);
+                }
+                done += chunk;
+            }
+            (
+                (live() - b0) as f64 / n as f64,
+                (ALLOCATIONS.load(Ordering::Relaxed) - a0) as f64 / n as f64,
+                (rss_bytes() as f64 - r0 as f64) / n as f64,
+            )
+        });
+        assert_eq!(store.len() as u64, n + 100);
+        let b_filled = live() - (bytes * n as f64) as isize;
+        let mut layer_fresh = Vec::new();
+        let mut layer_replay = Vec::new();
+        let mut store_fresh = Vec::new();
+        let mut store_replay = Vec::new();
+        for round in 0..rounds as u64 {
+            rt.block_on(async {
+                let fresh: Vec<String> =
+                    (0..batch).map(|i| key(&format!("new{round}"), i)).collect();
+                layer_fresh.push(layer_ns(&app, &template, fresh).await);
+                let replays: Vec<String> = (0..batch)
+                    .map(|i| key("fill", spread(i + round * batch, n)))
+                    .collect();
+                layer_replay.push(layer_ns(&app, &template, replays).await);
+                // The store alone.
+                let keys: Vec<RecordKey> = (0..batch)
+                    .map(|i| record_key(&format!("st{round}"), i))
+                    .collect();
+                let start = Instant::now();
+                for k in &keys {
+                    let Ok(Begin::Claimed(token)) = store.begin(k, &fp).await else {
+                        panic!("claim")
+                    };
+                    store
+                        .complete(k, token, response.clone())
+                        .await
+                        .expect("complete");
+                }
+                store_fresh.push(start.elapsed().as_nanos() as f64 / batch as f64);
+                // Replays of retained (filled) records, spread over the map,
+                // with the fingerprint the layer stored.
+                let json = http::HeaderValue::from_static("application/json");
+                let retained: Vec<(RecordKey, Fingerprint)> = (0..batch)
+                    .map(|i| {
+                        let k = key("fill", spread(i + round * batch + 7, n));
+                        let id = IdempotencyKey::parse(k.as_bytes()).expect("key");
+                        let fp = Fingerprint::compute(
+                            &http::Method::POST,
+                            ORDERS,
+                            &id,
+                            TENANT,
+                            Some(&json),
+                            &body,
+                        );
+                        (RecordKey::new(Scope::new(TENANT), id), fp)
+                    })
+                    .collect();
+                let start = Instant::now();
+                for (k, fp) in &retained {
+                    let Ok(Begin::Replay(r)) = store.begin(k, fp).await else {
+                        panic!("replay")
+                    };
+                    black_box(r);
+                }
+                store_replay.push(start.elapsed().as_nanos() as f64 / batch as f64);
+            });
+        }
+        // After the rounds (which added records and, through `begin`, evicted
+        // due deadlines): live bytes per record held now.
+        let held = store.len() as f64 - 100.0;
+        let after = (live() - b_filled) as f64 / held;
+        println!(
+            "| {n} | {bytes:.0} | {after:.0} | {allocations:.1} | {rss:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            median(layer_fresh),
+            median(layer_replay),
+            median(store_fresh),
+            median(store_replay),
+        );
+        drop(app);
+        drop(store);
+    }
+}

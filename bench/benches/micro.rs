@@ -137,11 +137,18 @@ fn requests(variant: Variant, template: &RequestTemplate, n: u64, run: u64) -> V
 
 /// Sends every request through `app`; returns the elapsed time.
 async fn drive(app: &Router, reqs: Vec<Request>) -> Duration {
+    drive_cpu(app, reqs).await.0
+}
+
+/// Sends every request through `app`; returns the elapsed wall time and the
+/// time this thread spent on a CPU (current-thread runtime: all the work).
+async fn drive_cpu(app: &Router, reqs: Vec<Request>) -> (Duration, u64) {
+    let cpu = thread_cpu_ns();
     let start = Instant::now();
     for req in reqs {
         black_box(send(app, req).await);
     }
-    start.elapsed()
+    (start.elapsed(), thread_cpu_ns() - cpu)
 }
 
 /// Checks once that `variant` answers as intended (a benchmark of the wrong
@@ -291,20 +298,30 @@ fn side_by_side() {
         }
     });
     // Interleaved: each round measures every variant once, on a fresh app.
+    // Per-request CPU time of the (only) runtime thread, and wall time.
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
+    let mut wall: Vec<Vec<f64>> = vec![Vec::new(); Variant::ALL.len()];
     for round in 0..rounds {
         for (i, v) in Variant::ALL.iter().enumerate() {
-            let ns = rt.block_on(async {
+            let (w, cpu) = rt.block_on(async {
                 let (app, template) = setup(*v, &body).await;
                 // Warm the app (allocator, maps) with a few requests first.
                 let warm = requests(*v, &template, 200, 10_000 + round as u64);
                 drive(&app, warm).await;
                 let reqs = requests(*v, &template, batch, round as u64);
-                drive(&app, reqs).await.as_nanos() as f64 / batch as f64
+                drive_cpu(&app, reqs).await
             });
-            samples[i].push(ns);
+            samples[i].push(cpu as f64 / batch as f64);
+            wall[i].push(w.as_nanos() as f64 / batch as f64);
         }
     }
+    let wall_med: Vec<f64> = wall
+        .iter_mut()
+        .map(|v| {
+            v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+            v[v.len() / 2]
+        })
+        .collect();
     let median = |v: &mut Vec<f64>| {
         v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
         v[v.len() / 2]
@@ -316,18 +333,19 @@ fn side_by_side() {
     println!(
         "## Side by side: 1 KiB JSON body, tower::ServiceExt::oneshot through an axum Router, current-thread runtime"
     );
-    println!("{rounds} interleaved rounds × {batch} requests per variant; median per request (min–max of rounds)");
+    println!("{rounds} interleaved rounds × {batch} requests per variant; median per request (min–max of rounds) of the runtime thread's CPU time; wall time beside it");
     println!();
-    println!("| variant | ns/request | min–max | overhead vs no layer |");
-    println!("|---|---|---|---|");
+    println!("| variant | CPU ns/request | min–max | overhead vs no layer | wall ns/request |");
+    println!("|---|---|---|---|---|");
     for (i, v) in Variant::ALL.iter().enumerate() {
         println!(
-            "| {} | {:.0} | {:.0}–{:.0} | {:+.0} ns |",
+            "| {} | {:.0} | {:.0}–{:.0} | {:+.0} ns | {:.0} |",
             v.name(),
             med[i],
             spread[i].0,
             spread[i].1,
-            med[i] - base
+            med[i] - base,
+            wall_med[i]
         );
     }
     let over = |v: Variant| at(v) - base;
@@ -547,6 +565,37 @@ fn profile_loop() {
                     black_box(&body),
                 ));
             }
+        }
+        "store_fresh" | "store_replay" => {
+            let rt = current_thread();
+            let store = MemoryStore::new().with_capacity(50_000_000);
+            let fp = Fingerprint([7; 32]);
+            let keys: Vec<RecordKey> = (0..n).map(record_key).collect();
+            let response = stored_response();
+            rt.block_on(async {
+                for k in &keys {
+                    let Ok(Begin::Claimed(token)) = store.begin(k, &fp).await else {
+                        panic!("claim")
+                    };
+                    store
+                        .complete(k, token, response.clone())
+                        .await
+                        .expect("complete");
+                }
+                if what == "store_replay" {
+                    let cpu = thread_cpu_ns();
+                    for _ in 0..4 {
+                        for k in &keys {
+                            let Ok(Begin::Replay(r)) = store.begin(k, &fp).await else {
+                                panic!("replay")
+                            };
+                            black_box(r);
+                        }
+                    }
+                    let per = (thread_cpu_ns() - cpu) as f64 / (4 * n) as f64;
+                    println!("store_replay: {per:.0} CPU ns per begin (replay)");
+                }
+            });
         }
         layer => {
             let v = *Variant::ALL

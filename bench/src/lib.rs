@@ -283,6 +283,16 @@ pub fn cpu_time() -> Duration {
     Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
+/// Time the calling thread has spent on a CPU, in nanoseconds (Linux
+/// `/proc/thread-self/schedstat`), or 0. Unlike wall time it does not count
+/// time the thread waited for a CPU, so it stays meaningful on a shared machine.
+pub fn thread_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The `q` quantile (0..=1) of sorted nanoseconds, in microseconds.
 pub fn quantile_us(sorted_ns: &[u64], q: f64) -> f64 {
     if sorted_ns.is_empty() {
