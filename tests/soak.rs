@@ -305,7 +305,7 @@ impl Load {
             // A fresh key, sometimes slow.
             0..=34 => {
                 let key = self.fresh_key();
-                let behave = (roll % 3 == 0).then_some("slow");
+                let behave = roll.is_multiple_of(3).then_some("slow");
                 let answer = self.post(server, tenant, &key, order, behave).await;
                 self.created(tenant, &key, &answer.expect("an answer"));
                 self.count("fresh");
