@@ -31,7 +31,7 @@ use std::time::Duration;
 use support::pg;
 use tokio::time::{sleep, timeout, Instant};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyLayer, PostgresStore, ResponseBody, Scope};
+use tower_idempotency::{BoxError, IdempotencyLayer, PostgresStore, ResponseBody, Scope, Store};
 
 const LOCK: Duration = Duration::from_secs(2);
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -613,4 +613,59 @@ async fn completion_failing_after_the_handler_ran_holds_the_key_for_its_lock_onl
     );
     assert!(!retry.replayed);
     assert_eq!(handler.runs(key), 2);
+}
+
+// ---------------------------------------------------------------------------
+// What is stored, and erasing it
+// ---------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_hold_the_response_never_the_request_and_purge_scope_erases_them() {
+    let Some(url) = pg::database_url("rows_hold_the_response_never_the_request") else {
+        return;
+    };
+    let (table, store, sql) = setup(&url, "faults_personal", |s| s).await;
+    let handler = Handler::default();
+    let svc = IdempotencyLayer::new(store.clone()).layer(handler.service());
+    let secret = "4111-1111-1111-1111 Jane Doe";
+    let mut req = request("order-pii-00001", None);
+    *req.body_mut() = Full::new(Bytes::from(format!(r#"{{"card":"{secret}"}}"#)));
+    let answer = svc.clone().oneshot(req).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    let _ = answer.into_body().collect().await.unwrap();
+    send(&svc, "order-pii-00002", None).await;
+
+    // Every column of every row, as text: the request body is not there (only
+    // its SHA-256 inside the fingerprint); the response body is.
+    let dump: String = sql
+        .query_one(
+            &format!(
+                "SELECT string_agg(concat_ws('|', scope, key, encode(fingerprint, 'hex'), \
+                 token, state, status, convert_from(headers, 'UTF8'), \
+                 convert_from(body, 'UTF8')), E'\\n') FROM public.{table}"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!dump.contains("4111") && !dump.contains("Jane"), "{dump}");
+    assert!(
+        dump.contains(r#"{"order":"order-pii-00001","run":1}"#),
+        "{dump}"
+    );
+
+    // Erasing the tenant deletes its rows (completed or not).
+    let purged = store.purge_scope(&Scope::new("tenant")).await.unwrap();
+    assert_eq!(purged, 2);
+    let left: i64 = sql
+        .query_one(&format!("SELECT count(*) FROM public.{table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    // A retry after the erasure is a new request.
+    let again = send(&svc, "order-pii-00002", None).await;
+    assert_eq!((again.status, again.replayed), (StatusCode::CREATED, false));
+    assert_eq!(handler.runs("order-pii-00002"), 2);
 }

@@ -393,6 +393,7 @@ async fn json_past_the_depth_limit_is_whitespace_sensitive_within_it_is_not() {
         (100..=128).contains(&limit),
         "canonicalised up to {limit} levels"
     );
+    eprintln!("JSON is canonicalised up to {limit} levels of nesting");
     let orders = Orders::default();
     let svc = IdempotencyLayer::new(MemoryStore::new()).layer(orders.service());
     // At the limit: spacing is insignificant, a retry with other spacing replays.
