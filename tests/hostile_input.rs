@@ -511,6 +511,33 @@ async fn invalid_utf8_and_lone_surrogates_are_fingerprinted_as_raw_bytes() {
     assert_eq!(orders.runs.get(), 6);
 }
 
+#[tokio::test]
+async fn other_headers_and_the_content_type_are_not_part_of_the_fingerprint() {
+    // Only method, path and query, key, scope and body are. The content type
+    // chooses how the body is hashed (canonical JSON or raw bytes), so a text
+    // body equal to the canonical form of an earlier JSON body is the same
+    // request; other headers (Accept, Accept-Language, ...) never count: a
+    // retry gets the first answer's representation. docs/security.md.
+    let orders = Orders::default();
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(orders.service());
+    send(&svc, post(KEY, r#"{ "b": 2, "a": 1 }"#))
+        .await
+        .assert_order(1, false);
+    send(&svc, post_to(KEY, "text/plain", r#"{"a":1,"b":2}"#))
+        .await
+        .assert_order(1, true);
+    let mut other_accept = post(KEY, r#"{"a":1,"b":2}"#);
+    other_accept
+        .headers_mut()
+        .insert("accept", HeaderValue::from_static("application/xml"));
+    send(&svc, other_accept).await.assert_order(1, true);
+    // But the same text body in its original spelling is not canonicalised.
+    send(&svc, post_to(KEY, "text/plain", r#"{ "b": 2, "a": 1 }"#))
+        .await
+        .assert_code(StatusCode::CONFLICT, "idempotency_key_reuse");
+    assert_eq!(orders.runs.get(), 1);
+}
+
 // ---------------------------------------------------------------------------
 // The key header
 // ---------------------------------------------------------------------------
