@@ -30,6 +30,7 @@
 
 pub mod body;
 mod buffer;
+pub mod client;
 pub mod fingerprint;
 pub mod idempotency;
 mod key;

@@ -1,0 +1,299 @@
+//! Per-route opt-in with axum, behind a tower-http auth layer that sets the
+//! scope, with tracing output and (feature `metrics`) counters.
+//!
+//! Three ways to put `IdempotencyLayer` on some routes only:
+//!
+//! | route              | how                                                   |
+//! |--------------------|-------------------------------------------------------|
+//! | `POST /v1/orders`  | `Router::route_layer` on a router of its own          |
+//! | `POST /v1/refunds` | `MethodRouter::layer`: `post(h).layer(..).get(list)`  |
+//! | `POST /v1/payouts` | a sub-router with its own `Router::layer`, merged in  |
+//!
+//! `GET /v1/refunds`, `GET /health` and `GET /metrics` never see the layer.
+//! The three layers share one store, so a tenant's key is one key across them.
+//!
+//! ```sh
+//! cargo run --example axum_per_route                      # tracing on stdout
+//! cargo run --example axum_per_route --features metrics   # + counters on GET /metrics
+//! # another shell:
+//! for i in 1 2; do curl -s -X POST localhost:3002/v1/orders -H 'Authorization: Bearer acme' \
+//!   -H 'Idempotency-Key: order-0001' -H 'Content-Type: application/json' -d '{"sku":"A-1"}'; echo; done
+//! curl -s localhost:3002/metrics
+//! ```
+//!
+//! Each decision prints one line such as
+//! `DEBUG idempotency{method=POST scope="acme" key_hash="dc8fac035907b401" outcome="replayed"}:
+//! tower_idempotency::telemetry: decided layer="idempotency" outcome="replayed" micros=117`:
+//! the scope and a hash of the key, never the key itself.
+//!
+//! Env: `BIND` (default `127.0.0.1:3002`).
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Extension, State};
+use axum::http::{header, Request, Response, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use tower_http::validate_request::ValidateRequestHeaderLayer;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
+
+/// How many times each handler ran (the tests check "once").
+#[derive(Default)]
+pub struct Ledger {
+    pub orders: AtomicU64,
+    pub refunds: AtomicU64,
+    pub payouts: AtomicU64,
+}
+
+/// The service: public `/health` and `/metrics`, the API behind bearer auth.
+pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Router {
+    // One layer value, cloned onto each route that opts in: one store, one key space.
+    let idempotency = IdempotencyLayer::new(store);
+
+    // 1. `route_layer`: wraps the routes of this router, and runs only when one
+    //    of them matched (a 404 or 405 never reaches it).
+    let orders = Router::new()
+        .route("/v1/orders", post(create_order))
+        .route_layer(idempotency.clone());
+
+    // 2. `MethodRouter::layer`: only the POST handler; GET on the same path is untouched.
+    let refunds = Router::new().route(
+        "/v1/refunds",
+        post(create_refund)
+            .layer(idempotency.clone())
+            .get(list_refunds),
+    );
+
+    // 3. A sub-router (say, from another module) with its own `layer`, merged in.
+    let payouts = Router::new()
+        .route("/v1/payouts", post(create_payout))
+        .layer(idempotency);
+
+    let api = Router::new()
+        .merge(orders)
+        .merge(refunds)
+        .merge(payouts)
+        .with_state(ledger)
+        // Outside the idempotency layers: authentication runs first and sets the `Scope`.
+        .layer(bearer_tenant());
+
+    Router::new()
+        .route("/health", get(|| async { "ok" }))
+        .route("/metrics", get(metrics_text))
+        .merge(api)
+}
+
+/// tower-http's `ValidateRequestHeaderLayer` as the auth layer:
+/// `Authorization: Bearer <tenant>` becomes the idempotency [`Scope`].
+/// (A real service verifies a token here and uses the tenant it names.)
+fn bearer_tenant(
+) -> ValidateRequestHeaderLayer<impl FnMut(&mut Request<Body>) -> Result<(), Response<Body>> + Clone>
+{
+    ValidateRequestHeaderLayer::custom(|req: &mut Request<Body>| {
+        let tenant = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+            .map(str::to_owned);
+        match tenant {
+            Some(tenant) => {
+                req.extensions_mut().insert(Scope::new(tenant));
+                Ok(())
+            }
+            None => Err(Response::builder()
+                .status(StatusCode::UNAUTHORIZED)
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(
+                    r#"{"code":"unauthorized","message":"send Authorization: Bearer <tenant>"}"#,
+                ))
+                .expect("a static response")),
+        }
+    })
+}
+
+fn created(kind: &str, n: u64, tenant: &Scope, body: &Bytes) -> (StatusCode, Json<Value>) {
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    (
+        StatusCode::CREATED,
+        Json(
+            json!({ "id": format!("{kind}_{n:04}"), "tenant": tenant.as_str(), "request": request }),
+        ),
+    )
+}
+
+async fn create_order(
+    State(ledger): State<Arc<Ledger>>,
+    Extension(tenant): Extension<Scope>,
+    body: Bytes,
+) -> (StatusCode, Json<Value>) {
+    let n = ledger.orders.fetch_add(1, Ordering::SeqCst) + 1;
+    tracing::info!(n, "order created");
+    created("ord", n, &tenant, &body)
+}
+
+async fn create_refund(
+    State(ledger): State<Arc<Ledger>>,
+    Extension(tenant): Extension<Scope>,
+    body: Bytes,
+) -> (StatusCode, Json<Value>) {
+    let n = ledger.refunds.fetch_add(1, Ordering::SeqCst) + 1;
+    tracing::info!(n, "refund created");
+    created("re", n, &tenant, &body)
+}
+
+async fn list_refunds(State(ledger): State<Arc<Ledger>>) -> Json<Value> {
+    Json(json!({ "refunds": ledger.refunds.load(Ordering::SeqCst) }))
+}
+
+async fn create_payout(
+    State(ledger): State<Arc<Ledger>>,
+    Extension(tenant): Extension<Scope>,
+    body: Bytes,
+) -> (StatusCode, Json<Value>) {
+    let n = ledger.payouts.fetch_add(1, Ordering::SeqCst) + 1;
+    tracing::info!(n, "payout created");
+    created("po", n, &tenant, &body)
+}
+
+/// Logs to stdout: the layer's decisions at DEBUG, everything else at INFO.
+pub fn init_tracing() {
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+
+    let filter = Targets::new()
+        .with_target("tower_idempotency", LevelFilter::DEBUG)
+        .with_default(LevelFilter::INFO);
+    let _ = tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_filter(filter))
+        .try_init();
+}
+
+async fn metrics_text() -> String {
+    #[cfg(feature = "metrics")]
+    return recorder::install().render();
+    #[cfg(not(feature = "metrics"))]
+    "metrics are off: run with --features metrics\n".to_owned()
+}
+
+/// A tiny `metrics` recorder: counters, and histograms as count and sum, in
+/// the Prometheus text format. In production use `metrics-exporter-prometheus`
+/// (or any other exporter); the layer only talks to the `metrics` facade.
+#[cfg(feature = "metrics")]
+pub mod recorder {
+    use metrics::{
+        Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+        SharedString, Unit,
+    };
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    #[derive(Default)]
+    pub struct PrintRecorder {
+        counters: Mutex<BTreeMap<String, Arc<Cell>>>,
+        histograms: Mutex<BTreeMap<String, Arc<Sum>>>,
+    }
+
+    #[derive(Default)]
+    struct Cell(AtomicU64);
+
+    impl CounterFn for Cell {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::Relaxed);
+        }
+        fn absolute(&self, value: u64) {
+            self.0.fetch_max(value, Ordering::Relaxed);
+        }
+    }
+
+    #[derive(Default)]
+    struct Sum(Mutex<(u64, f64)>);
+
+    impl HistogramFn for Sum {
+        fn record(&self, value: f64) {
+            let mut sum = self.0.lock().unwrap();
+            sum.0 += 1;
+            sum.1 += value;
+        }
+    }
+
+    /// `name{label="value",...}`
+    fn series(key: &Key) -> String {
+        let labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
+            .collect();
+        format!("{}{{{}}}", key.name(), labels.join(","))
+    }
+
+    /// `Recorder` is implemented for a `'static` reference, so the recorder
+    /// installed globally can still be read.
+    struct Installed(&'static PrintRecorder);
+
+    impl Recorder for Installed {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            let mut counters = self.0.counters.lock().unwrap();
+            Counter::from_arc(counters.entry(series(key)).or_default().clone())
+        }
+
+        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::noop()
+        }
+
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            let mut histograms = self.0.histograms.lock().unwrap();
+            Histogram::from_arc(histograms.entry(series(key)).or_default().clone())
+        }
+    }
+
+    /// Installs the recorder as the global one (once) and returns it.
+    pub fn install() -> &'static PrintRecorder {
+        static RECORDER: OnceLock<&'static PrintRecorder> = OnceLock::new();
+        RECORDER.get_or_init(|| {
+            let recorder: &'static PrintRecorder = Box::leak(Box::default());
+            metrics::set_global_recorder(Installed(recorder))
+                .expect("no other metrics recorder is installed");
+            recorder
+        })
+    }
+
+    impl PrintRecorder {
+        /// Every series, one per line.
+        pub fn render(&self) -> String {
+            let mut out = String::new();
+            for (series, cell) in self.counters.lock().unwrap().iter() {
+                out += &format!("{series} {}\n", cell.0.load(Ordering::Relaxed));
+            }
+            for (series, sum) in self.histograms.lock().unwrap().iter() {
+                let (count, total) = *sum.0.lock().unwrap();
+                let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
+                out +=
+                    &format!("{name}_count{{{labels} {count}\n{name}_sum{{{labels} {total:.6}\n");
+            }
+            out
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    init_tracing();
+    #[cfg(feature = "metrics")]
+    recorder::install();
+    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3002".into());
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
+    let app = app(Arc::new(MemoryStore::new()), Arc::default());
+    println!("listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app).await?;
+    Ok(())
+}
