@@ -1,1 +1,566 @@
-fn main() {}
+//! PostgreSQL: round trips per request (counted), fresh-key throughput next to
+//! pgbench running the same statements against the same server, 1000
+//! concurrent duplicates, and cost as the table grows.
+//!
+//! ```sh
+//! bench/scripts/with-pg.sh cargo bench -p tower-idempotency-bench --ignore-rust-version --bench pg
+//! ```
+//!
+//! Needs `DATABASE_URL` (the script starts a throwaway cluster with
+//! `pg_stat_statements` loaded) and `pgbench` (`PG_BIN`, or found in
+//! /usr/lib/postgresql/*/bin).
+//!
+//! Environment: `PG_SECS` (10), `PG_CLIENTS` (16: the pool size, pgbench -c and
+//! the number of concurrent tasks), `PG_GROWTH` (1000,100000,1000000; empty to skip).
+
+use axum::http::StatusCode;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use std::hint::black_box;
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::NoTls;
+use tower_idempotency::{
+    Begin, Fingerprint, IdempotencyKey, PostgresStore, RecordKey, Scope, Store, StoredResponse,
+};
+use tower_idempotency_bench::*;
+
+const TABLE: &str = "bench_pg_records";
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The store's `begin` and `complete` statements for table `public.<TABLE>`
+/// with the default lock timeout (60 s) and retention (24 h), in pgbench
+/// variables: the same text as `src/store/postgres/sql.rs` builds, parameters
+/// `$1..$7` named `:scope :key :fp :begin_token :status :headers :body :id`
+/// (`\gset begin_` keeps the columns of `begin` apart from the inputs).
+fn pgbench_script() -> String {
+    let t = format!(r#""public"."{TABLE}""#);
+    let seq = format!(r#""public"."{TABLE}_token_seq""#);
+    let channel = format!(
+        "tower_idempotency_{}",
+        &hex(&Sha256::digest(format!("public.{TABLE}").as_bytes()))[..16]
+    );
+    let (lock_ms, retention_ms) = (60_000, 24 * 3600 * 1000);
+    format!(
+        r#"\set key random(1, 1000000000000000)
+WITH live AS (
+    SELECT fingerprint = :fp AS same, state = 'completed' AS done, status, headers, body
+    FROM {t}
+    WHERE scope = :scope AND key = :key AND expires_at > now()
+), claimed AS (
+    INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at)
+    SELECT :scope, :key, :fp, nextval('{seq}'), 'in_progress', now(),
+           now() + interval '{lock_ms} milliseconds'
+    WHERE NOT EXISTS (SELECT 1 FROM live)
+    ON CONFLICT (scope, key) DO UPDATE
+    SET fingerprint = excluded.fingerprint, token = excluded.token, state = 'in_progress',
+        created_at = excluded.created_at, expires_at = excluded.expires_at,
+        status = NULL, headers = NULL, body = NULL
+    WHERE r.expires_at <= now()
+    RETURNING r.token
+)
+SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
+       NULL::bytea AS headers, NULL::bytea AS body
+FROM claimed
+UNION ALL
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay' ELSE 'in_progress' END,
+       NULL::bigint,
+       CASE WHEN same AND done THEN status END,
+       CASE WHEN same AND done THEN headers END,
+       CASE WHEN same AND done THEN body END
+FROM live
+\gset begin_
+WITH done AS (
+    UPDATE {t}
+    SET state = 'completed', status = :status, headers = :headers, body = :body,
+        expires_at = now() + interval '{retention_ms} milliseconds'
+    WHERE scope = :scope AND key = :key AND token = :begin_token AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT pg_notify('{channel}', :id) FROM done;
+"#
+    )
+}
+
+fn pg_bin() -> String {
+    if let Ok(bin) = std::env::var("PG_BIN") {
+        return bin;
+    }
+    let mut dirs: Vec<_> = std::fs::read_dir("/usr/lib/postgresql")
+        .map(|d| d.filter_map(|e| e.ok()).map(|e| e.path()).collect())
+        .unwrap_or_default();
+    dirs.sort();
+    dirs.last()
+        .map(|d| d.join("bin").display().to_string())
+        .unwrap_or_default()
+}
+
+fn response_body() -> Bytes {
+    Bytes::from_static(br#"{"id":"ord_00000001","received":967,"pad":""}"#)
+}
+
+fn stored() -> StoredResponse {
+    StoredResponse {
+        status: StatusCode::CREATED,
+        headers: vec![(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        )],
+        body: response_body(),
+    }
+}
+
+/// Runs pgbench with the same statements; returns transactions per second.
+fn run_pgbench(url: &str, clients: usize, secs: u64) -> Option<(f64, String)> {
+    let script = std::env::temp_dir().join("tower-idempotency-fresh.pgbench");
+    std::fs::write(&script, pgbench_script()).ok()?;
+    let bin = format!("{}/pgbench", pg_bin());
+    let fp = format!("\\x{}", hex(&[7u8; 32]));
+    let headers = format!("\\x{}", hex(b"content-type:application/json\r\n"));
+    let body = format!("\\x{}", hex(&response_body()));
+    let output = Command::new(&bin)
+        .args(["-n", "-M", "prepared", "-j", "2"])
+        .args(["-c", &clients.to_string(), "-T", &secs.to_string()])
+        .args(["-D", &format!("scope={TENANT}")])
+        .args(["-D", &format!("fp={fp}")])
+        .args(["-D", "status=201"])
+        .args(["-D", &format!("headers={headers}")])
+        .args(["-D", &format!("body={body}")])
+        .args(["-D", "id=0123456789abcdef0123456789abcdef"])
+        .arg("-f")
+        .arg(&script)
+        .arg(url)
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&output.stdout).to_string()
+        + &String::from_utf8_lossy(&output.stderr);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps ="))
+        .and_then(|l| l.split_whitespace().nth(2))
+        .and_then(|v| v.parse().ok());
+    match tps {
+        Some(tps) => Some((tps, text)),
+        None => {
+            println!("pgbench failed ({bin}):\n{text}");
+            None
+        }
+    }
+}
+
+async fn admin(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls).await.expect("connect");
+    tokio::spawn(conn);
+    client
+}
+
+async fn store(url: &str, pool_size: usize) -> PostgresStore {
+    let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
+    let manager = deadpool_postgres::Manager::new(config.clone(), NoTls);
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(pool_size)
+        .runtime(deadpool_postgres::Runtime::Tokio1)
+        .build()
+        .expect("pool");
+    let store = PostgresStore::new(pool)
+        .with_table(TABLE)
+        .with_listener(config);
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// Statements and calls `pg_stat_statements` saw on the bench table since the
+/// last reset, and whether it is available.
+async fn statement_calls(db: &tokio_postgres::Client) -> Option<Vec<(i64, i64, String)>> {
+    let rows = db
+        .query(
+            "SELECT queryid, calls, regexp_replace(query, '\\s+', ' ', 'g')
+             FROM pg_stat_statements WHERE query LIKE $1 ORDER BY calls DESC",
+            &[&format!("%{TABLE}%")],
+        )
+        .await
+        .ok()?;
+    Some(
+        rows.iter()
+            .map(|r| {
+                (
+                    r.get::<_, i64>(0),
+                    r.get::<_, i64>(1),
+                    r.get::<_, String>(2),
+                )
+            })
+            .collect(),
+    )
+}
+
+async fn reset_statements(db: &tokio_postgres::Client) {
+    let _ = db.execute("SELECT pg_stat_statements_reset()", &[]).await;
+}
+
+fn main() {
+    let Ok(url) = std::env::var("DATABASE_URL") else {
+        println!("pg: DATABASE_URL is not set; run through bench/scripts/with-pg.sh");
+        return;
+    };
+    let secs: u64 = env_or("PG_SECS", 10);
+    let clients: usize = env_or("PG_CLIENTS", 16);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    println!("# pg: {}", machine_line());
+    rt.block_on(async {
+        let db = admin(&url).await;
+        let version: String = db
+            .query_one("SHOW server_version", &[])
+            .await
+            .expect("version")
+            .get(0);
+        println!("PostgreSQL {version}; {clients} clients, {secs} s per throughput run");
+        let pgss = db
+            .batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+            .await
+            .is_ok();
+        let store = store(&url, clients).await;
+        db.batch_execute(&format!("TRUNCATE {TABLE}"))
+            .await
+            .expect("truncate");
+
+        // 1. Round trips, counted by the store and by pg_stat_statements.
+        println!();
+        println!("## Round trips per request (through the layer, statement cache warm)");
+        let h = Handler::new();
+        let app = ours_app(h.clone(), store.clone());
+        let template = RequestTemplate::new(json_body(1024));
+        for i in 0..(clients as u64 * 4) {
+            send(&app, template.request(&key("warm", i))).await;
+        }
+        let n = 1000u64;
+        for (label, prefix) in [("fresh", "rt"), ("replay", "rt")] {
+            reset_statements(&db).await;
+            let before = store.round_trips();
+            for i in 0..n {
+                let (status, replayed) = send(&app, template.request(&key(prefix, i))).await;
+                assert_eq!(status, StatusCode::CREATED);
+                assert_eq!(replayed, label == "replay");
+            }
+            let per = (store.round_trips() - before) as f64 / n as f64;
+            print!("- {label}: {per:.2} statements per request (store counter)");
+            if let Some(calls) = statement_calls(&db).await.filter(|_| pgss) {
+                let total: i64 = calls.iter().map(|c| c.1).sum();
+                println!(
+                    "; pg_stat_statements: {:.2} per request ({})",
+                    total as f64 / n as f64,
+                    calls
+                        .iter()
+                        .map(|(_, c, q)| format!("{c} × `{}…`", &q[..q.len().min(50)]))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            } else {
+                println!();
+            }
+        }
+
+        // 2. Fresh-key throughput: the store alone, then pgbench, same statements.
+        println!();
+        println!("## Fresh-key throughput ({clients} concurrent clients, {secs} s each)");
+        db.batch_execute(&format!("TRUNCATE {TABLE}"))
+            .await
+            .expect("truncate");
+        db.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
+            .await
+            .expect("vacuum");
+        // Alternating runs (the machine is shared): the median of each side.
+        let repeat: usize = env_or("PG_REPEAT", 3);
+        let mut ours_runs = Vec::new();
+        let mut pgbench_runs = Vec::new();
+        let mut store_calls = Vec::new();
+        let mut pgbench = None;
+        for r in 0..repeat {
+            reset_statements(&db).await;
+            let done = Arc::new(AtomicU64::new(0));
+            let deadline = Instant::now() + Duration::from_secs(secs);
+            let tasks: Vec<_> = (0..clients)
+                .map(|c| {
+                    let store = store.clone();
+                    let done = done.clone();
+                    tokio::spawn(async move {
+                        let fp = Fingerprint([7; 32]);
+                        let mut i = 0u64;
+                        while Instant::now() < deadline {
+                            let k = RecordKey::new(
+                                Scope::new(TENANT),
+                                IdempotencyKey::parse(
+                                    format!("tp-{r}-{c:03}-{i:012}").as_bytes(),
+                                )
+                                .expect("key"),
+                            );
+                            let Ok(Begin::Claimed(token)) = store.begin(&k, &fp).await else {
+                                panic!("claim")
+                            };
+                            store.complete(&k, token, stored()).await.expect("complete");
+                            done.fetch_add(1, Ordering::Relaxed);
+                            i += 1;
+                        }
+                    })
+                })
+                .collect();
+            let start = Instant::now();
+            for t in tasks {
+                t.await.expect("task");
+            }
+            let ours = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+            store_calls = statement_calls(&db).await.unwrap_or_default();
+            db.batch_execute(&format!("TRUNCATE {TABLE}"))
+                .await
+                .expect("truncate");
+            db.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
+                .await
+                .expect("vacuum");
+            let url2 = url.clone();
+            pgbench = tokio::task::spawn_blocking(move || run_pgbench(&url2, clients, secs))
+                .await
+                .expect("pgbench");
+            let tps = pgbench.as_ref().map_or(0.0, |p| p.0);
+            println!(
+                "- run {}: PostgresStore begin+complete {ours:.0} fresh requests/s; pgbench {tps:.0} transactions/s ({:.1}%)",
+                r + 1,
+                100.0 * ours / tps
+            );
+            ours_runs.push(ours);
+            pgbench_runs.push(tps);
+            if r + 1 < repeat {
+                db.batch_execute(&format!("TRUNCATE {TABLE}"))
+                    .await
+                    .expect("truncate");
+                db.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
+                    .await
+                    .expect("vacuum");
+            }
+        }
+        let med = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+            v[v.len() / 2]
+        };
+        let (ours, tps) = (med(ours_runs), med(pgbench_runs));
+        println!(
+            "- median: PostgresStore {ours:.0} fresh requests/s, pgbench {tps:.0} transactions/s: {:.1}% of pgbench",
+            100.0 * ours / tps
+        );
+        if let Some((_, text)) = &pgbench {
+            for line in text.lines().filter(|l| {
+                l.starts_with("latency average") || l.starts_with("number of transactions")
+            }) {
+                println!("  last pgbench: {line}");
+            }
+        }
+        if let (Some(all), Some((_, text))) =
+            (statement_calls(&db).await.filter(|_| pgss), &pgbench)
+        {
+            // pgbench's executions counted under the query ids of the store's
+            // statements show that they are the same statements.
+            let transactions: i64 = text
+                .lines()
+                .find(|l| l.starts_with("number of transactions actually processed"))
+                .and_then(|l| l.split(':').nth(1)?.trim().split('/').next()?.parse().ok())
+                .unwrap_or(0);
+            // pgbench numbers its variables in order of first appearance, so its
+            // statements get other query ids; with parameter numbers erased the
+            // normalised texts must be equal.
+            let erase = |q: &str| {
+                let mut out = String::new();
+                let mut chars = q.chars().peekable();
+                while let Some(c) = chars.next() {
+                    out.push(c);
+                    if c == '$' {
+                        while chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+                            chars.next();
+                        }
+                    }
+                }
+                out
+            };
+            for (id, calls, query) in &store_calls {
+                let twin = all
+                    .iter()
+                    .find(|a| a.0 != *id && erase(&a.2) == erase(query));
+                println!(
+                    "- store statement `{}…` ({calls} calls): {}",
+                    &query[..query.len().min(50)],
+                    match twin {
+                        Some(t) => format!(
+                            "pgbench ran the same text (parameter numbers aside) {} times for {transactions} transactions",
+                            t.1
+                        ),
+                        None => "no pgbench statement with the same text".to_owned(),
+                    }
+                );
+            }
+        }
+        // Through the layer too (fingerprint of a 1 KiB body on the same 2 CPUs).
+        db.batch_execute(&format!("TRUNCATE {TABLE}"))
+            .await
+            .expect("truncate");
+        let done = Arc::new(AtomicU64::new(0));
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        let tasks: Vec<_> = (0..clients)
+            .map(|c| {
+                let app = app.clone();
+                let template = template.clone();
+                let done = done.clone();
+                tokio::spawn(async move {
+                    let mut i = 0u64;
+                    while Instant::now() < deadline {
+                        let (status, _) =
+                            send(&app, template.request(&format!("ly-{c:03}-{i:012}"))).await;
+                        assert_eq!(status, StatusCode::CREATED);
+                        done.fetch_add(1, Ordering::Relaxed);
+                        i += 1;
+                    }
+                })
+            })
+            .collect();
+        let start = Instant::now();
+        for t in tasks {
+            t.await.expect("task");
+        }
+        let layer = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        println!("- whole layer in process (oneshot, 1 KiB JSON): {layer:.0} fresh requests/s");
+
+        // 3. 1000 concurrent duplicates.
+        println!();
+        println!("## 1000 concurrent duplicates (handler sleeps 500 ms)");
+        let h = Handler::with(Duration::from_millis(500), 0);
+        let app = ours_app(h.clone(), store.clone());
+        let notified = store.notifications_received();
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..1000)
+            .map(|_| {
+                let app = app.clone();
+                let req = template.request("pg-dup-key-0001");
+                tokio::spawn(async move {
+                    let r = send(&app, req).await;
+                    (r, Instant::now())
+                })
+            })
+            .collect();
+        tokio::time::sleep_until((start + Duration::from_millis(150)).into()).await;
+        let cpu0 = cpu_time();
+        let w0 = Instant::now();
+        tokio::time::sleep_until((start + Duration::from_millis(450)).into()).await;
+        let wait_cpu = cpu_time().saturating_sub(cpu0);
+        let window = w0.elapsed();
+        let mut results = Vec::new();
+        for t in tasks {
+            results.push(t.await.expect("task"));
+        }
+        let executed = results
+            .iter()
+            .filter(|r| (r.0).0 == StatusCode::CREATED && !(r.0).1)
+            .map(|r| r.1)
+            .min()
+            .expect("one executed");
+        let mut after: Vec<u64> = results
+            .iter()
+            .map(|r| r.1.saturating_duration_since(executed).as_nanos() as u64)
+            .collect();
+        after.sort_unstable();
+        let replayed = results.iter().filter(|r| (r.0).1).count();
+        let other = results
+            .iter()
+            .filter(|r| (r.0).0 != StatusCode::CREATED)
+            .count();
+        println!(
+            "- handler runs {}; replayed {replayed}; non-201 {other}; answers after the executed one: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; process CPU while waiting {} ms in {} ms; notifications received {}",
+            h.runs(),
+            quantile_us(&after, 0.5) / 1000.0,
+            quantile_us(&after, 0.99) / 1000.0,
+            quantile_us(&after, 1.0) / 1000.0,
+            wait_cpu.as_millis(),
+            window.as_millis(),
+            store.notifications_received() - notified,
+        );
+
+        // 4. Growth: cost with 1k / 100k / 1M rows retained.
+        let sizes: Vec<u64> = std::env::var("PG_GROWTH")
+            .unwrap_or_else(|_| "1000,100000,1000000".into())
+            .split(',')
+            .filter_map(|s| s.trim().parse().ok())
+            .collect();
+        if !sizes.is_empty() {
+            println!();
+            println!("## Growth (one client, sequential; rows inserted as completed records)");
+            println!("| rows | begin+complete µs (fresh) | begin µs (replay of a random retained row) | table+index size |");
+            println!("|---|---|---|---|");
+        }
+        let fp = Fingerprint([9; 32]);
+        for &rows in &sizes {
+            db.batch_execute(&format!("TRUNCATE {TABLE}"))
+                .await
+                .expect("truncate");
+            db.batch_execute(&format!(
+                "INSERT INTO {TABLE} (scope, key, fingerprint, token, state, created_at, expires_at, status, headers, body)
+                 SELECT '{TENANT}', 'grow-' || lpad(g::text, 12, '0'), '\\x{}'::bytea, g, 'completed', now(),
+                        now() + interval '1 day', 201, '\\x{}'::bytea, '\\x{}'::bytea
+                 FROM generate_series(0, {rows} - 1) g",
+                hex(&[9; 32]),
+                hex(b"content-type:application/json\r\n"),
+                hex(&[b'x'; 100]),
+            ))
+            .await
+            .expect("fill");
+            db.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
+                .await
+                .expect("vacuum");
+            let size: String = db
+                .query_one(
+                    &format!("SELECT pg_size_pretty(pg_total_relation_size('{TABLE}'))"),
+                    &[],
+                )
+                .await
+                .expect("size")
+                .get(0);
+            let m = 2000u64;
+            let start = Instant::now();
+            for i in 0..m {
+                let k = RecordKey::new(
+                    Scope::new(TENANT),
+                    IdempotencyKey::parse(format!("gnew-{rows}-{i:09}").as_bytes()).expect("key"),
+                );
+                let Ok(Begin::Claimed(token)) = store.begin(&k, &fp).await else {
+                    panic!("claim")
+                };
+                store.complete(&k, token, stored()).await.expect("complete");
+            }
+            let fresh = start.elapsed().as_secs_f64() * 1e6 / m as f64;
+            let start = Instant::now();
+            for i in 0..m {
+                let j = (i.wrapping_mul(0x9E37_79B9_7F4A_7C15 | 1)) % rows;
+                let k = RecordKey::new(
+                    Scope::new(TENANT),
+                    IdempotencyKey::parse(format!("grow-{j:012}").as_bytes()).expect("key"),
+                );
+                let Ok(Begin::Replay(r)) = store.begin(&k, &fp).await else {
+                    panic!("replay")
+                };
+                black_box(r);
+            }
+            let replay = start.elapsed().as_secs_f64() * 1e6 / m as f64;
+            println!("| {rows} | {fresh:.0} | {replay:.0} | {size} |");
+        }
+    });
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Runs a command with DATABASE_URL pointing at a throwaway PostgreSQL cluster
+# (pg_stat_statements loaded), then stops and deletes the cluster.
+#
+#   bench/scripts/with-pg.sh cargo bench -p tower-idempotency-bench --ignore-rust-version --bench pg
+#
+# Same server settings as scripts/test (fsync=off, synchronous_commit=off: the
+# numbers are CPU and round-trip bound, not disk bound). With DATABASE_URL
+# already set, the command runs against that database instead.
+set -euo pipefail
+
+if [ -n "${DATABASE_URL:-}" ]; then
+  exec "$@"
+fi
+
+pg_bin=${PG_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)}
+if [ -z "$pg_bin" ] || [ ! -x "$pg_bin/initdb" ]; then
+  echo "with-pg.sh: PostgreSQL is not installed (apt-get install postgresql)" >&2
+  exit 1
+fi
+as_db_owner() {
+  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+free_port() {
+  local port
+  while :; do
+    port=$(( 20000 + RANDOM % 20000 ))
+    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+      echo "$port"
+      return
+    fi
+  done
+}
+
+pg_dir=$(mktemp -d /tmp/tower-idempotency-bench-pg.XXXXXX)
+chmod 755 "$pg_dir"
+[ "$(id -u)" = 0 ] && chown postgres: "$pg_dir"
+port=$(free_port)
+as_db_owner "$pg_bin/initdb" -D "$pg_dir/data" -U postgres --auth=trust -E UTF8 >"$pg_dir/initdb.log"
+cleanup() {
+  as_db_owner "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
+  rm -rf "$pg_dir"
+}
+trap cleanup EXIT
+as_db_owner "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
+  -o "-p $port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off -c synchronous_commit=off -c shared_preload_libraries=pg_stat_statements" \
+  start >/dev/null
+export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+export PG_BIN="$pg_bin"
+echo "with-pg.sh: PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on port $port (fsync=off, synchronous_commit=off)"
+"$@"
