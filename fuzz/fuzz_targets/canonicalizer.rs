@@ -63,10 +63,18 @@ fuzz_target!(|data: &[u8]| {
                 !whitespace_outside_strings(&out),
                 "insignificant whitespace in {out:?}"
             );
-            assert_eq!(fp(&json, data), fp(&json, &out), "fingerprint of the canonical form");
+            assert_eq!(
+                fp(&json, data),
+                fp(&json, &out),
+                "fingerprint of the canonical form"
+            );
         }
         Err(_) => {
-            assert_eq!(fp(&json, data), fp(&text, data), "raw bytes when not canonical");
+            assert_eq!(
+                fp(&json, data),
+                fp(&text, data),
+                "raw bytes when not canonical"
+            );
         }
     }
 });

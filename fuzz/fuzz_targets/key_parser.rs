@@ -27,7 +27,10 @@ fuzz_target!(|data: &[u8]| {
     );
     if let Some(key) = &parsed {
         // Normalised: the token and its sf-string form are the same key.
-        assert_eq!(IdempotencyKey::parse(key.as_str().as_bytes()).as_ref(), Some(key));
+        assert_eq!(
+            IdempotencyKey::parse(key.as_str().as_bytes()).as_ref(),
+            Some(key)
+        );
         let quoted = format!("\"{}\"", key.as_str());
         assert_eq!(IdempotencyKey::parse(quoted.as_bytes()).as_ref(), Some(key));
     }

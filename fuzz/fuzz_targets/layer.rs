@@ -195,7 +195,10 @@ fn build(req: &Req) -> Option<(Request<Chunks>, Option<String>)> {
     for (name, value) in req.extra.iter().take(4) {
         let name = HeaderName::from_bytes(name).ok()?;
         let value = HeaderValue::from_bytes(value).ok()?;
-        if name == "idempotency-key" || name == CONTENT_LENGTH || name.as_str().starts_with("x-fuzz") {
+        if name == "idempotency-key"
+            || name == CONTENT_LENGTH
+            || name.as_str().starts_with("x-fuzz")
+        {
             continue;
         }
         builder = builder.header(name, value);
@@ -258,16 +261,23 @@ async fn run(input: Input) {
         tower::service_fn(move |req: Request<Chunks>| {
             let runs = runs.clone();
             async move {
-                let scope = req.extensions().get::<Scope>().map(|s| s.as_str().to_owned());
-                let id = record_id(req.method(), scope.as_deref(), req.headers())
-                    .unwrap_or_default();
+                let scope = req
+                    .extensions()
+                    .get::<Scope>()
+                    .map(|s| s.as_str().to_owned());
+                let id =
+                    record_id(req.method(), scope.as_deref(), req.headers()).unwrap_or_default();
                 let run = {
                     let mut runs = runs.lock().unwrap();
                     let n = runs.entry(id).or_default();
                     *n += 1;
                     *n
                 };
-                let status: u16 = req.headers()["x-fuzz-status"].to_str().unwrap().parse().unwrap();
+                let status: u16 = req.headers()["x-fuzz-status"]
+                    .to_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
                 let fail = req.headers().contains_key("x-fuzz-fail");
                 let len = req.into_body().collect().await.unwrap().to_bytes().len();
                 let response = Response::builder()
@@ -298,19 +308,33 @@ async fn run(input: Input) {
         let id = record_id(request.method(), scope.as_deref(), request.headers());
         let guarded = matches!(*request.method(), Method::POST | Method::PATCH);
         for _ in 0..=(req.repeat % 3) {
-            let runs_before = runs.lock().unwrap().get(&id.clone().unwrap_or_default()).copied();
+            let runs_before = runs
+                .lock()
+                .unwrap()
+                .get(&id.clone().unwrap_or_default())
+                .copied();
             let response = service.clone().oneshot(copy(&request)).await.unwrap();
             let (parts, body) = response.into_parts();
             let body = body.collect().await.map(|c| c.to_bytes());
-            let runs_after = runs.lock().unwrap().get(&id.clone().unwrap_or_default()).copied();
+            let runs_after = runs
+                .lock()
+                .unwrap()
+                .get(&id.clone().unwrap_or_default())
+                .copied();
             let ran = runs_after != runs_before;
             let from_handler = parts.headers.contains_key("x-fuzz-handler");
-            let replayed = parts.headers.get("idempotent-replayed").is_some_and(|v| v == "true");
+            let replayed = parts
+                .headers
+                .get("idempotent-replayed")
+                .is_some_and(|v| v == "true");
             assert_eq!(ran, from_handler, "a handler answer iff the handler ran");
             assert!(!(from_handler && replayed));
 
             if !guarded {
-                assert!(from_handler && !replayed, "other methods pass through: {parts:?}");
+                assert!(
+                    from_handler && !replayed,
+                    "other methods pass through: {parts:?}"
+                );
                 continue;
             }
             if replayed {
@@ -323,11 +347,16 @@ async fn run(input: Input) {
                     body: body.expect("a replay's body never fails"),
                 };
                 assert_eq!(&now, seen, "a replay is identical to the original");
-                assert!(parts.headers.get(SET_COOKIE).is_none(), "cookies never replay");
+                assert!(
+                    parts.headers.get(SET_COOKIE).is_none(),
+                    "cookies never replay"
+                );
                 continue;
             }
             if from_handler {
-                let id = id.clone().expect("the handler only runs for well-formed requests");
+                let id = id
+                    .clone()
+                    .expect("the handler only runs for well-formed requests");
                 assert!(
                     !recorded.contains_key(&id),
                     "the handler ran again for a recorded 201: {id:?}"
@@ -364,7 +393,9 @@ async fn run(input: Input) {
                 (409, "idempotency_key_reuse") => {
                     assert!(id.as_ref().is_some_and(|id| recorded.contains_key(id)))
                 }
-                other => panic!("unexpected refusal {other:?}: nothing is in progress, the store is up"),
+                other => {
+                    panic!("unexpected refusal {other:?}: nothing is in progress, the store is up")
+                }
             }
         }
     }
