@@ -269,13 +269,13 @@ async fn slow_database_answers_503_within_the_operation_timeout_then_recovers() 
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
         assert_eq!(reply.code, "idempotency_store_unavailable");
         assert!(
-            took < op + Duration::from_millis(700),
+            took < op + Duration::from_millis(1500),
             "answered in {took:?}"
         );
     }
     let all = started.elapsed();
     assert!(
-        all < Duration::from_secs(3),
+        all < Duration::from_secs(5),
         "64 concurrent requests answered in {all:?}: bounded, not queued one after another"
     );
     assert!((0..64).all(|i| handler.runs(&format!("order-slow-{i:04}")) == 0));
@@ -351,12 +351,13 @@ async fn exhausted_pool_answers_503_within_the_operation_timeout_then_recovers()
         assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE, "{reply:?}");
         assert_eq!(reply.code, "idempotency_store_unavailable");
         assert!(
-            took < op + Duration::from_millis(500),
+            took < op + Duration::from_millis(1500),
             "answered in {took:?}"
         );
     }
     let all = started.elapsed();
-    assert!(all < Duration::from_secs(2), "100 requests took {all:?}");
+    // One after another they would take 30 s.
+    assert!(all < Duration::from_secs(5), "100 requests took {all:?}");
     assert!((0..100).all(|i| handler.runs(&format!("order-pool-{i:04}")) == 0));
 
     drop(held);

@@ -421,7 +421,7 @@ async fn killed_and_restarted_database_under_load_no_double_execution_no_lost_re
         .collect::<Vec<_>>();
     assert!(down.len() >= 16, "503 while down: {}", down.len());
     let slowest = down.iter().max().copied().unwrap_or_default();
-    assert!(slowest <= Duration::from_secs(3), "503 took {slowest:?}");
+    assert!(slowest <= Duration::from_secs(4), "503 took {slowest:?}");
     let started_while_down = effects
         .started
         .lock()
