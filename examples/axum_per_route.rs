@@ -88,6 +88,8 @@ pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Router {
 /// tower-http's `ValidateRequestHeaderLayer` as the auth layer:
 /// `Authorization: Bearer <tenant>` becomes the idempotency [`Scope`].
 /// (A real service verifies a token here and uses the tenant it names.)
+// The error type is the one tower-http's `ValidateRequest` asks for.
+#[allow(clippy::result_large_err)]
 fn bearer_tenant(
 ) -> ValidateRequestHeaderLayer<impl FnMut(&mut Request<Body>) -> Result<(), Response<Body>> + Clone>
 {

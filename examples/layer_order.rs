@@ -123,6 +123,8 @@ pub fn app(store: Arc<dyn Store>, limits: Limits, orders: Arc<AtomicU64>) -> Rou
 }
 
 /// `Authorization: Bearer <tenant>` becomes the scope.
+// The error type is the one tower-http's `ValidateRequest` asks for.
+#[allow(clippy::result_large_err)]
 fn bearer_tenant(
 ) -> ValidateRequestHeaderLayer<impl FnMut(&mut Request<Body>) -> Result<(), Response<Body>> + Clone>
 {

@@ -48,7 +48,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_idempotency::client::{classify, Answer, OperationKey};
+//! use tower_idempotency::client::{classify, OperationKey};
 //!
 //! # fn send(_: &http::HeaderMap) -> Result<http::Response<()>, ()> {
 //! #     Ok(http::Response::builder().status(201).body(()).unwrap())
@@ -57,17 +57,19 @@
 //! for attempt in 1..=4 {
 //!     let mut headers = http::HeaderMap::new();
 //!     key.apply(&mut headers);
+//!     let backoff = Duration::from_millis(100 << attempt);
 //!     let wait = match send(&headers) {
-//!         Ok(response) => match classify(response.status(), response.headers()) {
-//!             Answer::Final => break, // success, replay, or a 4xx to fix
-//!             Answer::InProgress { retry_after } | Answer::Unavailable { retry_after } => {
-//!                 retry_after.unwrap_or(Duration::from_millis(100 << attempt))
+//!         Ok(response) => {
+//!             let answer = classify(response.status(), response.headers());
+//!             if !answer.is_retryable() {
+//!                 break; // a success (first run or replay), or a 4xx to fix
 //!             }
-//!         },
-//!         Err(_transport) => Duration::from_millis(100 << attempt),
+//!             answer.retry_after().unwrap_or(backoff)
+//!         }
+//!         Err(_transport) => backoff,
 //!     };
 //!     # let _ = wait; break;
-//!     // sleep(wait) and try again, with the same key
+//!     // sleep(wait), then the next attempt, with the same key
 //! }
 //! ```
 
@@ -360,6 +362,21 @@ pub enum Answer {
     },
 }
 
+impl Answer {
+    /// Whether the same request (same key) should be sent again.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Self::Final)
+    }
+
+    /// The server's `Retry-After` for a retryable answer.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match *self {
+            Self::InProgress { retry_after } | Self::Unavailable { retry_after } => retry_after,
+            Self::Final => None,
+        }
+    }
+}
+
 /// Classifies a response from its status and headers, without reading the body.
 ///
 /// The layer's two `409`s are told apart by `Retry-After`: it is sent with
@@ -518,13 +535,11 @@ mod retry {
             }
             match answer {
                 None => Some(self.backoff()),
-                Some(Answer::Final) => None,
-                Some(Answer::InProgress { retry_after } | Answer::Unavailable { retry_after }) => {
-                    Some(match retry_after {
-                        Some(after) => after.min(self.max_retry_after),
-                        None => self.backoff(),
-                    })
-                }
+                Some(answer) if !answer.is_retryable() => None,
+                Some(answer) => Some(match answer.retry_after() {
+                    Some(after) => after.min(self.max_retry_after),
+                    None => self.backoff(),
+                }),
             }
         }
     }
