@@ -132,6 +132,14 @@ pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
         return Ok(buffers.out);
     }
     buffers.out.clear();
+    canonicalize_with_serde(input, buffers)
+}
+
+/// The general path: serde_json parses, [`CanonicalValue`] writes.
+fn canonicalize_with_serde(
+    input: &[u8],
+    mut buffers: Buffers,
+) -> Result<Vec<u8>, CanonicalizeError> {
     let mut de = serde_json::Deserializer::from_slice(input);
     CanonicalValue { buf: &mut buffers }
         .deserialize(&mut de)
@@ -787,7 +795,7 @@ fn write_es6_digits(out: &mut Vec<u8>, digits: &[u8], exponent: i32) {
     let k = digits.len() as i32;
     let n = exponent + 1;
     if k <= n && n <= 21 {
-        out.extend_from_slice(&digits);
+        out.extend_from_slice(digits);
         out.extend(std::iter::repeat_n(b'0', (n - k) as usize));
     } else if 0 < n && n <= 21 {
         out.extend_from_slice(&digits[..n as usize]);
@@ -796,7 +804,7 @@ fn write_es6_digits(out: &mut Vec<u8>, digits: &[u8], exponent: i32) {
     } else if -6 < n && n <= 0 {
         out.extend_from_slice(b"0.");
         out.extend(std::iter::repeat_n(b'0', (-n) as usize));
-        out.extend_from_slice(&digits);
+        out.extend_from_slice(digits);
     } else {
         out.push(digits[0]);
         if k > 1 {
@@ -991,6 +999,127 @@ mod tests {
         ];
         for &(bits, want) in cases {
             assert_eq!(es6(f64::from_bits(bits)), want, "bits {bits:#x}");
+        }
+    }
+
+    /// What the single-pass path produces, if it takes the document.
+    fn fast(input: &str) -> Option<Vec<u8>> {
+        let mut buffers = Buffers {
+            out: Vec::new(),
+            scratch: Vec::new(),
+        };
+        let mut fast = FastCanonical {
+            input: input.as_bytes(),
+            at: 0,
+            buf: &mut buffers,
+            members: Vec::new(),
+        };
+        fast.document()?;
+        Some(buffers.out)
+    }
+
+    fn slow(input: &str) -> Result<Vec<u8>, String> {
+        let buffers = Buffers {
+            out: Vec::new(),
+            scratch: Vec::new(),
+        };
+        canonicalize_with_serde(input.as_bytes(), buffers).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn single_pass_path_agrees_with_serde_path_or_declines() {
+        let numbers = [
+            "0",
+            "-0",
+            "1",
+            "-1",
+            "10.5",
+            "1.50",
+            "0.05",
+            "1e2",
+            "1E+2",
+            "1e-7",
+            "1e21",
+            "1e20",
+            "123456789012345",
+            "1234567890123456",
+            "123456789012345678",
+            "1234567890123456789",
+            "9007199254740993",
+            "0.1",
+            "0.30000000000000004",
+            "4.35",
+            "1e-400",
+            "1e400",
+            "2.5e-300",
+            "-0.0",
+            "0e5",
+            "5e-324",
+            "1.7976931348623157e308",
+            "333333333.33333329",
+            "0.000001",
+            "0.0000001",
+        ];
+        let strings = [
+            r#""""#,
+            r#""a""#,
+            "\"é€😀\"",
+            r#""\n\t\"\\\/""#,
+            r#""\u00e9\u20AC""#,
+            r#""\ud83d\ude00""#,
+            r#""\ud800""#,
+            r#""\u0000\u001f""#,
+            "\"\u{7f}\"",
+        ];
+        let mut docs: Vec<String> = Vec::new();
+        docs.extend(numbers.iter().map(|n| n.to_string()));
+        docs.extend(strings.iter().map(|s| s.to_string()));
+        for n in numbers {
+            for s in strings {
+                docs.push(format!(
+                    r#"{{ "z": [{n}, {s}], "a": {{"é": null, "b": {s}}}, "\u00e9x": true, "דּ": {n} }}"#
+                ));
+                docs.push(format!("[{n},{s},{{}},[],false]"));
+                docs.push(format!("{{{s}:{n},\"x\":1}}"));
+            }
+        }
+        for bad in [
+            "",
+            " ",
+            "01",
+            "1.",
+            ".5",
+            "-",
+            "+1",
+            "1e",
+            "[1,]",
+            r#"{"a":1,}"#,
+            r#"{"a" 1}"#,
+            "[1 2]",
+            r#"{"a":1,"a":2}"#,
+            "\"\u{1}\"",
+            "tru",
+            "nul",
+            "[",
+            "{}}",
+            "1 2",
+            r#""\x""#,
+            r#""\u12""#,
+        ] {
+            docs.push(bad.to_string());
+        }
+        docs.push("[".repeat(64) + &"]".repeat(64));
+        docs.push("[".repeat(65) + &"]".repeat(65));
+        docs.push("[".repeat(129) + &"]".repeat(129));
+        for doc in &docs {
+            if let Some(out) = fast(doc) {
+                assert_eq!(Ok(out), slow(doc), "{doc}");
+            }
+            assert_eq!(
+                canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+                slow(doc),
+                "{doc}"
+            );
         }
     }
 
