@@ -11,7 +11,7 @@
 //! - [`IdempotencyKeyLayer`] — a tower layer that sets a fresh key on requests
 //!   that have none (POST and PATCH by default). Put it **outside** the retry
 //!   layer, so the key is chosen once, before the retry layer clones the request.
-//! - [`IdempotentRetry`] (feature `client`) — a [`tower::retry::Policy`] that
+//! - `IdempotentRetry` (feature `client`) — a `tower::retry::Policy` that
 //!   retries `409 idempotency_in_progress` after its `Retry-After`,
 //!   `503` (such as `idempotency_store_unavailable`) and transport errors, a
 //!   bounded number of times, and never retries `idempotency_key_reuse` or any
@@ -225,7 +225,8 @@ impl fmt::Display for OperationKey {
 /// is chosen once per call of the outer service, and every attempt the retry
 /// layer makes is a clone of the request that already carries it. Placed
 /// inside, each attempt would get a new key and the server could not recognise
-/// the retries — [`IdempotentRetry`] refuses to retry such requests.
+/// the retries — `IdempotentRetry` (feature `client`) refuses to retry such
+/// requests.
 #[derive(Clone, Debug)]
 pub struct IdempotencyKeyLayer<G = RandomKey> {
     config: Arc<KeyConfig<G>>,

@@ -2,27 +2,203 @@
 //!
 //! Clients retry: double clicks, restored tabs, proxies that time out, mobile
 //! apps that die mid-call. [`IdempotencyLayer`] makes each retry of
-//! `POST /orders` replay the first response instead of creating a second order.
+//! `POST /orders` that carries the same `Idempotency-Key` get the first
+//! response back — same status, headers and body bytes — while the handler
+//! runs once. [`LeaseLayer`] does the same for jobs named by what they are
+//! (`tenant:kind:period`) when clients cannot keep a key.
 //!
-//! # Quick start (axum)
+//! # Quick start
+//!
+//! **1. Add the crate** (features: `postgres` for [`store`]'s PostgreSQL
+//! stores, `metrics` for counters and a latency histogram, `client` for the
+//! retry policy in [`client`]):
+//!
+//! ```toml
+//! [dependencies]
+//! tower-idempotency = "0.1"
+//! ```
+//!
+//! **2. Authenticate, then put the layer on the routes that change state.**
+//! The layer keys records by `(scope, key)`: the scope is the tenant your
+//! authentication established, put into the request extensions as a
+//! [`Scope`] (or found by any [`ScopeExtractor`]: a closure over the request
+//! head works).
 //!
 //! ```
-//! use axum::{http::StatusCode, routing::post, Router};
+//! use axum::extract::{Extension, Request};
+//! use axum::http::StatusCode;
+//! use axum::middleware::{self, Next};
+//! use axum::response::{IntoResponse, Response};
+//! use axum::routing::post;
+//! use axum::Router;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::sync::Arc;
 //! use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
 //!
-//! async fn create_order() -> (StatusCode, &'static str) {
-//!     (StatusCode::CREATED, r#"{"id":"ord_1"}"#)
+//! /// Your authentication: here `Authorization: Bearer <tenant>`.
+//! async fn auth(mut req: Request, next: Next) -> Response {
+//!     let tenant = req.headers().get("authorization")
+//!         .and_then(|v| v.to_str().ok())
+//!         .and_then(|v| v.strip_prefix("Bearer "))
+//!         .map(Scope::new);
+//!     match tenant {
+//!         Some(tenant) => {
+//!             req.extensions_mut().insert(tenant);
+//!             next.run(req).await
+//!         }
+//!         None => StatusCode::UNAUTHORIZED.into_response(),
+//!     }
 //! }
 //!
-//! let app: Router = Router::new()
-//!     .route("/v1/orders", post(create_order))
-//!     // Runs on matched routes only; your auth layer (outside) inserts a `Scope`.
-//!     .route_layer(IdempotencyLayer::new(MemoryStore::new()));
+//! fn app(orders: Arc<AtomicU64>) -> Router {
+//!     let create_order = move |Extension(tenant): Extension<Scope>| async move {
+//!         let n = orders.fetch_add(1, Ordering::SeqCst) + 1;
+//!         (StatusCode::CREATED, format!(r#"{{"id":"ord_{n}","tenant":"{}"}}"#, tenant.as_str()))
+//!     };
+//!     Router::new()
+//!         .route("/v1/orders", post(create_order))
+//!         // Only on the routes above, and only when one matched.
+//!         .route_layer(IdempotencyLayer::new(MemoryStore::new()))
+//!         // Outside (runs first): authentication sets the scope.
+//!         .layer(middleware::from_fn(auth))
+//! }
 //! # let _ = app;
 //! ```
 //!
-//! See [`idempotency`] for the full flow and decision table, [`store`] for
-//! the storage contract.
+//! **3. What clients get.** Run it and send the same request twice:
+//!
+//! ```
+//! # use axum::{body::Body, extract::{Extension, Request}, http::StatusCode, routing::post, Router};
+//! # use http_body_util::BodyExt;
+//! # use tower::ServiceExt;
+//! # use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! # let app = Router::new()
+//! #     .route("/v1/orders", post(|| async { (StatusCode::CREATED, r#"{"id":"ord_1"}"#) }))
+//! #     .route_layer(IdempotencyLayer::new(MemoryStore::new()))
+//! #     .layer(axum::middleware::from_fn(|mut req: Request, next: axum::middleware::Next| async move {
+//! #         req.extensions_mut().insert(Scope::new("acme"));
+//! #         next.run(req).await
+//! #     }));
+//! let order = |body: &'static str| {
+//!     Request::post("/v1/orders")
+//!         .header("authorization", "Bearer acme")
+//!         .header("idempotency-key", "order-7f3a9c2e")
+//!         .header("content-type", "application/json")
+//!         .body(Body::from(body))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(order(r#"{"sku":"A-1","qty":2}"#)).await.unwrap();
+//! assert_eq!(first.status(), StatusCode::CREATED);
+//!
+//! // A retry (JSON compared by value: key order and whitespace do not matter).
+//! let retry = app.clone().oneshot(order(r#"{ "qty": 2, "sku": "A-1" }"#)).await.unwrap();
+//! assert_eq!(retry.status(), StatusCode::CREATED);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! let (first, retry) = (
+//!     first.into_body().collect().await.unwrap().to_bytes(),
+//!     retry.into_body().collect().await.unwrap().to_bytes(),
+//! );
+//! assert_eq!(first, retry);
+//!
+//! // The same key with another request is refused; nothing runs.
+//! let reuse = app.clone().oneshot(order(r#"{"sku":"A-1","qty":3}"#)).await.unwrap();
+//! assert_eq!(reuse.status(), StatusCode::CONFLICT); // {"code":"idempotency_key_reuse",...}
+//! # }
+//! ```
+//!
+//! | Request | Answer |
+//! |---|---|
+//! | no scope | `401 unauthorized` |
+//! | no valid `Idempotency-Key` (8–128 of `[A-Za-z0-9._-]`, bare or `"quoted"`) | `400 idempotency_key_required` |
+//! | body over the limit (1 MiB) | `413 payload_too_large` |
+//! | new key | run the handler; record the response if it is `201` (the [`CachePolicy`]) |
+//! | same key, same request, completed | the recorded response + `Idempotent-Replayed: true` |
+//! | same key, another request | `409 idempotency_key_reuse` (`422` with `with_key_reuse_status`) |
+//! | same key, still running | wait up to 5 s and replay, else `409 idempotency_in_progress` + `Retry-After` |
+//! | store unavailable | `503 idempotency_store_unavailable`; the handler is not called |
+//!
+//! Handler errors, panics, responses the policy does not record, and clients
+//! that go away all release the key, so a corrected request can run. The full
+//! flow and its reasons: [`idempotency`].
+//!
+//! **4. Tune it** where the defaults do not fit:
+//!
+//! ```
+//! use std::time::Duration;
+//! use http::StatusCode;
+//! use tower_idempotency::{CacheSuccess, ErrorFormat, IdempotencyLayer, MemoryStore};
+//!
+//! let store = MemoryStore::new()
+//!     .with_retention(Duration::from_secs(24 * 3600)) // how long a response replays
+//!     .with_lock_timeout(Duration::from_secs(60));    // above your slowest handler
+//! let layer = IdempotencyLayer::new(store)
+//!     .with_cache_policy(CacheSuccess)                // record every 2xx, not only 201
+//!     .with_body_limit(256 * 1024)
+//!     .with_wait_timeout(Duration::from_secs(2))      // a duplicate waits this long
+//!     .with_key_reuse_status(StatusCode::UNPROCESSABLE_ENTITY) // as the IETF draft
+//!     .with_error_format(ErrorFormat::Problem);       // RFC 9457 problem details
+//! # let _ = layer;
+//! ```
+//!
+//! **5. Share records between instances** with PostgreSQL (feature
+//! `postgres`): `PostgresStore::new(pool)`, `migrate()` at startup,
+//! `purge_expired()` every few minutes. See [`store`] and the repository's
+//! `docs/postgres.md` and `docs/operating-postgres.md`.
+//!
+//! ```no_run
+//! # #[cfg(feature = "postgres")]
+//! # async fn run(
+//! #     pool: deadpool_postgres::Pool,
+//! #     pg_config: tokio_postgres::Config,
+//! # ) -> Result<(), tower_idempotency::StoreError> {
+//! use tower_idempotency::{IdempotencyLayer, PostgresStore, Store};
+//!
+//! let store = PostgresStore::new(pool).with_listener(pg_config);
+//! store.migrate().await?;
+//! let layer = IdempotencyLayer::new(store.clone());
+//! // and in a periodic task: store.purge_expired().await?;
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Beyond axum
+//!
+//! The layers are plain tower layers over `http::Request<B>` where `B` is
+//! `From<Bytes>` (axum's `Body`, `http_body_util::Full<Bytes>`); the
+//! repository's examples show them in other stacks:
+//!
+//! - `examples/hyper_service_fn.rs` — hyper 1 with `service_fn` and hyper-util,
+//!   the scope from a closure (`.with_scope(...)`);
+//! - `examples/grpc_web.rs` — a tonic-web gRPC-Web service (protobuf bodies
+//!   are fingerprinted as bytes);
+//! - `examples/layer_order.rs` — with tower-http's trace, body limit,
+//!   compression and timeout layers: compression *outside* (stored bytes stay
+//!   identity), the body limit outside, the timeout inside;
+//! - `examples/axum_per_route.rs` — per-route opt-in three ways, tracing
+//!   output and metrics.
+//!
+//! # Observability
+//!
+//! Every decision runs in a `tracing` span with the scope, a hash of the key
+//! (never the key) and the outcome (`claimed`, `replayed`, `reused`,
+//! `in_progress`, `released`, `store_error`, ...); with the `metrics`
+//! feature, counters and a latency histogram per outcome. See [`telemetry`].
+//!
+//! # Clients
+//!
+//! A key names an operation, not an attempt: [`client`] generates one per
+//! operation and keeps it across retries ([`client::IdempotencyKeyLayer`],
+//! [`client::OperationKey`]), and (feature `client`) retries
+//! `409 idempotency_in_progress` after its `Retry-After`, `503` and transport
+//! errors with `tower::retry` — never `idempotency_key_reuse` or other `4xx`.
+//!
+//! # Jobs without keys
+//!
+//! [`LeaseLayer`] gives a natural key ("Acme's August report") one live job:
+//! duplicates join it, a worker holds a fenced [`Lease`]. See [`lease`].
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
