@@ -716,10 +716,7 @@ async fn a_million_distinct_keys_memory_stays_bounded_by_the_capacity() {
     );
 }
 
-/// KNOWN LIBRARY BUG (fails; ignored so the suite stays green; run it with
-/// `cargo test --test hostile_input -- --ignored`).
-///
-/// Every claim pushes its lock deadline onto `MemoryStore`'s eviction queue
+/// Regression test for a bug found here: every claim pushed its lock deadline onto `MemoryStore`'s eviction queue
 /// (`src/store/memory.rs`, `begin`, the `push_deadline(&lock_deadlines, ..)`
 /// call), and `release` removes the record but not that queue entry, which
 /// keeps an `Arc` of the scope and of the key alive. An entry leaves the queue
@@ -729,7 +726,6 @@ async fn a_million_distinct_keys_memory_stays_bounded_by_the_capacity() {
 /// timeout (60 s by default), however small the capacity: measured 122 MB for
 /// one million released claims while the store held no record at all.
 #[tokio::test(start_paused = true)]
-#[ignore = "known bug: MemoryStore keeps released claims' lock deadlines until the lock timeout (see doc comment)"]
 async fn a_million_released_claims_memory_stays_bounded_by_the_capacity() {
     let store = MemoryStore::new()
         .with_capacity(CAPACITY)

@@ -76,3 +76,30 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
         store.len()
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn abandoned_claims_are_swept_when_the_store_is_full() {
+    let store = MemoryStore::new()
+        .with_lock_timeout(Duration::from_secs(1))
+        .with_capacity(10);
+    let fp = conformance::fingerprint("a");
+    for i in 0..10 {
+        let key = conformance::record("s", &format!("key-{i:08}"));
+        // Claimed and never completed nor released: a crashed handler's claims.
+        assert!(matches!(
+            store.begin(&key, &fp).await,
+            Ok(Begin::Claimed(_))
+        ));
+    }
+    let fresh = conformance::record("s", "key-fresh-01");
+    assert!(matches!(
+        store.begin(&fresh, &fp).await,
+        Err(StoreError::CapacityExceeded)
+    ));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert!(matches!(
+        store.begin(&fresh, &fp).await,
+        Ok(Begin::Claimed(_))
+    ));
+    assert_eq!(store.len(), 1, "the expired claims were swept");
+}

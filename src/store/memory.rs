@@ -15,6 +15,8 @@ use tokio::time::Instant;
 const EVICTIONS_PER_CALL: usize = 8;
 /// Expired records examined when the store is full before it answers "full".
 const EVICTIONS_WHEN_FULL: usize = 1024;
+/// The least time between two whole-map sweeps of a full store.
+const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Recorded bodies up to this size are copied into a buffer of their exact
 /// length: a handler's body often sits in a larger allocation (a `String`
 /// grown by pushes), whose slack would otherwise be retained for the whole
@@ -58,9 +60,13 @@ struct Shared {
     retention: Duration,
     lock_timeout: Duration,
     capacity: usize,
-    // Durations are fixed per store, so each queue is in deadline order.
-    lock_deadlines: Mutex<VecDeque<Deadline>>,
+    // Retention is fixed per store, so completions queue in deadline order.
+    // Claims are not queued: almost all are completed or released within the
+    // request, and queueing each one would hold memory for released claims
+    // until their lock expired. Abandoned claims are swept when the store is full.
     retention_deadlines: Mutex<VecDeque<Deadline>>,
+    /// When the store last swept the whole map for expired records.
+    last_full_sweep: Mutex<Option<Instant>>,
 }
 
 struct Deadline {
@@ -119,8 +125,8 @@ impl MemoryStore {
                 retention,
                 lock_timeout,
                 capacity,
-                lock_deadlines: Mutex::new(VecDeque::new()),
                 retention_deadlines: Mutex::new(VecDeque::new()),
+                last_full_sweep: Mutex::new(None),
             }),
         }
     }
@@ -179,12 +185,34 @@ impl MemoryStore {
         lock(queue).push_back(deadline);
     }
 
-    /// Evicts up to `budget` expired records from each queue, oldest first.
+    /// Removes every expired record (abandoned claims included), at most once
+    /// a second: the full store's last resort before refusing a new key.
+    fn sweep_when_full(&self, now: Instant) {
+        {
+            let mut last = lock(&self.shared.last_full_sweep);
+            if last.is_some_and(|at| now.duration_since(at) < FULL_SWEEP_INTERVAL) {
+                return;
+            }
+            *last = Some(now);
+        }
+        let mut swept = 0;
+        self.shared.records.retain(|_, r| {
+            let keep = r.deadline > now;
+            if !keep {
+                swept += 1;
+                if let State::InProgress(done) = &r.state {
+                    done.notify_waiters();
+                }
+            }
+            keep
+        });
+        self.shared.live.fetch_sub(swept, Ordering::Relaxed);
+    }
+
+    /// Evicts up to `budget` expired completed records, oldest first.
     fn evict(&self, now: Instant, budget: usize) {
-        for queue in [
-            &self.shared.lock_deadlines,
-            &self.shared.retention_deadlines,
-        ] {
+        {
+            let queue = &self.shared.retention_deadlines;
             for _ in 0..budget {
                 let due = {
                     let mut q = lock(queue);
@@ -239,6 +267,9 @@ impl Store for MemoryStore {
         if self.len() >= self.shared.capacity && !self.shared.records.contains_key(key) {
             self.evict(now, EVICTIONS_WHEN_FULL);
             if self.len() >= self.shared.capacity {
+                self.sweep_when_full(now);
+            }
+            if self.len() >= self.shared.capacity {
                 return Err(StoreError::CapacityExceeded);
             }
         }
@@ -257,43 +288,33 @@ impl Store for MemoryStore {
                 });
             }
         }
-        let (decision, lock_deadline) = match self.shared.records.entry(key.clone()) {
+        let decision = match self.shared.records.entry(key.clone()) {
             Entry::Vacant(vacant) => {
                 let (record, token) = self.new_claim(*fingerprint, now);
-                let deadline = record.deadline;
                 vacant.insert(record);
                 self.shared.live.fetch_add(1, Ordering::Relaxed);
-                (Begin::Claimed(token), Some((deadline, token)))
+                Begin::Claimed(token)
             }
             Entry::Occupied(mut occupied) => {
                 let record = occupied.get_mut();
                 if record.deadline <= now {
                     // Expired: a completed record past retention, or a dead claim.
                     let (fresh, token) = self.new_claim(*fingerprint, now);
-                    let deadline = fresh.deadline;
                     let old = std::mem::replace(record, fresh);
                     if let State::InProgress(done) = old.state {
                         done.notify_waiters();
                     }
-                    (Begin::Claimed(token), Some((deadline, token)))
+                    Begin::Claimed(token)
                 } else if record.fingerprint != *fingerprint {
-                    (Begin::Mismatch, None)
+                    Begin::Mismatch
                 } else {
                     match &record.state {
-                        State::Completed(response) => (Begin::Replay(response.clone()), None),
-                        State::InProgress(_) => (Begin::InProgress, None),
+                        State::Completed(response) => Begin::Replay(response.clone()),
+                        State::InProgress(_) => Begin::InProgress,
                     }
                 }
             }
         };
-        if let Some((at, token)) = lock_deadline {
-            let deadline = Deadline {
-                at,
-                key: key.clone(),
-                token,
-            };
-            Self::push_deadline(&self.shared.lock_deadlines, deadline);
-        }
         Ok(decision)
     }
 
