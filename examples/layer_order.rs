@@ -19,8 +19,8 @@
 //!    oversized request is refused before anything is buffered or claimed:
 //!    with a `Content-Length` over the limit, `413` at once, no store access.
 //!    A streamed (chunked) body is cut by the outer limit as it crosses it;
-//!    the layer, still buffering, sees a body that failed and answers
-//!    `400 body_unreadable` — refused all the same, nothing claimed. Give the
+//!    the layer, still buffering, recognises the limit's error and answers
+//!    `413 payload_too_large` — nothing claimed. Give the
 //!    layer the same limit (`with_body_limit`; its default is 1 MiB) so
 //!    neither accepts what the other refuses.
 //! 3. **`CompressionLayer` outside the idempotency layer.** The layer records

@@ -35,7 +35,20 @@ where
     };
     match collected {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(Refusal::PayloadTooLarge),
+        Err(error) if over_limit(&*error) => Err(Refusal::PayloadTooLarge),
         Err(_) => Err(Refusal::BodyUnreadable),
     }
+}
+
+/// Whether a body error is a length limit: ours, or one an outer layer (such as
+/// tower-http's `RequestBodyLimitLayer`) put into the body, wrapped or not.
+fn over_limit(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut current = Some(error);
+    while let Some(e) = current {
+        if e.is::<LengthLimitError>() {
+            return true;
+        }
+        current = e.source();
+    }
+    false
 }

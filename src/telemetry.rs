@@ -4,7 +4,7 @@
 //! Each request the layers decide runs in a span (`idempotency` or `lease`) with
 //! the scope, a hash of the key (never the key itself: it may be guessable or
 //! carry meaning) and the outcome, and ends with one event at `DEBUG` (`WARN`
-//! for store errors). With the `metrics` feature, the [`metrics`] facade
+//! for store errors). With the `metrics` feature, the `metrics` crate's facade
 //! receives `tower_idempotency_requests_total{layer, outcome}` and
 //! `tower_idempotency_request_duration_seconds{layer, outcome}`.
 

@@ -105,6 +105,9 @@ pub fn enabled_features() -> Vec<&'static str> {
     if cfg!(feature = "metrics") {
         features.push("metrics");
     }
+    if cfg!(feature = "client") {
+        features.push("client");
+    }
     features
 }
 
