@@ -538,6 +538,47 @@ async fn other_headers_and_the_content_type_are_not_part_of_the_fingerprint() {
     assert_eq!(orders.runs.get(), 1);
 }
 
+/// Found by the `canonicalizer` fuzz target (`fuzz/`): a number whose exponent
+/// does not fit an `i32` overflowed `first = exponent + digits - 1` in the
+/// single-pass canonicaliser (`src/fingerprint.rs`, `FastCanonical::number`):
+/// a panic with overflow checks (debug builds, tests, release builds that
+/// enable them), before any claim. It must be refused as not canonicalisable
+/// (out of double range) and hashed as raw bytes.
+#[test]
+#[ignore = "known bug: FastCanonical::number overflows on exponents beyond i32 (see doc comment)"]
+fn fuzz_crash_number_with_an_exponent_beyond_i32_is_raw_bytes_not_a_panic() {
+    let key = IdempotencyKey::parse(KEY.as_bytes()).unwrap();
+    let json = HeaderValue::from_static("application/json");
+    let text = HeaderValue::from_static("text/plain");
+    for body in [
+        &b"1e4007379511"[..],
+        b"[1e2147483647]",
+        b"{\"a\":-1.5E99999999999}",
+        b"[0.1e-99999999999]",
+    ] {
+        let result = std::panic::catch_unwind(|| canonicalize_json(body));
+        let Ok(result) = result else {
+            panic!(
+                "canonicalize_json panicked on {:?}",
+                String::from_utf8_lossy(body)
+            );
+        };
+        let fp = |ct| {
+            Fingerprint::compute(
+                &http::Method::POST,
+                "/v1/orders",
+                &key,
+                "merchant_1",
+                Some(ct),
+                body,
+            )
+        };
+        if result.is_err() {
+            assert_eq!(fp(&json), fp(&text), "raw bytes");
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The key header
 // ---------------------------------------------------------------------------
@@ -716,15 +757,14 @@ async fn a_million_distinct_keys_memory_stays_bounded_by_the_capacity() {
     );
 }
 
-/// Regression test for a bug found here: every claim pushed its lock deadline onto `MemoryStore`'s eviction queue
-/// (`src/store/memory.rs`, `begin`, the `push_deadline(&lock_deadlines, ..)`
-/// call), and `release` removes the record but not that queue entry, which
-/// keeps an `Arc` of the scope and of the key alive. An entry leaves the queue
-/// only once its lock timeout has passed (popped 8 per `begin`). So a flood of
-/// distinct keys that the handler answers with something not recorded (a 400,
-/// a 422: validation errors) holds about 120 bytes per request for the lock
-/// timeout (60 s by default), however small the capacity: measured 122 MB for
-/// one million released claims while the store held no record at all.
+/// Regression test for a bug this file found (fixed in `src/store/memory.rs`):
+/// every claim used to push its lock deadline onto `MemoryStore`'s eviction
+/// queue, and `release` removed the record but not that entry (nor the `Arc`s
+/// of scope and key it held). An entry left the queue only after the lock
+/// timeout, so a flood of distinct keys that the handler answered with
+/// something not recorded (a 400, a 422) held about 120 bytes per request for
+/// the lock timeout, however small the capacity: 122 MB for one million
+/// released claims while the store held no record at all.
 #[tokio::test(start_paused = true)]
 async fn a_million_released_claims_memory_stays_bounded_by_the_capacity() {
     let store = MemoryStore::new()
@@ -743,9 +783,10 @@ async fn a_million_released_claims_memory_stays_bounded_by_the_capacity() {
         peak = peak.max(live_bytes() - baseline);
     }
     assert_eq!(store.len(), 0, "every claim was released");
-    // A full store of completed 201 records costs a few hundred bytes each
-    // (previous test); allow a whole store's worth for empty bookkeeping.
-    let bound = 100_000 * 600;
+    eprintln!("MemoryStore: {peak} bytes at most while releasing a million claims");
+    // The store holds no record: its bookkeeping must stay near empty (it was
+    // 122 MB before the fix; a full store of 201 records is ~48 MB).
+    let bound = 1024 * 1024;
     assert!(
         peak <= bound,
         "the store holds no record but {peak} bytes (bound {bound}): \

@@ -1,7 +1,9 @@
 //! `canonicalize_json` on arbitrary bytes: never panics; when it succeeds the
 //! output is valid JSON with the same value, canonicalising it again changes
-//! nothing, and the request fingerprint of the input equals that of the output.
-//! When it fails, the fingerprint is the one of the raw bytes.
+//! nothing, it equals an independent serialisation of the parsed value (keys
+//! sorted by UTF-16 code units, minimal escapes, no whitespace), and the
+//! request fingerprint of the input equals that of the output. When it fails,
+//! the fingerprint is the one of the raw bytes.
 #![no_main]
 
 use http::{HeaderValue, Method};
@@ -23,6 +25,64 @@ fn as_doubles(value: Value) -> Value {
         }
         other => other,
     }
+}
+
+/// JCS of a parsed value, written independently of the crate (numbers aside:
+/// a lone number goes through `canonicalize_json`, whose number form the RFC
+/// vectors and property tests check).
+fn reference(value: &Value, out: &mut String) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => {
+            let text = n.to_string();
+            let canonical = canonicalize_json(text.as_bytes()).expect("a number canonicalises");
+            out.push_str(std::str::from_utf8(&canonical).unwrap());
+        }
+        Value::String(s) => escape(s, out),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                reference(item, out);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            let mut members: Vec<_> = map.iter().collect();
+            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push('{');
+            for (i, (k, v)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                escape(k, out);
+                out.push(':');
+                reference(v, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn escape(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// Whether `json` has a whitespace byte outside its string literals.
@@ -58,6 +118,13 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(again, out, "canonicalisation is idempotent");
             let parsed_out: Value = serde_json::from_slice(&out).expect("output is JSON");
             let parsed_in: Value = serde_json::from_slice(data).expect("accepted input is JSON");
+            let mut expected = String::new();
+            reference(&parsed_in, &mut expected);
+            assert_eq!(
+                std::str::from_utf8(&out).expect("canonical output is UTF-8"),
+                expected,
+                "differs from the reference serialisation"
+            );
             assert_eq!(as_doubles(parsed_in), as_doubles(parsed_out), "same value");
             assert!(
                 !whitespace_outside_strings(&out),
