@@ -203,16 +203,11 @@ impl<'a> FastCanonical<'a, '_> {
             b'{' => self.object(depth + 1),
             b'[' => self.array(depth + 1),
             b'"' => {
-                let s = self.string()?;
-                match s {
-                    Decoded::Raw(raw, _) => {
-                        // No escape in the source: nothing to escape either.
-                        let out = &mut self.buf.out;
-                        out.reserve(raw.len() + 2);
-                        out.push(b'"');
-                        out.extend_from_slice(raw);
-                        out.push(b'"');
-                    }
+                let start = self.at;
+                match self.string()? {
+                    // No escape in the source: nothing to escape either; the
+                    // token, quotes included, is its own canonical form.
+                    Decoded::Raw(..) => self.buf.out.extend_from_slice(&self.input[start..self.at]),
                     Decoded::Owned(text) => write_json_string(&mut self.buf.out, &text),
                 }
                 Some(())
@@ -265,23 +260,35 @@ impl<'a> FastCanonical<'a, '_> {
             self.buf.out.extend_from_slice(b"{}");
             return Some(());
         }
+        // Members are written in arrival order as `"key":value`, then
+        // reordered only if their keys are not sorted already.
+        self.buf.out.push(b'{');
         loop {
             if self.peek()? != b'"' {
                 return None;
             }
+            let key_start = self.at;
             // Keys with escapes are rare: the serde_json path handles them.
             let Decoded::Raw(key, ascii) = self.string()? else {
                 return None;
             };
+            let key_end = self.at;
             if self.peek()? != b':' {
                 return None;
             }
             self.at += 1;
             let from = self.buf.out.len();
+            self.buf
+                .out
+                .extend_from_slice(&self.input[key_start..key_end]);
+            self.buf.out.push(b':');
             self.value(depth)?;
             self.members.push((key, ascii, from, self.buf.out.len()));
             match self.peek()? {
-                b',' => self.at += 1,
+                b',' => {
+                    self.at += 1;
+                    self.buf.out.push(b',');
+                }
                 b'}' => {
                     self.at += 1;
                     break;
@@ -289,8 +296,8 @@ impl<'a> FastCanonical<'a, '_> {
                 _ => return None,
             }
         }
-        let members = &mut self.members[first..];
-        members.sort_unstable_by(|a, b| {
+        self.buf.out.push(b'}');
+        let order = |a: &(&[u8], bool, usize, usize), b: &(&[u8], bool, usize, usize)| {
             if a.1 && b.1 {
                 a.0.cmp(b.0)
             } else {
@@ -299,27 +306,30 @@ impl<'a> FastCanonical<'a, '_> {
                     _ => a.0.cmp(b.0), // unreachable: keys were validated
                 }
             }
-        });
-        if members.windows(2).any(|w| w[0].0 == w[1].0) {
-            return None; // duplicate key: an error, reported by the serde_json path
-        }
-        let Buffers { out, scratch } = &mut *self.buf;
-        scratch.clear();
-        scratch.extend_from_slice(&out[start..]);
-        out.truncate(start);
-        out.reserve(scratch.len() + members.len() * 8);
-        out.push(b'{');
-        for (i, (key, _, from, to)) in members.iter().enumerate() {
-            if i > 0 {
-                out.push(b',');
+        };
+        let members = &mut self.members[first..];
+        // Strictly increasing: sorted, and no duplicate.
+        if !members
+            .windows(2)
+            .all(|w| order(&w[0], &w[1]) == Ordering::Less)
+        {
+            members.sort_unstable_by(order);
+            if members.windows(2).any(|w| w[0].0 == w[1].0) {
+                return None; // duplicate key: an error, reported by the serde_json path
             }
-            // Keys here had no escape in the source: nothing to escape.
-            out.push(b'"');
-            out.extend_from_slice(key);
-            out.extend_from_slice(b"\":");
-            out.extend_from_slice(&scratch[from - start..to - start]);
+            let Buffers { out, scratch } = &mut *self.buf;
+            scratch.clear();
+            scratch.extend_from_slice(&out[start..]);
+            out.truncate(start);
+            out.push(b'{');
+            for (i, (_, _, from, to)) in members.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&scratch[from - start..to - start]);
+            }
+            out.push(b'}');
         }
-        out.push(b'}');
         self.members.truncate(first);
         Some(())
     }
@@ -477,7 +487,12 @@ impl<'a> FastCanonical<'a, '_> {
             if int_len > 18 {
                 return None;
             }
-            write_integer_or_double(out, significand, negative);
+            if int_len <= 15 && significand != 0 {
+                // Below 2^53 and without leading zeros: the source is canonical.
+                out.extend_from_slice(&input[begin..i]);
+            } else {
+                write_integer_or_double(out, significand, negative);
+            }
             return Some(());
         }
         if significand == 0 && kept == 0 {
@@ -497,6 +512,16 @@ impl<'a> FastCanonical<'a, '_> {
             // Scientific exponent of the first digit.
             let first = exponent + (digits.len() + trailing) as i32 - 1;
             if (-290..=290).contains(&first) {
+                // A plain decimal with no exponent and no trailing zero that
+                // ECMAScript also prints in plain notation is already canonical.
+                let plain = !input[begin..i].contains(&b'e')
+                    && !input[begin..i].contains(&b'E')
+                    && input[i - 1] != b'0'
+                    && (-6..=20).contains(&first);
+                if plain {
+                    out.extend_from_slice(&input[begin..i]);
+                    return Some(());
+                }
                 if negative {
                     out.push(b'-');
                 }
