@@ -189,6 +189,30 @@ async fn connection(
     tally
 }
 
+/// CPU time (ns) of this process's threads whose name starts with `prefix`
+/// (Linux `/proc/self/task/*/schedstat`): the server's work per request,
+/// whatever else the machine runs.
+fn threads_cpu_ns(prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| t.ok())
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim_end().starts_with(prefix))
+        })
+        .filter_map(|t| {
+            std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 struct Row {
     route: String,
     scenario: &'static str,
@@ -198,6 +222,8 @@ struct Row {
     p99: f64,
     tally: Tally,
     handler_runs: u64,
+    /// Server threads' CPU per request, µs.
+    server_cpu_us: f64,
 }
 
 fn main() {
@@ -262,6 +288,7 @@ fn main() {
                 }
                 run += 1;
                 let runs_before = handler.runs();
+                let server_cpu = threads_cpu_ns("server");
                 let rt_before = server.pg.as_ref().map(|p| p.round_trips());
                 let path = format!("/{route}{ORDERS}");
                 let start = Arc::new(tokio::sync::Barrier::new(n as usize + 1));
@@ -295,6 +322,7 @@ fn main() {
                     (total, begun.elapsed())
                 });
                 let (mut tally, elapsed) = begun;
+                let server_cpu = threads_cpu_ns("server") - server_cpu;
                 tally.latencies_ns.sort_unstable();
                 let count = tally.latencies_ns.len() as f64;
                 let row = Row {
@@ -309,6 +337,9 @@ fn main() {
                     p50: quantile_us(&tally.latencies_ns, 0.5),
                     p99: quantile_us(&tally.latencies_ns, 0.99),
                     handler_runs: handler.runs() - runs_before,
+                    server_cpu_us: server_cpu as f64
+                        / 1000.0
+                        / (tally.latencies_ns.len().max(1) as f64),
                     tally,
                 };
                 let pg_note = match (rt_before, server.pg.as_ref()) {
@@ -319,13 +350,14 @@ fn main() {
                     _ => String::new(),
                 };
                 println!(
-                    "{:>6} {:>6} conns={:<3} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs  201 {} replayed {} other {} handler runs {}{pg_note}",
+                    "{:>6} {:>6} conns={:<3} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs  server CPU {:>5.1} µs/req  201 {} replayed {} other {} handler runs {}{pg_note}",
                     row.route,
                     row.scenario,
                     row.conns,
                     row.rps,
                     row.p50,
                     row.p99,
+                    row.server_cpu_us,
                     row.tally.created,
                     row.tally.replayed,
                     row.tally.other,
@@ -336,17 +368,18 @@ fn main() {
         }
     }
     println!();
-    println!("| route | scenario | connections | requests/s | p50 µs | p99 µs | answers (new / replayed / other) | handler runs |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| route | scenario | connections | requests/s | p50 µs | p99 µs | server CPU µs/request | answers (new / replayed / other) | handler runs |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {} / {} / {} | {} |",
+            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {} / {} / {} | {} |",
             r.route,
             r.scenario,
             r.conns,
             r.rps,
             r.p50,
             r.p99,
+            r.server_cpu_us,
             r.tally.created,
             r.tally.replayed,
             r.tally.other,
@@ -355,18 +388,20 @@ fn main() {
     }
     println!();
     for &n in &conns {
-        let rps = |route: &str, scenario: &str| {
+        let cell = |route: &str, scenario: &str| {
             rows.iter()
                 .find(|r| r.route == route && r.scenario == scenario && r.conns == n)
-                .map(|r| r.rps)
         };
-        if let Some(plain) = rps("plain", "fresh") {
+        if let Some(plain) = cell("plain", "fresh") {
             for route in ["memory", "pg"] {
                 for scenario in ["fresh", "replay", "hot"] {
-                    if let Some(v) = rps(route, scenario) {
+                    if let Some(v) = cell(route, scenario) {
                         println!(
-                            "{n} conns: {route} {scenario} = {:.1}% of the no-layer route",
-                            100.0 * v / plain
+                            "{n} conns: {route} {scenario} = {:.1}% of the no-layer route's requests/s; server CPU per request {:.1} vs {:.1} µs (capacity {:.1}%)",
+                            100.0 * v.rps / plain.rps,
+                            v.server_cpu_us,
+                            plain.server_cpu_us,
+                            100.0 * plain.server_cpu_us / v.server_cpu_us,
                         );
                     }
                 }
