@@ -14,6 +14,8 @@ use tower_http::validate_request::ValidateRequestHeaderLayer;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
 
 /// Auth from tower-http: `x-api-key: <tenant>` becomes the idempotency scope.
+// The refusal is a whole `Response`, as tower-http's validator requires.
+#[allow(clippy::result_large_err)]
 fn api_key_auth(
 ) -> ValidateRequestHeaderLayer<impl FnMut(&mut Request<Body>) -> Result<(), Response<Body>> + Clone>
 {
