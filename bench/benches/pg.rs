@@ -174,9 +174,12 @@ async fn store(url: &str, pool_size: usize) -> PostgresStore {
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .expect("pool");
-    let store = PostgresStore::new(pool)
-        .with_table(TABLE)
-        .with_listener(config);
+    let store = PostgresStore::new(pool).with_table(TABLE);
+    let store = if std::env::var("PG_NO_LISTENER").is_ok() {
+        store
+    } else {
+        store.with_listener(config)
+    };
     store.migrate().await.expect("migrate");
     store
 }
@@ -278,12 +281,28 @@ fn main() {
         // 2. Fresh-key throughput: the store alone, then pgbench, same statements.
         println!();
         println!("## Fresh-key throughput ({clients} concurrent clients, {secs} s each)");
+        // A table in use: 100k completed records, analysed. The runs add to it
+        // (no TRUNCATE between them: on an emptied table, plans cached by the
+        // pooled connections made later runs half as fast).
+        let base_rows: u64 = env_or("PG_BASE_ROWS", 100_000);
         db.batch_execute(&format!("TRUNCATE {TABLE}"))
             .await
             .expect("truncate");
+        db.batch_execute(&format!(
+            "INSERT INTO {TABLE} (scope, key, fingerprint, token, state, created_at, expires_at, status, headers, body)
+             SELECT '{TENANT}', 'base-' || lpad(g::text, 12, '0'), '\\x{}'::bytea, g, 'completed', now(),
+                    now() + interval '1 day', 201, '\\x{}'::bytea, '\\x{}'::bytea
+             FROM generate_series(1, {base_rows}) g",
+            hex(&[9; 32]),
+            hex(b"content-type:application/json\r\n"),
+            hex(&[b'x'; 100]),
+        ))
+        .await
+        .expect("fill");
         db.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
             .await
             .expect("vacuum");
+        println!("- table holds {base_rows} completed records before the first run");
         // Alternating runs (the machine is shared): the median of each side.
         let repeat: usize = env_or("PG_REPEAT", 3);
         let mut ours_runs = Vec::new();
@@ -325,16 +344,28 @@ fn main() {
             }
             let ours = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
             store_calls = statement_calls(&db).await.unwrap_or_default();
-            db.batch_execute(&format!("TRUNCATE {TABLE}"))
+            let diag = db
+                .query_one(
+                    "SELECT count(*)::bigint, pg_relation_size($1::text::regclass)::bigint, pg_notification_queue_usage() FROM bench_pg_records",
+                    &[&TABLE],
+                )
                 .await
-                .expect("truncate");
-            db.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
-                .await
-                .expect("vacuum");
+                .expect("diag");
+            println!(
+                "  (after the run: {} rows, {} bytes of heap, notification queue usage {:.4}, notifications received {})",
+                diag.get::<_, i64>(0),
+                diag.get::<_, i64>(1),
+                diag.get::<_, f64>(2),
+                store.notifications_received(),
+            );
             let url2 = url.clone();
-            pgbench = tokio::task::spawn_blocking(move || run_pgbench(&url2, clients, secs))
-                .await
-                .expect("pgbench");
+            pgbench = if std::env::var("PG_SKIP_PGBENCH").is_ok() {
+                None
+            } else {
+                tokio::task::spawn_blocking(move || run_pgbench(&url2, clients, secs))
+                    .await
+                    .expect("pgbench")
+            };
             let tps = pgbench.as_ref().map_or(0.0, |p| p.0);
             println!(
                 "- run {}: PostgresStore begin+complete {ours:.0} fresh requests/s; pgbench {tps:.0} transactions/s ({:.1}%)",
@@ -343,14 +374,7 @@ fn main() {
             );
             ours_runs.push(ours);
             pgbench_runs.push(tps);
-            if r + 1 < repeat {
-                db.batch_execute(&format!("TRUNCATE {TABLE}"))
-                    .await
-                    .expect("truncate");
-                db.batch_execute(&format!("VACUUM ANALYZE {TABLE}"))
-                    .await
-                    .expect("vacuum");
-            }
+
         }
         let med = |mut v: Vec<f64>| {
             v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
