@@ -510,7 +510,10 @@ impl<'a> FastCanonical<'a, '_> {
             let trailing = digits.iter().rev().take_while(|&&b| b == b'0').count();
             let digits = &digits[..digits.len() - trailing];
             // Scientific exponent of the first digit.
-            let first = exponent + (digits.len() + trailing) as i32 - 1;
+            // Saturating: the exponent may already sit at i32's bounds (1e4007379511).
+            let first = exponent
+                .saturating_add((digits.len() + trailing) as i32)
+                .saturating_sub(1);
             if (-290..=290).contains(&first) {
                 // A plain decimal with no exponent and no trailing zero that
                 // ECMAScript also prints in plain notation is already canonical.
