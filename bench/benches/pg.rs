@@ -405,15 +405,36 @@ fn main() {
             // pgbench numbers its variables in order of first appearance, so its
             // statements get other query ids; with parameter numbers erased the
             // normalised texts must be equal.
+            // pg_stat_statements shows constants as `$n` in the texts it
+            // normalised, and as written in texts first seen from an already
+            // prepared statement: erase both.
             let erase = |q: &str| {
                 let mut out = String::new();
                 let mut chars = q.chars().peekable();
                 while let Some(c) = chars.next() {
-                    out.push(c);
-                    if c == '$' {
-                        while chars.peek().is_some_and(|d| d.is_ascii_digit()) {
-                            chars.next();
+                    if c == '\'' {
+                        for d in chars.by_ref() {
+                            if d == '\'' {
+                                break;
+                            }
                         }
+                        out.push('$');
+                    } else if c == '$' || c.is_ascii_alphanumeric() || c == '_' {
+                        let mut word = String::from(c);
+                        while let Some(&d) = chars.peek() {
+                            if d.is_ascii_alphanumeric() || d == '_' {
+                                word.push(d);
+                                chars.next();
+                            } else {
+                                break;
+                            }
+                        }
+                        let constant = word.starts_with('$')
+                            || word == "NULL"
+                            || word.bytes().all(|b| b.is_ascii_digit());
+                        out.push_str(if constant { "$" } else { &word });
+                    } else {
+                        out.push(c);
                     }
                 }
                 out
@@ -422,13 +443,17 @@ fn main() {
                 let twin = all
                     .iter()
                     .find(|a| a.0 != *id && erase(&a.2) == erase(query));
+                let same_id = all.iter().find(|a| a.0 == *id).map_or(0, |a| a.1) - calls;
                 println!(
-                    "- store statement `{}…` ({calls} calls): {}",
+                    "- store statement `{}…` ({calls} calls by the store): {}",
                     &query[..query.len().min(50)],
                     match twin {
                         Some(t) => format!(
-                            "pgbench ran the same text (parameter numbers aside) {} times for {transactions} transactions",
+                            "pgbench ran the same text (parameter numbers and constants aside) {} times for {transactions} transactions",
                             t.1
+                        ),
+                        None if same_id > 0 => format!(
+                            "pgbench's executions were counted under the same query id: {same_id} more calls for {transactions} transactions"
                         ),
                         None => "no pgbench statement with the same text".to_owned(),
                     }
