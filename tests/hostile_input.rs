@@ -538,12 +538,13 @@ async fn other_headers_and_the_content_type_are_not_part_of_the_fingerprint() {
     assert_eq!(orders.runs.get(), 1);
 }
 
-/// Regression test. Found by the `canonicalizer` fuzz target (`fuzz/`): a
-/// number whose exponent does not fit an `i32` overflowed `first = exponent + digits - 1` in the
-/// single-pass canonicaliser (`src/fingerprint.rs`, `FastCanonical::number`):
-/// a panic with overflow checks (debug builds, tests, release builds that
-/// enable them), before any claim. It must be refused as not canonicalisable
-/// (out of double range) and hashed as raw bytes.
+/// Regression test for a crash the `canonicalizer` fuzz target (`fuzz/`)
+/// found in the single-pass canonicaliser (`src/fingerprint.rs`,
+/// `FastCanonical::number`, since fixed): a number whose exponent does not fit
+/// an `i32` overflowed `first = exponent + digits - 1`, a panic with overflow
+/// checks (debug builds, tests, release builds that enable them) before any
+/// claim. It must be refused as not canonicalisable (out of double range) and
+/// hashed as raw bytes.
 #[test]
 fn fuzz_crash_number_with_an_exponent_beyond_i32_is_raw_bytes_not_a_panic() {
     let key = IdempotencyKey::parse(KEY.as_bytes()).unwrap();
