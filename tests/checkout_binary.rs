@@ -3,58 +3,25 @@
 
 mod http;
 
-use http::HttpClient;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Builds the example with this test's features (a no-op when fresh) and starts
-/// it on the memory store.
-fn start_checkout() -> (Server, std::net::SocketAddr) {
-    start_checkout_with(None).0
-}
+use http::{HttpClient, RunningExample};
 
 /// Starts the example, on PostgreSQL when `database_url` is given; returns the
-/// store it reported.
-fn start_checkout_with(database_url: Option<&str>) -> ((Server, std::net::SocketAddr), String) {
-    let exe = http::example_binary("checkout");
-    let mut command = Command::new(exe);
-    command.env("BIND", "127.0.0.1:0").stdout(Stdio::piped());
-    match database_url {
-        Some(url) => command.env("DATABASE_URL", url),
-        None => command.env_remove("DATABASE_URL"),
-    };
-    let mut child = command.spawn().expect("start the checkout example");
-    let stdout = child.stdout.take().unwrap();
-    let server = Server(child);
-    let mut lines = BufReader::new(stdout).lines();
-    let mut store = String::new();
-    let addr = loop {
-        let line = lines
-            .next()
-            .expect("example exited before listening")
-            .unwrap();
-        if let Some(name) = line.strip_prefix("idempotency store: ") {
-            store = name.to_owned();
-        }
-        if let Some(url) = line.strip_prefix("listening on http://") {
-            break url.parse().expect("an address");
-        }
-    };
-    ((server, addr), store)
+/// process and the store it reported.
+fn start_checkout_with(database_url: Option<&str>) -> (RunningExample, String) {
+    let running = RunningExample::start("checkout", &[("DATABASE_URL", database_url)]);
+    let store = running
+        .banner
+        .iter()
+        .find_map(|line| line.strip_prefix("idempotency store: "))
+        .expect("the example names its store")
+        .to_owned();
+    (running, store)
 }
 
 #[tokio::test]
 async fn double_post_creates_one_order() {
-    let (_server, addr) = start_checkout();
+    let (running, _) = start_checkout_with(None);
+    let addr = running.addr;
     let client = HttpClient::new(addr);
     let headers = [
         ("authorization", "Bearer acme"),
@@ -92,7 +59,8 @@ async fn with_database_url_the_demo_serves_from_postgres_across_restarts() {
     ];
     let body = r#"{"sku":"SKU-1","qty":2,"currency":"USD"}"#;
     let first = {
-        let ((_server, addr), store) = start_checkout_with(Some(&url));
+        let (running, store) = start_checkout_with(Some(&url));
+        let addr = running.addr;
         assert_eq!(store, "postgres");
         let client = HttpClient::new(addr);
         let first = client.post_json("/v1/orders", &headers, body).await;
@@ -102,7 +70,8 @@ async fn with_database_url_the_demo_serves_from_postgres_across_restarts() {
         assert_eq!(first.body, again.body);
         first
     }; // the server process is killed here
-    let ((_server, addr), _) = start_checkout_with(Some(&url));
+    let (running, _) = start_checkout_with(Some(&url));
+    let addr = running.addr;
     let client = HttpClient::new(addr);
     let replay = client.post_json("/v1/orders", &headers, body).await;
     assert_eq!(replay.status, 201);

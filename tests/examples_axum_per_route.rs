@@ -9,11 +9,8 @@ mod http;
 
 use example::Ledger;
 use http::{serve, HttpClient};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 use tower_idempotency::MemoryStore;
 
 const ACME: (&str, &str) = ("authorization", "Bearer acme");
@@ -106,99 +103,9 @@ async fn routes_without_the_layer_and_refusals() {
     assert_eq!(unknown.status, 404);
 }
 
-/// The example process, killed on drop; its stdout lines are collected.
-struct Running {
-    child: Child,
-    addr: std::net::SocketAddr,
-    lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Running {
-    fn start(name: &str) -> Self {
-        let mut child = Command::new(example_binary(name))
-            .env("BIND", "127.0.0.1:0")
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("start the example");
-        let mut reader = BufReader::new(child.stdout.take().unwrap());
-        let addr = loop {
-            let mut line = String::new();
-            assert!(reader.read_line(&mut line).unwrap() > 0, "exited early");
-            if let Some(url) = line.trim().strip_prefix("listening on http://") {
-                break url.parse().expect("an address");
-            }
-        };
-        let lines = Arc::new(Mutex::new(Vec::new()));
-        let sink = lines.clone();
-        std::thread::spawn(move || {
-            for line in reader.lines().map_while(Result::ok) {
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Self { child, addr, lines }
-    }
-
-    /// Waits (up to 5 s) for a stdout line containing every one of `parts`.
-    async fn line_with(&self, parts: &[&str]) -> String {
-        for _ in 0..100 {
-            let found = self
-                .lines
-                .lock()
-                .unwrap()
-                .iter()
-                .find(|l| parts.iter().all(|p| l.contains(p)))
-                .cloned();
-            if let Some(line) = found {
-                return line;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!(
-            "no line with {parts:?} in {:#?}",
-            self.lines.lock().unwrap()
-        );
-    }
-}
-
-/// Builds example `name` with this test binary's features (a no-op when
-/// fresh, and the same library build) and returns its path.
-fn example_binary(name: &str) -> std::path::PathBuf {
-    let mut features = Vec::new();
-    for (on, feature) in [
-        (cfg!(feature = "postgres"), "postgres"),
-        (cfg!(feature = "metrics"), "metrics"),
-        (cfg!(feature = "client"), "client"),
-    ] {
-        if on {
-            features.push(feature);
-        }
-    }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.args(["build", "--quiet", "--example", name]);
-    if !features.is_empty() {
-        build.args(["--features", &features.join(",")]);
-    }
-    assert!(
-        build.status().expect("run cargo").success(),
-        "{name} builds"
-    );
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    std::path::Path::new(&target)
-        .join("debug/examples")
-        .join(name)
-}
-
 #[tokio::test]
 async fn the_binary_traces_each_decision_with_scope_and_key_hash_never_the_key() {
-    let running = Running::start("axum_per_route");
+    let running = http::RunningExample::start("axum_per_route", &[]);
     let client = HttpClient::new(running.addr);
     let key = "secret-order-key-42";
     let headers = [ACME, ("idempotency-key", key)];
@@ -215,12 +122,7 @@ async fn the_binary_traces_each_decision_with_scope_and_key_hash_never_the_key()
     }
     running.line_with(&["order created", "n=1"]).await;
     assert!(
-        running
-            .lines
-            .lock()
-            .unwrap()
-            .iter()
-            .all(|l| !l.contains(key)),
+        running.lines().iter().all(|l| !l.contains(key)),
         "the key itself is never logged"
     );
 

@@ -11,7 +11,6 @@ mod http;
 use example::Limits;
 use http::{serve, HttpClient, Reply};
 use std::io::Read;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -201,57 +200,10 @@ async fn a_handler_timeout_is_not_recorded_and_frees_the_key() {
     assert!(again.replayed());
 }
 
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Builds example `name` with this test binary's features (a no-op when
-/// fresh, and the same library build) and returns its path.
-fn example_binary(name: &str) -> std::path::PathBuf {
-    let features: Vec<&str> = [
-        (cfg!(feature = "postgres"), "postgres"),
-        (cfg!(feature = "metrics"), "metrics"),
-        (cfg!(feature = "client"), "client"),
-    ]
-    .into_iter()
-    .filter_map(|(on, feature)| on.then_some(feature))
-    .collect();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.args(["build", "--quiet", "--example", name]);
-    if !features.is_empty() {
-        build.args(["--features", &features.join(",")]);
-    }
-    assert!(
-        build.status().expect("run cargo").success(),
-        "{name} builds"
-    );
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    std::path::Path::new(&target)
-        .join("debug/examples")
-        .join(name)
-}
-
 #[tokio::test]
 async fn the_binary_compresses_the_first_answer_and_replays_identity() {
-    use std::io::{BufRead, BufReader};
-    let mut child = Command::new(example_binary("layer_order"))
-        .env("BIND", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("start the example");
-    let stdout = child.stdout.take().unwrap();
-    let _running = Running(child);
-    let addr = BufReader::new(stdout)
-        .lines()
-        .map_while(Result::ok)
-        .find_map(|line| line.strip_prefix("listening on http://")?.parse().ok())
-        .expect("the example prints its address");
+    let running = http::RunningExample::start("layer_order", &[]);
+    let addr = running.addr;
     let client = HttpClient::new(addr);
     let headers = [
         ("authorization", "Bearer acme"),

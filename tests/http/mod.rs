@@ -130,3 +130,92 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
         .join("debug/examples")
         .join(name)
 }
+
+/// An example process started on a loopback port, killed (and reaped) on drop;
+/// its stdout lines after `listening on` are collected.
+pub struct RunningExample {
+    child: std::process::Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// What it printed before `listening on`.
+    pub banner: Vec<String>,
+    lines: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Drop for RunningExample {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl RunningExample {
+    /// Builds example `name` with this test's features and starts it with
+    /// `BIND=127.0.0.1:0` and `env`, waiting for `listening on http://ADDR`.
+    pub fn start(name: &str, env: &[(&str, Option<&str>)]) -> Self {
+        use std::io::{BufRead, BufReader};
+        let mut command = std::process::Command::new(example_binary(name));
+        command
+            .env("BIND", "127.0.0.1:0")
+            .stdout(std::process::Stdio::piped());
+        for (key, value) in env {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        let mut child = command.spawn().expect("start the example");
+        let mut reader = BufReader::new(child.stdout.take().unwrap());
+        let mut banner = Vec::new();
+        let addr = loop {
+            let mut line = String::new();
+            assert!(
+                reader.read_line(&mut line).unwrap() > 0,
+                "{name} exited early"
+            );
+            if let Some(url) = line.trim().strip_prefix("listening on http://") {
+                break url.parse().expect("an address");
+            }
+            banner.push(line.trim().to_owned());
+        };
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in reader.lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            addr,
+            banner,
+            lines,
+        }
+    }
+
+    /// The lines printed after `listening on` so far.
+    pub fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+
+    /// Waits (up to 5 s) for a stdout line containing every one of `parts`.
+    pub async fn line_with(&self, parts: &[&str]) -> String {
+        for _ in 0..100 {
+            let found = self
+                .lines
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|l| parts.iter().all(|p| l.contains(p)))
+                .cloned();
+            if let Some(line) = found {
+                return line;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        panic!(
+            "no line with {parts:?} in {:#?}",
+            self.lines.lock().unwrap()
+        );
+    }
+}
