@@ -132,7 +132,15 @@ where
     T: AsRef<str> + Send + Sync + 'static,
 {
     fn extract(&self, parts: &Parts) -> Option<Scope> {
-        let value = parts.extensions.get::<T>()?.as_ref();
-        (!value.is_empty()).then(|| Scope::new(value))
+        let value = parts.extensions.get::<T>()?;
+        if value.as_ref().is_empty() {
+            return None;
+        }
+        // A `Scope` is shared, not copied: no allocation on the request path.
+        let any: &dyn std::any::Any = value;
+        Some(match any.downcast_ref::<Scope>() {
+            Some(scope) => scope.clone(),
+            None => Scope::new(value.as_ref()),
+        })
     }
 }
