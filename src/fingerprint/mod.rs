@@ -1,0 +1,166 @@
+//! Request fingerprints: SHA-256 over the request line, key, scope and the
+//! RFC 8785 (JCS) canonical form of JSON bodies.
+
+use crate::IdempotencyKey;
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use sha2::{Digest, Sha256};
+use std::borrow::Cow;
+use std::cmp::Ordering;
+use std::fmt;
+
+mod fast;
+mod number;
+mod serde_path;
+#[cfg(test)]
+mod tests;
+
+use self::fast::*;
+pub(crate) use self::number::*;
+use self::serde_path::*;
+
+/// SHA-256 digest identifying one logical request.
+///
+/// Two requests with the same fingerprint are the same operation: same method,
+/// path and query, key, scope, and body — where JSON bodies are compared in their
+/// RFC 8785 canonical form, so key order and whitespace do not matter.
+///
+/// ```
+/// use http::{HeaderValue, Method};
+/// use tower_idempotency::{Fingerprint, IdempotencyKey};
+///
+/// let key = IdempotencyKey::parse(b"order-0001").unwrap();
+/// let json = HeaderValue::from_static("application/json");
+/// let a = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "acme", Some(&json),
+///     br#"{"sku":"A","qty":1}"#);
+/// let b = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "acme", Some(&json),
+///     b"{ \"qty\": 1.0, \"sku\": \"A\" }");
+/// assert_eq!(a, b);
+/// let other_scope = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "globex",
+///     Some(&json), br#"{"sku":"A","qty":1}"#);
+/// assert_ne!(a, other_scope);
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint(pub [u8; 32]);
+
+impl Fingerprint {
+    /// Computes the fingerprint of a request.
+    ///
+    /// JSON bodies (`application/json`, `application/*+json`) are canonicalised per
+    /// RFC 8785; other bodies, and JSON that fails to parse (invalid, nested deeper
+    /// than 128 levels, duplicate object keys, numbers out of range), are hashed as
+    /// raw bytes.
+    pub fn compute(
+        method: &http::Method,
+        path_and_query: &str,
+        key: &IdempotencyKey,
+        scope: &str,
+        content_type: Option<&http::HeaderValue>,
+        body: &[u8],
+    ) -> Self {
+        let mut hasher = Sha256::new();
+        for part in [method.as_str(), path_and_query, key.as_str(), scope] {
+            hasher.update(part.as_bytes());
+            hasher.update(b"\n");
+        }
+        let canonical = content_type
+            .filter(|ct| is_json_content_type(ct.as_bytes()))
+            .and_then(|_| canonicalize_json(body).ok());
+        hasher.update(canonical.as_deref().unwrap_or(body));
+        Self(hasher.finalize().into())
+    }
+
+    /// The digest bytes.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fingerprint(")?;
+        for b in &self.0[..8] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("..)")
+    }
+}
+
+/// Whether a `Content-Type` names JSON: `application/json` or `application/*+json`.
+pub fn is_json_content_type(value: &[u8]) -> bool {
+    let essence = value.split(|&b| b == b';').next().unwrap_or_default();
+    let essence = essence.trim_ascii().to_ascii_lowercase();
+    match essence.strip_prefix(b"application/") {
+        Some(subtype) => subtype == b"json" || subtype.ends_with(b"+json"),
+        None => false,
+    }
+}
+
+/// Why a body could not be canonicalised.
+#[derive(Debug)]
+pub struct CanonicalizeError(String);
+
+impl fmt::Display for CanonicalizeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "not canonicalisable JSON: {}", self.0)
+    }
+}
+
+impl std::error::Error for CanonicalizeError {}
+
+/// Serialises a JSON text in its RFC 8785 (JCS) canonical form.
+///
+/// Objects are sorted by the UTF-16 code units of their keys, whitespace is
+/// dropped, numbers use the ECMAScript `Number.prototype.toString` form of their
+/// IEEE 754 double value, and strings use the minimal JSON escapes.
+/// Duplicate object keys are an error rather than last-wins, so a fingerprint
+/// never hides a value the handler might read. Nesting is bounded at 128 levels
+/// by the parser, so hostile input cannot overflow the stack.
+///
+/// ```
+/// use tower_idempotency::fingerprint::canonicalize_json;
+///
+/// let out = canonicalize_json(br#"{ "b": [1e2, 0.5, -0], "a": "\u00e9" }"#).unwrap();
+/// assert_eq!(out, "{\"a\":\"é\",\"b\":[100,0.5,0]}".as_bytes());
+/// assert!(canonicalize_json(br#"{"a":1,"a":2}"#).is_err());
+/// ```
+pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
+    let mut buffers = Buffers {
+        out: Vec::with_capacity(input.len()),
+        scratch: Vec::new(),
+    };
+    // The common case in one pass over the bytes; anything unusual (escaped
+    // keys, surrogate escapes, long or out-of-range numbers, duplicate keys,
+    // deep nesting, any syntax error) is left to the serde_json path below,
+    // which decides it exactly as before.
+    let mut fast = FastCanonical {
+        input,
+        at: 0,
+        buf: &mut buffers,
+        members: Vec::new(),
+    };
+    if fast.document().is_some() {
+        return Ok(buffers.out);
+    }
+    buffers.out.clear();
+    canonicalize_with_serde(input, buffers)
+}
+
+/// The general path: serde_json parses, [`CanonicalValue`] writes.
+fn canonicalize_with_serde(
+    input: &[u8],
+    mut buffers: Buffers,
+) -> Result<Vec<u8>, CanonicalizeError> {
+    let mut de = serde_json::Deserializer::from_slice(input);
+    CanonicalValue { buf: &mut buffers }
+        .deserialize(&mut de)
+        .and_then(|()| de.end())
+        .map_err(|e| CanonicalizeError(e.to_string()))?;
+    Ok(buffers.out)
+}
+
+/// The canonical output, and a scratch buffer reused by every object to
+/// reorder its members (no allocation per object).
+struct Buffers {
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+}

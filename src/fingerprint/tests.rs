@@ -1,0 +1,260 @@
+use super::*;
+
+fn canon(s: &str) -> String {
+    String::from_utf8(canonicalize_json(s.as_bytes()).unwrap()).unwrap()
+}
+
+fn es6(v: f64) -> String {
+    let mut out = Vec::new();
+    write_es6_number(&mut out, v);
+    String::from_utf8(out).unwrap()
+}
+
+#[test]
+fn es6_number_serialisation_matches_rfc8785_appendix_b() {
+    let cases: &[(u64, &str)] = &[
+        (0x0000000000000000, "0"),
+        (0x8000000000000000, "0"),
+        (0x0000000000000001, "5e-324"),
+        (0x8000000000000001, "-5e-324"),
+        (0x7fefffffffffffff, "1.7976931348623157e+308"),
+        (0xffefffffffffffff, "-1.7976931348623157e+308"),
+        (0x4340000000000000, "9007199254740992"),
+        (0xc340000000000000, "-9007199254740992"),
+        (0x4430000000000000, "295147905179352830000"),
+        (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+        (0x44b52d02c7e14af6, "1e+23"),
+        (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+        (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+        (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+        (0x444b1ae4d6e2ef50, "1e+21"),
+        (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+        (0x3eb0c6f7a0b5ed8d, "0.000001"),
+        (0x41b3de4355555553, "333333333.3333332"),
+        (0x41b3de4355555554, "333333333.33333325"),
+        (0x41b3de4355555555, "333333333.3333333"),
+        (0x41b3de4355555556, "333333333.3333334"),
+        (0x41b3de4355555557, "333333333.33333343"),
+        (0xbecbf647612f3696, "-0.0000033333333333333333"),
+        (0x43143ff3c1cb0959, "1424953923781206.2"),
+    ];
+    for &(bits, want) in cases {
+        assert_eq!(es6(f64::from_bits(bits)), want, "bits {bits:#x}");
+    }
+}
+
+/// What the single-pass path produces, if it takes the document.
+fn fast(input: &str) -> Option<Vec<u8>> {
+    let mut buffers = Buffers {
+        out: Vec::new(),
+        scratch: Vec::new(),
+    };
+    let mut fast = FastCanonical {
+        input: input.as_bytes(),
+        at: 0,
+        buf: &mut buffers,
+        members: Vec::new(),
+    };
+    fast.document()?;
+    Some(buffers.out)
+}
+
+fn slow(input: &str) -> Result<Vec<u8>, String> {
+    let buffers = Buffers {
+        out: Vec::new(),
+        scratch: Vec::new(),
+    };
+    canonicalize_with_serde(input.as_bytes(), buffers).map_err(|e| e.to_string())
+}
+
+#[test]
+fn single_pass_path_agrees_with_serde_path_or_declines() {
+    let numbers = [
+        "0",
+        "-0",
+        "1",
+        "-1",
+        "10.5",
+        "1.50",
+        "0.05",
+        "1e2",
+        "1E+2",
+        "1e-7",
+        "1e21",
+        "1e20",
+        "123456789012345",
+        "1234567890123456",
+        "123456789012345678",
+        "1234567890123456789",
+        "9007199254740993",
+        "0.1",
+        "0.30000000000000004",
+        "4.35",
+        "1e-400",
+        "1e400",
+        "2.5e-300",
+        "-0.0",
+        "0e5",
+        "5e-324",
+        "1.7976931348623157e308",
+        "333333333.33333329",
+        "0.000001",
+        "0.0000001",
+    ];
+    let strings = [
+        r#""""#,
+        r#""a""#,
+        "\"é€😀\"",
+        r#""\n\t\"\\\/""#,
+        r#""\u00e9\u20AC""#,
+        r#""\ud83d\ude00""#,
+        r#""\ud800""#,
+        r#""\u0000\u001f""#,
+        "\"\u{7f}\"",
+    ];
+    let mut docs: Vec<String> = Vec::new();
+    docs.extend(numbers.iter().map(|n| n.to_string()));
+    docs.extend(strings.iter().map(|s| s.to_string()));
+    for n in numbers {
+        for s in strings {
+            docs.push(format!(
+                r#"{{ "z": [{n}, {s}], "a": {{"é": null, "b": {s}}}, "\u00e9x": true, "דּ": {n} }}"#
+            ));
+            docs.push(format!("[{n},{s},{{}},[],false]"));
+            docs.push(format!("{{{s}:{n},\"x\":1}}"));
+        }
+    }
+    for bad in [
+        "",
+        " ",
+        "01",
+        "1.",
+        ".5",
+        "-",
+        "+1",
+        "1e",
+        "[1,]",
+        r#"{"a":1,}"#,
+        r#"{"a" 1}"#,
+        "[1 2]",
+        r#"{"a":1,"a":2}"#,
+        "\"\u{1}\"",
+        "tru",
+        "nul",
+        "[",
+        "{}}",
+        "1 2",
+        r#""\x""#,
+        r#""\u12""#,
+    ] {
+        docs.push(bad.to_string());
+    }
+    docs.push("[".repeat(64) + &"]".repeat(64));
+    docs.push("[".repeat(65) + &"]".repeat(65));
+    docs.push("[".repeat(129) + &"]".repeat(129));
+    for doc in &docs {
+        if let Some(out) = fast(doc) {
+            assert_eq!(Ok(out), slow(doc), "{doc}");
+        }
+        assert_eq!(
+            canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+            slow(doc),
+            "{doc}"
+        );
+    }
+}
+
+#[test]
+fn tie_precheck_never_skips_a_tie() {
+    // Whenever the cheap precheck says "no tie", the exact check agrees.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut values: Vec<f64> = Vec::new();
+    for _ in 0..20_000 {
+        // xorshift64*: random bit patterns over the whole exponent range.
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        values.push(f64::from_bits(x.wrapping_mul(0x2545_f491_4f6c_dd1d)));
+    }
+    for i in 0..2_000u64 {
+        values.push(((1u64 << 53) + 2 * i + 1) as f64 * 8.0);
+        values.push((i as f64 + 0.5) / 8.0);
+        values.push(i as f64 * 1e21 + 5e20);
+    }
+    values.extend([
+        f64::from_bits(0x4430000000000000),
+        f64::from_bits(0x44b52d02c7e14af5),
+        f64::from_bits(0x41b3de4355555553),
+        f64::from_bits(0x41b3de4355555557),
+        f64::from_bits(0x43143ff3c1cb0959),
+        5e-324,
+        1.7976931348623157e308,
+    ]);
+    for v in values.into_iter().filter(|v| v.is_finite() && *v != 0.0) {
+        let v = v.abs();
+        let text = format!("{v:e}");
+        let (mantissa, exponent) = text.split_once('e').unwrap();
+        let digits: Vec<u8> = mantissa.bytes().filter(|&b| b != b'.').collect();
+        let exponent: i32 = exponent.parse().unwrap();
+        if digits.last().is_some_and(|d| d % 2 == 1) && !tie_possible(v, digits.len()) {
+            assert_eq!(even_tie_digits(v, &digits, exponent), None, "{v:e}");
+        }
+    }
+}
+
+#[test]
+fn rfc8785_section_3_2_2_example() {
+    let input = r#"{
+      "numbers": [333333333.33333329, 1E30, 4.50, 2e-3, 0.000000000000000000000000001],
+      "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
+      "literals": [null, true, false]
+    }"#;
+    let want = r#"{"literals":[null,true,false],"numbers":[333333333.3333333,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#;
+    assert_eq!(canon(input), want);
+}
+
+#[test]
+fn sorts_keys_by_utf16_code_units() {
+    // RFC 8785 section 3.2.3: U+1F600 (surrogates D83D DE00) sorts before U+FB33.
+    let input = "{\"\u{20ac}\":1,\"\\r\":2,\"\u{fb33}\":3,\"1\":4,\"\u{1f600}\":5,\"\u{80}\":6,\"\u{f6}\":7}";
+    let want = "{\"\\r\":2,\"1\":4,\"\u{80}\":6,\"\u{f6}\":7,\"\u{20ac}\":1,\"\u{1f600}\":5,\"\u{fb33}\":3}";
+    assert_eq!(canon(input), want);
+}
+
+#[test]
+fn nested_objects_are_sorted_recursively() {
+    assert_eq!(
+        canon(r#"{"z":{"b":[{"d":1,"c":2}],"a":null},"y":[]}"#),
+        r#"{"y":[],"z":{"a":null,"b":[{"c":2,"d":1}]}}"#
+    );
+}
+
+#[test]
+fn rejects_duplicates_lone_surrogates_and_deep_nesting() {
+    assert!(canonicalize_json(br#"{"a":1,"b":{"x":1,"x":1}}"#).is_err());
+    assert!(canonicalize_json(br#"["\ud800"]"#).is_err());
+    assert!(canonicalize_json(b"\"\xff\"").is_err());
+    let deep = "[".repeat(100_000) + &"]".repeat(100_000);
+    assert!(canonicalize_json(deep.as_bytes()).is_err());
+    let ok_depth = "[".repeat(100) + &"]".repeat(100);
+    assert!(canonicalize_json(ok_depth.as_bytes()).is_ok());
+    assert!(canonicalize_json(b"1e400").is_err());
+    assert!(canonicalize_json(b"{} {}").is_err());
+}
+
+#[test]
+fn large_integers_round_through_double() {
+    assert_eq!(canon("18446744073709551615"), "18446744073709552000");
+    assert_eq!(canon("-9007199254740993"), "-9007199254740992");
+    assert_eq!(canon("[-0, 0.0, -0.0, 1.50]"), "[0,0,0,1.5]");
+}
+
+#[test]
+fn json_content_types() {
+    assert!(is_json_content_type(b"application/json"));
+    assert!(is_json_content_type(b"Application/JSON; charset=utf-8"));
+    assert!(is_json_content_type(b"application/merge-patch+json"));
+    assert!(!is_json_content_type(b"text/json"));
+    assert!(!is_json_content_type(b"application/jsonx"));
+    assert!(!is_json_content_type(b"application/x-www-form-urlencoded"));
+}
