@@ -211,34 +211,30 @@ impl MemoryStore {
 
     /// Evicts up to `budget` expired completed records, oldest first.
     fn evict(&self, now: Instant, budget: usize) {
-        {
-            let queue = &self.shared.retention_deadlines;
-            for _ in 0..budget {
-                let due = {
-                    let mut q = lock(queue);
-                    let due = match q.front() {
-                        Some(d) if d.at <= now => q.pop_front(),
-                        _ => None,
-                    };
-                    // A queue never shrinks by itself: after a burst its buffer
-                    // would stay at the peak size for good.
-                    let (len, capacity) = (q.len(), q.capacity());
-                    if due.is_some() && capacity > 1024 && len < capacity / 4 {
-                        q.shrink_to(len * 2);
-                    }
-                    due
+        let queue = &self.shared.retention_deadlines;
+        for _ in 0..budget {
+            let due = {
+                let mut q = lock(queue);
+                let due = match q.front() {
+                    Some(d) if d.at <= now => q.pop_front(),
+                    _ => None,
                 };
-                let Some(due) = due else { break };
-                let removed = self
-                    .shared
-                    .records
-                    .remove_if(&due.key, |_, r| r.token == due.token && r.deadline <= now);
-                if let Some((_, record)) = removed {
-                    self.shared.live.fetch_sub(1, Ordering::Relaxed);
-                    if let State::InProgress(done) = record.state {
-                        done.notify_waiters();
-                    }
+                // A queue never shrinks by itself: after a burst its buffer
+                // would stay at the peak size for good.
+                let (len, capacity) = (q.len(), q.capacity());
+                if due.is_some() && capacity > 1024 && len < capacity / 4 {
+                    q.shrink_to(len * 2);
                 }
+                due
+            };
+            let Some(due) = due else { break };
+            // Only the completion this entry was queued for, and only once expired.
+            let removed = self
+                .shared
+                .records
+                .remove_if(&due.key, |_, r| r.token == due.token && r.deadline <= now);
+            if removed.is_some() {
+                self.shared.live.fetch_sub(1, Ordering::Relaxed);
             }
         }
     }
