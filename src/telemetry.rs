@@ -64,6 +64,30 @@ impl Outcome {
     }
 }
 
+impl From<crate::Refusal> for Outcome {
+    fn from(refusal: crate::Refusal) -> Self {
+        use crate::Refusal;
+        match refusal {
+            Refusal::KeyReuse => Self::Reused,
+            Refusal::InProgress => Self::InProgress,
+            Refusal::StoreUnavailable | Refusal::JobStoreUnavailable => Self::StoreError,
+            Refusal::BudgetExhausted => Self::BudgetExhausted,
+            _ => Self::Rejected,
+        }
+    }
+}
+
+/// Runs a decision and emits its closing event and metrics.
+pub(crate) async fn observed<T>(
+    layer: &'static str,
+    decision: impl std::future::Future<Output = (T, Outcome)>,
+) -> T {
+    let started = tokio::time::Instant::now();
+    let (answer, outcome) = decision.await;
+    finish(layer, outcome, started.elapsed());
+    answer
+}
+
 /// A short, stable, non-reversible id of a key for logs: 16 hex digits of SHA-256.
 pub(crate) fn key_hash(key: &str) -> String {
     Sha256::digest(key.as_bytes())[..8]

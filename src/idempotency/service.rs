@@ -91,32 +91,12 @@ where
             key_hash = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let future = observed(self.config.clone(), ready, req);
+        let future = telemetry::observed("idempotency", handle(self.config.clone(), ready, req));
         ResponseFuture::idempotent(Box::pin(future.instrument(span)))
     }
 }
 
 type Answer<B> = Response<ResponseBody<B>>;
-
-async fn observed<S, E, P, ReqBody, ResBody>(
-    config: Arc<Config<E, P>>,
-    inner: S,
-    req: Request<ReqBody>,
-) -> Result<Answer<ResBody>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    E: ScopeExtractor,
-    P: CachePolicy,
-    ReqBody: Body + From<Bytes>,
-    ReqBody::Error: Into<BoxError>,
-    ResBody: Body,
-    ResBody::Error: Into<BoxError>,
-{
-    let started = Instant::now();
-    let (answer, outcome) = handle(config, inner, req).await;
-    telemetry::finish("idempotency", outcome, started.elapsed());
-    answer
-}
 
 async fn handle<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
@@ -132,15 +112,7 @@ where
     ResBody: Body,
     ResBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal: Refusal| {
-        let outcome = match refusal {
-            Refusal::KeyReuse => Outcome::Reused,
-            Refusal::InProgress => Outcome::InProgress,
-            Refusal::StoreUnavailable => Outcome::StoreError,
-            _ => Outcome::Rejected,
-        };
-        (Ok(config.responder.refuse(refusal)), outcome)
-    };
+    let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
     let (parts, body) = req.into_parts();
 
     // Authentication comes first, so an anonymous caller learns nothing about keys.

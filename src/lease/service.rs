@@ -15,7 +15,6 @@ use http_body::Body;
 use serde_json::json;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::time::Instant;
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -86,30 +85,12 @@ where
             job_id = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let future = observed(self.config.clone(), ready, req);
+        let future = telemetry::observed("lease", start(self.config.clone(), ready, req));
         ResponseFuture::idempotent(Box::pin(future.instrument(span)))
     }
 }
 
 type Answer<B> = Response<ResponseBody<B>>;
-
-async fn observed<S, K, E, ReqBody, ResBody>(
-    config: Arc<LeaseConfig<K, E>>,
-    inner: S,
-    req: Request<ReqBody>,
-) -> Result<Answer<ResBody>, S::Error>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    K: JobKeyExtractor,
-    E: ScopeExtractor,
-    ReqBody: Body + From<Bytes>,
-    ReqBody::Error: Into<BoxError>,
-{
-    let started = Instant::now();
-    let (answer, outcome) = start(config, inner, req).await;
-    telemetry::finish("lease", outcome, started.elapsed());
-    answer
-}
 
 async fn start<S, K, E, ReqBody, ResBody>(
     config: Arc<LeaseConfig<K, E>>,
@@ -123,14 +104,7 @@ where
     ReqBody: Body + From<Bytes>,
     ReqBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal: Refusal| {
-        let outcome = match refusal {
-            Refusal::BudgetExhausted => Outcome::BudgetExhausted,
-            Refusal::JobStoreUnavailable => Outcome::StoreError,
-            _ => Outcome::Rejected,
-        };
-        (Ok(config.responder.refuse(refusal)), outcome)
-    };
+    let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
     let (mut parts, body) = req.into_parts();
     let Some(scope) = config.scope.extract(&parts) else {
         return refuse(Refusal::Unauthorized);
