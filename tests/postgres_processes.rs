@@ -20,11 +20,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
+use support::child::ChildServer;
 use support::pg;
 use tokio::time::Instant;
 use tower_idempotency::{
@@ -139,58 +138,17 @@ async fn create_order(State(app): State<App>, headers: HeaderMap) -> Response {
 // The parent side
 // ---------------------------------------------------------------------------
 
-/// A server process, killed (SIGKILL) when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn spawn(url: &str, table: &str, lock_ms: u64, wait_ms: u64) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "child_server", "--nocapture", "--test-threads=1"])
-            .env(SERVER_ENV, table)
-            .env("DATABASE_URL", url)
-            .env(LOCK_ENV, lock_ms.to_string())
-            .env(WAIT_ENV, wait_ms.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the server process");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        // Reads the address, then keeps draining so the child never blocks on output.
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                // The harness may have printed `test child_server ... ` on this line.
-                if let Some((_, addr)) = line.split_once("listening on http://") {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => addr.parse().expect("server address"),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the server process did not start");
-            }
-        };
-        Self { child, addr }
-    }
-
-    /// `kill -9`: no destructor, no release, no completion runs.
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// A server process on `table`, killed (SIGKILL) when dropped.
+fn spawn_server(url: &str, table: &str, lock_ms: u64, wait_ms: u64) -> ChildServer {
+    ChildServer::spawn(
+        "child_server",
+        &[
+            (SERVER_ENV, table.to_owned()),
+            ("DATABASE_URL", url.to_owned()),
+            (LOCK_ENV, lock_ms.to_string()),
+            (WAIT_ENV, wait_ms.to_string()),
+        ],
+    )
 }
 
 struct Answer {
@@ -295,8 +253,8 @@ async fn two_server_processes_run_200_concurrent_duplicates_exactly_once() {
     };
     let (table, sql) = setup(&url, "two_servers").await;
     let servers = [
-        Server::spawn(&url, &table, 60_000, 5_000),
-        Server::spawn(&url, &table, 60_000, 5_000),
+        spawn_server(&url, &table, 60_000, 5_000),
+        spawn_server(&url, &table, 60_000, 5_000),
     ];
     let client = http_client();
     let key = "order-two-servers-1";
@@ -343,14 +301,14 @@ async fn replays_survive_a_server_restart_byte_for_byte() {
     let client = http_client();
     let key = "order-restart-1";
 
-    let mut first_server = Server::spawn(&url, &table, 60_000, 5_000);
+    let mut first_server = spawn_server(&url, &table, 60_000, 5_000);
     let first = post_order(&client, first_server.addr, key, None)
         .await
         .unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     first_server.kill();
 
-    let second_server = Server::spawn(&url, &table, 60_000, 5_000);
+    let second_server = spawn_server(&url, &table, 60_000, 5_000);
     let replay = post_order(&client, second_server.addr, key, None)
         .await
         .unwrap();
@@ -371,8 +329,8 @@ async fn killed_owner_blocks_until_its_lock_expires_then_runs_once_and_is_fenced
     let client = http_client();
     let key = "order-crash-1";
     // A short lock (3 s); duplicates answer 409 at once instead of waiting.
-    let mut doomed = Server::spawn(&url, &table, 3_000, 0);
-    let survivor = Server::spawn(&url, &table, 3_000, 0);
+    let mut doomed = spawn_server(&url, &table, 3_000, 0);
+    let survivor = spawn_server(&url, &table, 3_000, 0);
 
     // The doomed server claims the key and sleeps in its handler.
     let hanging = {

@@ -26,12 +26,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::collections::{BTreeMap, HashMap};
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use support::child::ChildServer;
 use support::pg;
 use tokio::time::Instant;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, Scope};
@@ -143,49 +143,15 @@ async fn create_order(State(app): State<App>, headers: HeaderMap) -> Response {
 // The parent side
 // ---------------------------------------------------------------------------
 
-/// A server process, killed when dropped.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Server {
-    fn spawn(url: &str, table: &str) -> Self {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "soak_server", "--nocapture", "--test-threads=1"])
-            .env(SERVER_ENV, table)
-            .env("DATABASE_URL", url)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn the server process");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some((_, addr)) = line.split_once("listening on http://") {
-                    let _ = tx.send(addr.trim().to_owned());
-                }
-            }
-        });
-        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(addr) => addr.parse().expect("server address"),
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the server process did not start");
-            }
-        };
-        Self { child, addr }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A soak server process on `table`, killed (SIGKILL) when dropped.
+fn spawn_server(url: &str, table: &str) -> ChildServer {
+    ChildServer::spawn(
+        "soak_server",
+        &[
+            (SERVER_ENV, table.to_owned()),
+            ("DATABASE_URL", url.to_owned()),
+        ],
+    )
 }
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
@@ -425,7 +391,7 @@ async fn soak_two_processes_every_side_effect_is_exactly_one_recorded_key() {
     ))
     .await
     .unwrap();
-    let servers = [Server::spawn(&url, &table), Server::spawn(&url, &table)];
+    let servers = [spawn_server(&url, &table), spawn_server(&url, &table)];
     let load = Load {
         client: Client::builder(TokioExecutor::new()).build_http(),
         servers: [servers[0].addr, servers[1].addr],

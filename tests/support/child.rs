@@ -1,0 +1,65 @@
+//! This test binary re-run as a server process: one `#[test]` that serves when
+//! its environment says so, started from a parent test that talks to it over
+//! loopback and can kill it with SIGKILL.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+/// A server process, killed (SIGKILL) when dropped.
+pub struct ChildServer {
+    child: Child,
+    /// Where it listens.
+    pub addr: SocketAddr,
+}
+
+impl ChildServer {
+    /// Re-runs this test binary with only `test` (which must print
+    /// `listening on http://ADDR`) and `env`, and waits for its address.
+    pub fn spawn(test: &str, env: &[(&str, String)]) -> Self {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
+            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (key, value) in env {
+            command.env(key, value);
+        }
+        let mut child = command.spawn().expect("spawn the server process");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        // Reads the address, then keeps draining so the child never blocks on output.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                // The harness may have printed `test NAME ... ` on this line.
+                if let Some((_, addr)) = line.split_once("listening on http://") {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+            }
+        });
+        let addr = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(addr) => addr.parse().expect("server address"),
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the server process did not start");
+            }
+        };
+        Self { child, addr }
+    }
+
+    /// `kill -9`: no destructor, no release, no completion runs.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
