@@ -16,10 +16,14 @@
 //! the memory tests run on a current-thread runtime, so every allocation of the
 //! layer and the store under test is counted, and no other test's.
 
+mod oneshot;
+
+use oneshot::*;
+
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -35,7 +39,7 @@ use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::fingerprint::canonicalize_json;
 use tower_idempotency::{
-    Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, ResponseBody, Scope, MAX_KEY_LEN,
+    Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Scope, MAX_KEY_LEN,
 };
 
 // ---------------------------------------------------------------------------
@@ -86,17 +90,6 @@ fn live_bytes() -> isize {
 
 const KEY: &str = "order-7f3a9c2e";
 const MIB: usize = 1024 * 1024;
-
-type Answer = Response<ResponseBody<Body>>;
-
-#[derive(Clone, Default)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn get(&self) -> usize {
-        self.0.load(SeqCst)
-    }
-}
 
 /// `201 {"order":run}`, or the status of an `x-status` request header; the
 /// handler also keeps the bytes it received.
@@ -161,48 +154,6 @@ fn post_to(key: &str, content_type: &str, body: impl Into<Body>) -> Request<Body
 
 fn post(key: &str, body: impl Into<Body>) -> Request<Body> {
     post_to(key, "application/json", body)
-}
-
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Reply {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-
-    #[track_caller]
-    fn assert_code(&self, status: StatusCode, code: &str) {
-        assert_eq!(self.status, status, "{self:?}");
-        let json: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
-        assert_eq!(json["code"], code, "{self:?}");
-    }
-
-    #[track_caller]
-    fn assert_order(&self, run: usize, replayed: bool) {
-        assert_eq!(self.status, StatusCode::CREATED, "{self:?}");
-        assert_eq!(self.body, format!(r#"{{"order":{run}}}"#), "{self:?}");
-        assert_eq!(self.replayed(), replayed, "{self:?}");
-    }
-}
-
-async fn send<S>(svc: &S, req: Request<Body>) -> Reply
-where
-    S: Service<Request<Body>, Response = Answer> + Clone,
-    S::Error: std::fmt::Debug,
-{
-    let (parts, body) = svc.clone().oneshot(req).await.unwrap().into_parts();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
 }
 
 /// A streamed body (no length) of `total` bytes in `chunk`-byte frames, one

@@ -7,51 +7,24 @@
 //! Every refusal is checked by `Reply::assert_refusal`: status, content type
 //! `application/json`, a `code` and a non-empty `message`.
 
+mod oneshot;
+
+use oneshot::*;
+
 use axum::body::Body;
-use bytes::Bytes;
 use http::header::{CONTENT_TYPE, ETAG, LINK, LOCATION, RETRY_AFTER, SET_COOKIE};
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use std::convert::Infallible;
-use std::fmt::Debug;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
-use std::sync::Arc;
 use std::time::Duration;
-use tower::{Layer, Service, ServiceExt};
+use tower::{Layer, Service};
 use tower_idempotency::idempotency::IDEMPOTENT_REPLAYED;
 use tower_idempotency::{
-    CachePolicy, CacheSuccess, ErrorFormat, IdempotencyLayer, MemoryStore, ResponseBody, Scope,
-    ScopeExtractor,
+    CachePolicy, CacheSuccess, ErrorFormat, IdempotencyLayer, MemoryStore, Scope, ScopeExtractor,
 };
 
 const KEY: &str = "order-7f3a9c2e";
 const ORDER: &str = r#"{"sku":"A-1","qty":2,"ship":{"city":"Lyon","zip":"69001"}}"#;
-
-type Answer = Response<ResponseBody<Body>>;
-
-/// How many times the inner handler ran.
-#[derive(Clone, Default)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn get(&self) -> usize {
-        self.0.load(SeqCst)
-    }
-}
-
-/// The inner service: counts its runs, then answers `respond(request, run number)`.
-fn handler<F, Fut, E>(
-    runs: &Runs,
-    respond: F,
-) -> tower::util::ServiceFn<impl Fn(Request<Body>) -> Fut + Clone>
-where
-    F: Fn(Request<Body>, usize) -> Fut + Clone,
-    Fut: Future<Output = Result<Response<Body>, E>>,
-{
-    let runs = runs.0.clone();
-    tower::service_fn(move |req| respond(req, runs.fetch_add(1, SeqCst) + 1))
-}
 
 /// `201 {"order":N}` (N = the run), or the status named by an `x-status` request header.
 async fn order(req: Request<Body>, run: usize) -> Result<Response<Body>, Infallible> {
@@ -112,12 +85,6 @@ fn post(key: Option<&str>, body: &str) -> Request<Body> {
     request(Method::POST, "/v1/orders", key, body)
 }
 
-fn with_header(mut req: Request<Body>, name: &'static str, value: &str) -> Request<Body> {
-    let value = HeaderValue::from_str(value).unwrap();
-    req.headers_mut().insert(name, value);
-    req
-}
-
 fn with_scope(mut req: Request<Body>, scope: &str) -> Request<Body> {
     req.extensions_mut().insert(Scope::new(scope));
     req
@@ -126,65 +93,6 @@ fn with_scope(mut req: Request<Body>, scope: &str) -> Request<Body> {
 fn unscoped(mut req: Request<Body>) -> Request<Body> {
     req.extensions_mut().remove::<Scope>();
     req
-}
-
-/// A response read whole.
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Reply {
-    fn replayed(&self) -> bool {
-        match self.headers.get("idempotent-replayed") {
-            None => false,
-            Some(v) if v == "true" => true,
-            Some(v) => panic!("Idempotent-Replayed: {v:?}"),
-        }
-    }
-
-    fn text(&self) -> &str {
-        std::str::from_utf8(&self.body).unwrap()
-    }
-
-    fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {self:?}"))
-    }
-
-    /// A refusal: `status`, `application/json`, `{"code": code, "message": "..."}`.
-    #[track_caller]
-    fn assert_refusal(&self, status: StatusCode, code: &str) {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(self.headers[CONTENT_TYPE], "application/json", "{self:?}");
-        let json = self.json();
-        assert_eq!(json["code"], code, "{self:?}");
-        let message = json["message"].as_str().unwrap_or_default();
-        assert!(!message.is_empty(), "{self:?}");
-        assert!(!self.replayed(), "a refusal is not a replay: {self:?}");
-    }
-
-    /// The handler's own `201 {"order":run}`, or its replay.
-    #[track_caller]
-    fn assert_order(&self, run: usize, replayed: bool) {
-        assert_eq!(self.status, StatusCode::CREATED, "{self:?}");
-        assert_eq!(self.text(), format!(r#"{{"order":{run}}}"#), "{self:?}");
-        assert_eq!(self.replayed(), replayed, "{self:?}");
-    }
-}
-
-async fn send<S>(svc: &S, req: Request<Body>) -> Reply
-where
-    S: Service<Request<Body>, Response = Answer> + Clone,
-    S::Error: Debug,
-{
-    let (parts, body) = svc.clone().oneshot(req).await.unwrap().into_parts();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
-    }
 }
 
 // Status mapping: the key header.

@@ -5,55 +5,32 @@
 //! Test names cite the rule from `shared/lessons-from-peers.md` they defend.
 //! Time is only an upper bound for correctness here, never a speed assertion.
 
+mod oneshot;
+
+use oneshot::*;
+
 use axum::body::Body;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body::Frame;
 use http_body_util::BodyExt;
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::fmt::Debug;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::sync::{Barrier, Notify};
 use tokio::time::{sleep, timeout, Instant};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, ResponseBody, Scope};
+use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Scope};
 
 const KEY: &str = "order-7f3a9c2e";
 const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
 /// Generous upper bound for anything that must happen "soon".
 const PATIENCE: Duration = Duration::from_secs(30);
-
-type Answer = Response<ResponseBody<Body>>;
-
-/// How many times the inner handler ran.
-#[derive(Clone, Default)]
-struct Runs(Arc<AtomicUsize>);
-
-impl Runs {
-    fn get(&self) -> usize {
-        self.0.load(SeqCst)
-    }
-}
-
-/// The inner service: counts its runs, then answers `respond(request, run number)`.
-fn handler<F, Fut, E>(
-    runs: &Runs,
-    respond: F,
-) -> tower::util::ServiceFn<impl Fn(Request<Body>) -> Fut + Clone>
-where
-    F: Fn(Request<Body>, usize) -> Fut + Clone,
-    Fut: Future<Output = Result<Response<Body>, E>>,
-{
-    let runs = runs.0.clone();
-    tower::service_fn(move |req| respond(req, runs.fetch_add(1, SeqCst) + 1))
-}
 
 /// `201 {"order":run}`.
 fn created(run: usize) -> Response<Body> {
@@ -72,12 +49,6 @@ fn post(key: &str, body: impl Into<Body>) -> Request<Body> {
         .body(body.into())
         .unwrap();
     req.extensions_mut().insert(Scope::new("merchant_1"));
-    req
-}
-
-fn with_header(mut req: Request<Body>, name: &'static str, value: &str) -> Request<Body> {
-    let value = HeaderValue::from_str(value).unwrap();
-    req.headers_mut().insert(name, value);
     req
 }
 
@@ -125,57 +96,6 @@ impl http_body::Body for Scripted {
                 Some(Step::Pause(d)) => self.pause = Some(Box::pin(sleep(d))),
             }
         }
-    }
-}
-
-/// A response read whole.
-#[derive(Debug)]
-struct Reply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
-}
-
-impl Reply {
-    fn replayed(&self) -> bool {
-        self.headers
-            .get("idempotent-replayed")
-            .is_some_and(|v| v == "true")
-    }
-
-    fn text(&self) -> &str {
-        std::str::from_utf8(&self.body).unwrap()
-    }
-
-    /// A refusal: `status`, `application/json`, `{"code": code, "message": "..."}`.
-    #[track_caller]
-    fn assert_refusal(&self, status: StatusCode, code: &str) {
-        assert_eq!(self.status, status, "{self:?}");
-        assert_eq!(self.headers[CONTENT_TYPE], "application/json", "{self:?}");
-        let json: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
-        assert_eq!(json["code"], code, "{self:?}");
-        assert!(json["message"].as_str().is_some_and(|m| !m.is_empty()));
-    }
-
-    /// The handler's own `201 {"order":run}`, or its replay.
-    #[track_caller]
-    fn assert_order(&self, run: usize, replayed: bool) {
-        assert_eq!(self.status, StatusCode::CREATED, "{self:?}");
-        assert_eq!(self.text(), format!(r#"{{"order":{run}}}"#), "{self:?}");
-        assert_eq!(self.replayed(), replayed, "{self:?}");
-    }
-}
-
-async fn send<S>(svc: &S, req: Request<Body>) -> Reply
-where
-    S: Service<Request<Body>, Response = Answer> + Clone,
-    S::Error: Debug,
-{
-    let (parts, body) = svc.clone().oneshot(req).await.unwrap().into_parts();
-    Reply {
-        status: parts.status,
-        headers: parts.headers,
-        body: body.collect().await.unwrap().to_bytes(),
     }
 }
 
