@@ -218,7 +218,7 @@ pub mod store;
 pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
-pub use fingerprint::Fingerprint;
+pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency::{IdempotencyLayer, IdempotencyService};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 pub use lease::{Lease, LeaseLayer};

@@ -23,7 +23,9 @@ use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::client::{IdempotencyKeyLayer, IdempotentRetry};
 use tower_idempotency::store::{Begin, FencingToken, RecordKey, StoredResponse};
-use tower_idempotency::{Fingerprint, IdempotencyLayer, MemoryStore, Scope, Store, StoreError};
+use tower_idempotency::{
+    IdempotencyLayer, MemoryStore, RequestFingerprint, Scope, Store, StoreError,
+};
 
 /// A store whose `begin` fails while `failures` is above zero (decremented
 /// per failure; `usize::MAX` fails for good).
@@ -35,7 +37,11 @@ struct Flaky {
 
 #[async_trait::async_trait]
 impl Store for Flaky {
-    async fn begin(&self, key: &RecordKey, fp: &Fingerprint) -> Result<Begin, StoreError> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        fp: &RequestFingerprint<'_>,
+    ) -> Result<Begin, StoreError> {
         let failing = self
             .failures
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| match n {

@@ -105,7 +105,12 @@ async fn replays_are_encoded_per_request_and_the_record_is_identity_bytes() {
         BODY.as_bytes(),
     );
     let record = RecordKey::new(Scope::new("acme"), key);
-    let Begin::Replay(stored) = stack.store.begin(&record, &fingerprint).await.unwrap() else {
+    let Begin::Replay(stored) = stack
+        .store
+        .begin(&record, &fingerprint.into())
+        .await
+        .unwrap()
+    else {
         panic!("the request is recorded");
     };
     assert_eq!(stored.status, 201);

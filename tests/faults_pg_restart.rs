@@ -38,8 +38,8 @@ use support::pg;
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::{
-    Begin, FencingToken, Fingerprint, IdempotencyLayer, PostgresStore, RecordKey, Scope, Store,
-    StoreError, StoredResponse,
+    Begin, FencingToken, IdempotencyLayer, PostgresStore, RecordKey, RequestFingerprint, Scope,
+    Store, StoreError, StoredResponse,
 };
 
 /// Tests in this binary stop the shared server: never two at once.
@@ -158,7 +158,11 @@ struct Acknowledging {
 
 #[async_trait]
 impl Store for Acknowledging {
-    async fn begin(&self, key: &RecordKey, fp: &Fingerprint) -> Result<Begin, StoreError> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        fp: &RequestFingerprint<'_>,
+    ) -> Result<Begin, StoreError> {
         self.inner.begin(key, fp).await
     }
 

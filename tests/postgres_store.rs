@@ -132,7 +132,7 @@ async fn claim_is_one_atomic_insert_even_when_a_rival_commits_after_the_snapshot
              VALUES ($1, $2, $3, nextval('public.{table}_token_seq'), 'in_progress', \
                      now() + interval '60 seconds')"
         ),
-        &[&scope, &key_str, &fp.as_bytes().as_slice()],
+        &[&scope, &key_str, &fp.fingerprint().as_bytes().as_slice()],
     )
     .await
     .unwrap();
@@ -160,7 +160,7 @@ async fn claim_is_one_atomic_insert_even_when_a_rival_commits_after_the_snapshot
                  VALUES ($1, $2, $3, nextval('public.{table}_token_seq'), 'in_progress', \
                          now() - interval '1 second')"
             ),
-            &[&scope, &key2_str, &fp.as_bytes().as_slice()],
+            &[&scope, &key2_str, &fp.fingerprint().as_bytes().as_slice()],
         )
         .await
         .unwrap();

@@ -531,11 +531,11 @@ async fn framing_collision_needs_two_scopes_and_two_scopes_are_two_records() {
     let first = RecordKey::new(Scope::new("a"), key.clone());
     let second = RecordKey::new(Scope::new("a\nb"), key.clone());
     assert!(matches!(
-        store.begin(&first, &fp("a", b"b\nc")).await,
+        store.begin(&first, &fp("a", b"b\nc").into()).await,
         Ok(Begin::Claimed(_))
     ));
     assert!(matches!(
-        store.begin(&second, &fp("a\nb", b"c")).await,
+        store.begin(&second, &fp("a\nb", b"c").into()).await,
         Ok(Begin::Claimed(_))
     ));
 }

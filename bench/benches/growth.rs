@@ -21,7 +21,8 @@ use std::hint::black_box;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tower_idempotency::{
-    Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, Scope, Store, StoredResponse,
+    Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint, Scope, Store,
+    StoredResponse,
 };
 use tower_idempotency_bench::*;
 
@@ -128,7 +129,7 @@ fn main() {
     println!("|---|---|---|---|---|---|---|---|---|");
     let body = json_body(100);
     let template = RequestTemplate::new(body.clone());
-    let fp = Fingerprint([3; 32]);
+    let fp = RequestFingerprint::from(Fingerprint([3; 32]));
     let response = StoredResponse {
         status: StatusCode::CREATED,
         headers: vec![(
@@ -201,24 +202,24 @@ fn main() {
                 // Replays of retained (filled) records, spread over the map,
                 // with the fingerprint the layer stored.
                 let json = http::HeaderValue::from_static("application/json");
-                let retained: Vec<(RecordKey, Fingerprint)> = (0..batch)
+                let retained: Vec<RecordKey> = (0..batch)
                     .map(|i| {
                         let k = key("fill", spread(i + round * batch + 7, n));
                         let id = IdempotencyKey::parse(k.as_bytes()).expect("key");
-                        let fp = Fingerprint::compute(
-                            &http::Method::POST,
-                            ORDERS,
-                            &id,
-                            TENANT,
-                            Some(&json),
-                            &body,
-                        );
-                        (RecordKey::new(Scope::new(TENANT), id), fp)
+                        RecordKey::new(Scope::new(TENANT), id)
                     })
                     .collect();
                 let start = Instant::now();
-                for (k, fp) in &retained {
-                    let Ok(Begin::Replay(r)) = store.begin(k, fp).await else {
+                for k in &retained {
+                    let fp = RequestFingerprint::new(
+                        &http::Method::POST,
+                        ORDERS,
+                        k.key(),
+                        TENANT,
+                        Some(&json),
+                        &body,
+                    );
+                    let Ok(Begin::Replay(r)) = store.begin(k, &fp).await else {
                         panic!("replay")
                     };
                     black_box(r);

@@ -23,7 +23,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tower_idempotency::fingerprint::canonicalize_json;
 use tower_idempotency::{
-    Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, Scope, Store, StoredResponse,
+    Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint, Scope, Store,
+    StoredResponse,
 };
 use tower_idempotency_bench::*;
 
@@ -455,7 +456,7 @@ fn stored_response() -> StoredResponse {
 
 fn bench_store(c: &mut Criterion) {
     let rt = current_thread();
-    let fp = Fingerprint([7; 32]);
+    let fp = RequestFingerprint::from(Fingerprint([7; 32]));
     let mut g = c.benchmark_group("memory_store");
     g.bench_function("begin_claim+complete", |b| {
         b.iter_custom(|iters| {
@@ -569,7 +570,7 @@ fn profile_loop() {
         "store_fresh" | "store_replay" => {
             let rt = current_thread();
             let store = MemoryStore::new().with_capacity(50_000_000);
-            let fp = Fingerprint([7; 32]);
+            let fp = RequestFingerprint::from(Fingerprint([7; 32]));
             let keys: Vec<RecordKey> = (0..n).map(record_key).collect();
             let response = stored_response();
             rt.block_on(async {

@@ -23,7 +23,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 use tower_idempotency::{
-    Begin, Fingerprint, IdempotencyKey, PostgresStore, RecordKey, Scope, Store, StoredResponse,
+    Begin, Fingerprint, IdempotencyKey, PostgresStore, RecordKey, RequestFingerprint, Scope, Store,
+    StoredResponse,
 };
 use tower_idempotency_bench::*;
 
@@ -318,7 +319,7 @@ fn main() {
                     let store = store.clone();
                     let done = done.clone();
                     tokio::spawn(async move {
-                        let fp = Fingerprint([7; 32]);
+                        let fp = RequestFingerprint::from(Fingerprint([7; 32]));
                         let mut i = 0u64;
                         while Instant::now() < deadline {
                             let k = RecordKey::new(
@@ -556,7 +557,7 @@ fn main() {
             println!("| rows | begin+complete µs (fresh) | begin µs (replay of a random retained row) | table+index size |");
             println!("|---|---|---|---|");
         }
-        let fp = Fingerprint([9; 32]);
+        let fp = RequestFingerprint::from(Fingerprint([9; 32]));
         for &rows in &sizes {
             db.batch_execute(&format!("TRUNCATE {TABLE}"))
                 .await

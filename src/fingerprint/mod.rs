@@ -10,12 +10,14 @@ use std::fmt;
 
 mod fast;
 mod number;
+mod request;
 mod serde_path;
 #[cfg(test)]
 mod tests;
 
 use self::fast::*;
 pub(crate) use self::number::*;
+pub use self::request::{ExactDigest, RequestFingerprint};
 use self::serde_path::*;
 
 /// SHA-256 digest identifying one logical request.

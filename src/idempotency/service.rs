@@ -7,7 +7,7 @@ use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::{Begin, FencingToken, RecordKey, Store, StoredResponse};
 use crate::telemetry::{self, Outcome};
-use crate::{Fingerprint, IdempotencyKey};
+use crate::{IdempotencyKey, RequestFingerprint};
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
@@ -129,16 +129,18 @@ where
             Err(refusal) => return refuse(refusal),
         };
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let fingerprint = Fingerprint::compute(
+    let record = RecordKey::new(scope, key);
+    // Computed by the store only as far as it needs: a replay of the same bytes
+    // never canonicalises the body.
+    let fingerprint = RequestFingerprint::new(
         &parts.method,
         path_and_query,
-        &key,
-        scope.as_str(),
+        record.key(),
+        record.scope().as_str(),
         parts.headers.get(CONTENT_TYPE),
         &bytes,
     );
-    telemetry::identify(scope.as_str(), key.as_str());
-    let record = RecordKey::new(scope, key);
+    telemetry::identify(record.scope().as_str(), record.key().as_str());
     let store = &config.store;
 
     // Every pass, including the ones after a wait, compares fingerprints in `begin`.

@@ -1,5 +1,6 @@
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
-use crate::{Fingerprint, Scope};
+use crate::fingerprint::ExactDigest;
+use crate::{Fingerprint, RequestFingerprint, Scope};
 use async_trait::async_trait;
 use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
@@ -77,6 +78,9 @@ struct Deadline {
 
 struct Record {
     fingerprint: Fingerprint,
+    /// The claiming request's exact digest: a byte-identical retry matches it
+    /// without computing its fingerprint.
+    exact: ExactDigest,
     token: FencingToken,
     /// Lock expiry while in progress, retention expiry once completed.
     deadline: Instant,
@@ -86,6 +90,16 @@ struct Record {
 enum State {
     InProgress(Arc<Notify>),
     Completed(Arc<StoredResponse>),
+}
+
+impl Record {
+    /// The answer to a request with this record's fingerprint.
+    fn decision(&self) -> Begin {
+        match &self.state {
+            State::Completed(response) => Begin::Replay(response.clone()),
+            State::InProgress(_) => Begin::InProgress,
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -170,10 +184,16 @@ impl MemoryStore {
         self.len() == 0
     }
 
-    fn new_claim(&self, fingerprint: Fingerprint, now: Instant) -> (Record, FencingToken) {
+    fn new_claim(
+        &self,
+        fingerprint: Fingerprint,
+        exact: ExactDigest,
+        now: Instant,
+    ) -> (Record, FencingToken) {
         let token = FencingToken(self.shared.next_token.fetch_add(1, Ordering::Relaxed));
         let record = Record {
             fingerprint,
+            exact,
             token,
             deadline: now + self.shared.lock_timeout,
             state: State::InProgress(Arc::new(Notify::new())),
@@ -257,7 +277,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> Result<Begin, StoreError> {
         let now = Instant::now();
         self.evict(now, EVICTIONS_PER_CALL);
         if self.len() >= self.shared.capacity && !self.shared.records.contains_key(key) {
@@ -269,24 +293,25 @@ impl Store for MemoryStore {
                 return Err(StoreError::CapacityExceeded);
             }
         }
-        // A live record is decided under its shard's read lock, without cloning
-        // the key; only a claim (of a free or expired key) takes the write lock,
-        // where the record is examined again.
-        if let Some(record) = self.shared.records.get(key) {
-            if record.deadline > now {
-                return Ok(if record.fingerprint != *fingerprint {
-                    Begin::Mismatch
-                } else {
-                    match &record.state {
-                        State::Completed(response) => Begin::Replay(response.clone()),
-                        State::InProgress(_) => Begin::InProgress,
-                    }
-                });
-            }
+        let exact = request.exact();
+        // A live record is decided from what its shard's read lock shows, without
+        // cloning the key. A retry's exact digest matches and settles it; only
+        // other bytes need the canonical fingerprint, computed after the lock is
+        // dropped so no shard waits on a canonicalisation.
+        let live = self.shared.records.get(key).and_then(|record| {
+            (record.deadline > now)
+                .then(|| (record.exact == exact, record.fingerprint, record.decision()))
+        });
+        if let Some((same_bytes, fingerprint, decision)) = live {
+            let same = same_bytes || fingerprint == *request.fingerprint();
+            return Ok(if same { decision } else { Begin::Mismatch });
         }
+        // A claim persists the fingerprint: computed before taking the write lock,
+        // where the record is examined again.
+        let fingerprint = *request.fingerprint();
         let decision = match self.shared.records.entry(key.clone()) {
             Entry::Vacant(vacant) => {
-                let (record, token) = self.new_claim(*fingerprint, now);
+                let (record, token) = self.new_claim(fingerprint, exact, now);
                 vacant.insert(record);
                 self.shared.live.fetch_add(1, Ordering::Relaxed);
                 Begin::Claimed(token)
@@ -295,19 +320,16 @@ impl Store for MemoryStore {
                 let record = occupied.get_mut();
                 if record.deadline <= now {
                     // Expired: a completed record past retention, or a dead claim.
-                    let (fresh, token) = self.new_claim(*fingerprint, now);
+                    let (fresh, token) = self.new_claim(fingerprint, exact, now);
                     let old = std::mem::replace(record, fresh);
                     if let State::InProgress(done) = old.state {
                         done.notify_waiters();
                     }
                     Begin::Claimed(token)
-                } else if record.fingerprint != *fingerprint {
-                    Begin::Mismatch
+                } else if record.exact == exact || record.fingerprint == fingerprint {
+                    record.decision()
                 } else {
-                    match &record.state {
-                        State::Completed(response) => Begin::Replay(response.clone()),
-                        State::InProgress(_) => Begin::InProgress,
-                    }
+                    Begin::Mismatch
                 }
             }
         };
@@ -419,5 +441,59 @@ impl Store for MemoryStore {
             .live
             .fetch_sub(purged as usize, Ordering::Relaxed);
         Ok(purged)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::IdempotencyKey;
+    use http::{HeaderValue, Method, StatusCode};
+
+    /// The point of the exact digest: a byte-identical retry is answered without
+    /// canonicalising its body; other bytes still are compared canonically.
+    #[tokio::test]
+    async fn byte_identical_retries_skip_the_fingerprint() {
+        let store = MemoryStore::new();
+        let key = IdempotencyKey::parse(b"order-0001").unwrap();
+        let record = RecordKey::new(Scope::new("acme"), key.clone());
+        let json = HeaderValue::from_static("application/json");
+        let request = |body: &'static [u8]| {
+            RequestFingerprint::new(&Method::POST, "/v1/orders", &key, "acme", Some(&json), body)
+        };
+        let first = request(br#"{"a":1,"b":2}"#);
+        let Ok(Begin::Claimed(token)) = store.begin(&record, &first).await else {
+            panic!("claim");
+        };
+        assert!(
+            first.fingerprint_computed(),
+            "a claim persists the fingerprint"
+        );
+        let response = StoredResponse {
+            status: StatusCode::CREATED,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"done"),
+        };
+        store.complete(&record, token, response).await.unwrap();
+
+        let retry = request(br#"{"a":1,"b":2}"#);
+        assert!(matches!(
+            store.begin(&record, &retry).await,
+            Ok(Begin::Replay(_))
+        ));
+        assert!(!retry.fingerprint_computed());
+
+        let reordered = request(br#"{"b":2,"a":1}"#);
+        assert!(matches!(
+            store.begin(&record, &reordered).await,
+            Ok(Begin::Replay(_))
+        ));
+        assert!(reordered.fingerprint_computed());
+
+        let other = request(br#"{"b":3,"a":1}"#);
+        assert!(matches!(
+            store.begin(&record, &other).await,
+            Ok(Begin::Mismatch)
+        ));
     }
 }

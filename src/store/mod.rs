@@ -18,7 +18,7 @@ pub use memory_jobs::MemoryJobStore;
 pub use postgres::{PostgresJobStore, PostgresStore};
 
 use crate::body::BoxError;
-use crate::{Fingerprint, IdempotencyKey, Scope};
+use crate::{IdempotencyKey, RequestFingerprint, Scope};
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -123,7 +123,17 @@ impl std::error::Error for StoreError {
 pub trait Store: Send + Sync + 'static {
     /// Decides a request in one atomic step: claim a free (or expired) key, or
     /// report a replay, a fingerprint mismatch, or a request still in progress.
-    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError>;
+    ///
+    /// A claim persists [`RequestFingerprint::fingerprint`]; later requests match
+    /// when their fingerprint equals it. A store that keeps records in this
+    /// process may also keep [`RequestFingerprint::exact`] and compare that first:
+    /// equal exact digests are equal fingerprints, and the fingerprint of a
+    /// byte-identical retry is then never computed.
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> Result<Begin, StoreError>;
 
     /// Records the response of a claimed request, if `token` still owns the claim;
     /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing.
@@ -156,8 +166,12 @@ pub trait Store: Send + Sync + 'static {
 /// Shares one store between layers (or keeps a handle for `purge_expired`).
 #[async_trait]
 impl<T: Store + ?Sized> Store for Arc<T> {
-    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError> {
-        (**self).begin(key, fingerprint).await
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> Result<Begin, StoreError> {
+        (**self).begin(key, request).await
     }
 
     async fn complete(

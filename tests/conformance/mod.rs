@@ -10,8 +10,8 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::{
-    Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, Scope, Store, StoreError,
-    StoredResponse,
+    Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store,
+    StoreError, StoredResponse,
 };
 
 /// Lock and retention durations a store under test is built with.
@@ -40,9 +40,11 @@ pub fn record(scope: &str, key: &str) -> RecordKey {
     )
 }
 
-pub fn fingerprint(body: &str) -> Fingerprint {
+/// A request whose fingerprint was computed up front (its exact digest is then
+/// derived from the fingerprint).
+pub fn fingerprint(body: &str) -> RequestFingerprint<'static> {
     let key = IdempotencyKey::parse(b"conformance-key").unwrap();
-    Fingerprint::compute(&Method::POST, "/t", &key, "s", None, body.as_bytes())
+    Fingerprint::compute(&Method::POST, "/t", &key, "s", None, body.as_bytes()).into()
 }
 
 pub fn response(body: &'static [u8]) -> StoredResponse {
@@ -76,7 +78,7 @@ fn unique(prefix: &str) -> String {
     )
 }
 
-async fn claim<S: Store>(store: &S, key: &RecordKey, fp: &Fingerprint) -> FencingToken {
+async fn claim<S: Store>(store: &S, key: &RecordKey, fp: &RequestFingerprint<'_>) -> FencingToken {
     match store.begin(key, fp).await.expect("begin") {
         Begin::Claimed(token) => token,
         other => panic!("expected a claim, got {other:?}"),
@@ -328,6 +330,61 @@ pub async fn expired_records_are_reusable_and_purged<S: Store>(store: S) {
     claim(&store, &other, &fingerprint("b")).await;
 }
 
+/// Requests as the layer hands them over: fingerprints computed lazily from the
+/// parts. The same bytes, and canonically equal JSON in other bytes, match the
+/// record (in progress, then completed); other content never does, whichever
+/// comparison a store makes first.
+pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(store: S) {
+    let scope = unique("scope");
+    let key = record(&scope, "key-lazy-0001");
+    let json = HeaderValue::from_static("application/json");
+    let request = |body: &'static str| {
+        RequestFingerprint::new(
+            &Method::POST,
+            "/v1/orders",
+            key.key(),
+            key.scope().as_str(),
+            Some(&json),
+            body.as_bytes(),
+        )
+    };
+    let first = request(r#"{"sku":"A","qty":1}"#);
+    let same_bytes = request(r#"{"sku":"A","qty":1}"#);
+    let reordered = request(r#"{ "qty": 1.0, "sku": "A" }"#);
+    let other = request(r#"{"sku":"A","qty":2}"#);
+    let token = claim(&store, &key, &first).await;
+    for retry in [&same_bytes, &reordered] {
+        assert!(matches!(
+            store.begin(&key, retry).await.unwrap(),
+            Begin::InProgress
+        ));
+    }
+    assert!(matches!(
+        store.begin(&key, &other).await.unwrap(),
+        Begin::Mismatch
+    ));
+    store
+        .complete(&key, token, response(b"created"))
+        .await
+        .unwrap();
+    for retry in [&first, &same_bytes, &reordered] {
+        match store.begin(&key, retry).await.unwrap() {
+            Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"created")),
+            other => panic!("expected a replay, got {other:?}"),
+        }
+    }
+    assert!(matches!(
+        store.begin(&key, &other).await.unwrap(),
+        Begin::Mismatch
+    ));
+    // A precomputed fingerprint of the same request matches too.
+    let precomputed: RequestFingerprint<'static> = (*first.fingerprint()).into();
+    assert!(matches!(
+        store.begin(&key, &precomputed).await.unwrap(),
+        Begin::Replay(_)
+    ));
+}
+
 /// Generates one `#[tokio::test]` per conformance check for a store factory.
 #[macro_export]
 macro_rules! store_conformance_tests {
@@ -335,6 +392,7 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@tests $factory, LONG:
             fresh_key_is_claimed_then_in_progress,
             completed_record_replays_exact_bytes_status_and_headers,
+            lazily_fingerprinted_requests_match_by_canonical_json,
             release_frees_the_key_for_a_new_claim,
             only_the_token_holder_completes_or_releases,
             keys_are_scoped,

@@ -43,7 +43,7 @@ use self::sql::{is_identifier, Sql, PURGE_BATCH};
 use self::wait::{listener_connect, ListenerConnect, Waits, RECHECK_FIRST, RECHECK_MAX};
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::body::BoxError;
-use crate::Fingerprint;
+use crate::RequestFingerprint;
 use async_trait::async_trait;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
@@ -476,11 +476,16 @@ impl Inner {
 
 #[async_trait]
 impl Store for PostgresStore {
-    async fn begin(&self, key: &RecordKey, fingerprint: &Fingerprint) -> Result<Begin, StoreError> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> Result<Begin, StoreError> {
         let inner = &self.inner;
         inner.ensure_listener();
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        let fp: &[u8] = fingerprint.as_bytes();
+        // Shared by every instance: only the canonical fingerprint is comparable.
+        let fp: &[u8] = request.fingerprint().as_bytes();
         inner
             .timed(async {
                 let client = inner.client().await?;

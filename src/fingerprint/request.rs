@@ -1,0 +1,178 @@
+//! A request's fingerprint as a store receives it: computed only when needed.
+
+use super::Fingerprint;
+use crate::IdempotencyKey;
+use std::fmt;
+use std::hash::{BuildHasher, Hasher, RandomState};
+use std::sync::OnceLock;
+
+/// What a [`Store`](crate::Store) compares to tell a retry from key reuse.
+///
+/// The canonical [`Fingerprint`] costs about 3 µs per KiB of JSON (RFC 8785
+/// canonicalisation and SHA-256), so it is computed on the first call of
+/// [`fingerprint`](Self::fingerprint) and never for a request that does not need
+/// it. [`exact`](Self::exact) is a cheap digest of the request's exact bytes: a
+/// store that keeps records in this process may compare it first and skip the
+/// fingerprint when the bytes are the same, as they are for almost every retry.
+///
+/// ```
+/// use http::{HeaderValue, Method};
+/// use tower_idempotency::{IdempotencyKey, RequestFingerprint};
+///
+/// let key = IdempotencyKey::parse(b"order-0001").unwrap();
+/// let json = HeaderValue::from_static("application/json");
+/// let first = RequestFingerprint::new(&Method::POST, "/v1/orders", &key, "acme",
+///     Some(&json), br#"{"sku":"A","qty":1}"#);
+/// let retry = RequestFingerprint::new(&Method::POST, "/v1/orders", &key, "acme",
+///     Some(&json), br#"{"sku":"A","qty":1}"#);
+/// let reordered = RequestFingerprint::new(&Method::POST, "/v1/orders", &key, "acme",
+///     Some(&json), br#"{"qty":1,"sku":"A"}"#);
+/// assert_eq!(first.exact(), retry.exact());
+/// assert_ne!(first.exact(), reordered.exact());
+/// assert_eq!(first.fingerprint(), reordered.fingerprint());
+/// ```
+pub struct RequestFingerprint<'a> {
+    source: Source<'a>,
+    fingerprint: OnceLock<Fingerprint>,
+    exact: OnceLock<ExactDigest>,
+}
+
+enum Source<'a> {
+    Request {
+        method: &'a http::Method,
+        path_and_query: &'a str,
+        key: &'a IdempotencyKey,
+        scope: &'a str,
+        content_type: Option<&'a http::HeaderValue>,
+        body: &'a [u8],
+    },
+    Computed,
+}
+
+impl<'a> RequestFingerprint<'a> {
+    /// The fingerprint of a request, computed lazily from its parts (the
+    /// arguments of [`Fingerprint::compute`]).
+    pub fn new(
+        method: &'a http::Method,
+        path_and_query: &'a str,
+        key: &'a IdempotencyKey,
+        scope: &'a str,
+        content_type: Option<&'a http::HeaderValue>,
+        body: &'a [u8],
+    ) -> Self {
+        Self {
+            source: Source::Request {
+                method,
+                path_and_query,
+                key,
+                scope,
+                content_type,
+                body,
+            },
+            fingerprint: OnceLock::new(),
+            exact: OnceLock::new(),
+        }
+    }
+
+    /// The canonical fingerprint, computed on first use: the value every store
+    /// persists and compares.
+    pub fn fingerprint(&self) -> &Fingerprint {
+        self.fingerprint.get_or_init(|| match &self.source {
+            Source::Request {
+                method,
+                path_and_query,
+                key,
+                scope,
+                content_type,
+                body,
+            } => Fingerprint::compute(method, path_and_query, key, scope, *content_type, body),
+            Source::Computed => unreachable!("a computed fingerprint is set at construction"),
+        })
+    }
+
+    /// A digest of the request's exact bytes, keyed by a secret chosen at random
+    /// when the process starts: equal digests mean equal fingerprints, unequal
+    /// ones mean nothing (the bytes may still be canonically the same).
+    ///
+    /// Only comparable within one process: never persist it or send it to
+    /// another instance.
+    pub fn exact(&self) -> ExactDigest {
+        *self.exact.get_or_init(|| {
+            let mut hasher = process_key().build_hasher();
+            match &self.source {
+                Source::Request {
+                    method,
+                    path_and_query,
+                    key,
+                    scope,
+                    content_type,
+                    body,
+                } => {
+                    hasher.write_u8(0);
+                    for part in [method.as_str(), path_and_query, key.as_str(), scope] {
+                        // Length-prefixed, so no two requests share one encoding.
+                        hasher.write_usize(part.len());
+                        hasher.write(part.as_bytes());
+                    }
+                    // The content type decides between canonical JSON and raw bytes.
+                    let json =
+                        content_type.is_some_and(|ct| super::is_json_content_type(ct.as_bytes()));
+                    hasher.write_u8(u8::from(json));
+                    hasher.write(body);
+                }
+                Source::Computed => {
+                    hasher.write_u8(1);
+                    hasher.write(self.fingerprint().as_bytes());
+                }
+            }
+            ExactDigest(hasher.finish())
+        })
+    }
+}
+
+impl RequestFingerprint<'_> {
+    /// Whether [`fingerprint`](Self::fingerprint) has been computed.
+    #[cfg(test)]
+    pub(crate) fn fingerprint_computed(&self) -> bool {
+        self.fingerprint.get().is_some()
+    }
+}
+
+impl From<Fingerprint> for RequestFingerprint<'static> {
+    /// A fingerprint computed elsewhere (for example by a store's own tests).
+    fn from(fingerprint: Fingerprint) -> Self {
+        Self {
+            source: Source::Computed,
+            fingerprint: OnceLock::from(fingerprint),
+            exact: OnceLock::new(),
+        }
+    }
+}
+
+impl fmt::Debug for RequestFingerprint<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestFingerprint")
+            .field("fingerprint", &self.fingerprint.get())
+            .field("exact", &self.exact.get())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A keyed digest of a request's exact bytes; see [`RequestFingerprint::exact`].
+///
+/// SipHash-1-3 (the standard library's `HashMap` hasher) under a random key
+/// that never leaves the process: without the key, nobody can construct a
+/// body that collides with another, and the layer never reveals a digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ExactDigest(u64);
+
+impl fmt::Debug for ExactDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ExactDigest(..)")
+    }
+}
+
+fn process_key() -> &'static RandomState {
+    static KEY: OnceLock<RandomState> = OnceLock::new();
+    KEY.get_or_init(RandomState::new)
+}
