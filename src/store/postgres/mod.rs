@@ -34,11 +34,13 @@
 //! ```
 
 mod jobs;
+mod single_flight;
 mod sql;
 mod wait;
 
 pub use jobs::PostgresJobStore;
 
+use self::single_flight::{Flights, Join, Landed, Leader};
 use self::sql::{is_identifier, Sql, PURGE_BATCH};
 use self::wait::{listener_connect, ListenerConnect, Waits, RECHECK_FIRST, RECHECK_MAX};
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
@@ -78,7 +80,9 @@ const BEGIN_ATTEMPTS: usize = 8;
 ///   for a request in progress are woken by `NOTIFY` from `complete`/`release`;
 ///   they also re-check the record on a coalesced backoff (at most about four
 ///   queries a second per key in one process, whatever the number of waiters),
-///   and never wait past the lock's expiry.
+///   and never wait past the lock's expiry. Concurrent identical `begin` calls in
+///   one process (the waiters a completion wakes, a burst of duplicates) share one
+///   query; a claim is never shared.
 /// - **Outages**: pool and database errors, and operations slower than
 ///   [`with_operation_timeout`](Self::with_operation_timeout), are
 ///   [`StoreError::Backend`]; the layer answers `503` and runs nothing. The pool
@@ -117,6 +121,7 @@ struct Inner {
     config: Config,
     sql: Sql,
     waits: Waits,
+    flights: Flights,
     stats: Stats,
 }
 
@@ -135,6 +140,8 @@ struct Stats {
     round_trips: AtomicU64,
     begin_retries: AtomicU64,
     notifications: AtomicU64,
+    begins_followed: AtomicU64,
+    begins_shared: AtomicU64,
 }
 
 impl fmt::Debug for PostgresStore {
@@ -187,6 +194,7 @@ impl PostgresStore {
                 config,
                 sql,
                 waits: Waits::default(),
+                flights: Flights::default(),
                 stats: Stats::default(),
             }),
         }
@@ -294,6 +302,24 @@ impl PostgresStore {
     #[doc(hidden)]
     pub fn begin_retries(&self) -> u64 {
         self.inner.stats.begin_retries.load(Ordering::Relaxed)
+    }
+
+    /// `begin` calls that waited for a concurrent identical call's query.
+    #[doc(hidden)]
+    pub fn begins_followed(&self) -> u64 {
+        self.inner.stats.begins_followed.load(Ordering::Relaxed)
+    }
+
+    /// `begin` calls answered by a concurrent identical call's query.
+    #[doc(hidden)]
+    pub fn begins_shared(&self) -> u64 {
+        self.inner.stats.begins_shared.load(Ordering::Relaxed)
+    }
+
+    /// `begin` queries still taking followers (waiting for a pooled connection).
+    #[doc(hidden)]
+    pub fn begins_open(&self) -> usize {
+        self.inner.flights.open()
     }
 
     /// Notifications received by the listener.
@@ -454,6 +480,34 @@ impl Inner {
         client.execute(&statement, params).await.map_err(backend)
     }
 
+    /// Runs `begin`'s statement; a flight's `leader` stops taking followers just
+    /// before it is sent.
+    async fn begin_query(
+        &self,
+        key: &RecordKey,
+        fp: &[u8],
+        leader: Option<&mut Leader<'_>>,
+    ) -> Result<Begin, StoreError> {
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let client = self.client().await?;
+        if let Some(leader) = leader {
+            leader.close();
+        }
+        for _ in 0..BEGIN_ATTEMPTS {
+            let rows = self
+                .query(&client, &self.sql.begin, &[&scope, &k, &fp])
+                .await?;
+            if let Some(row) = rows.first() {
+                return decode_begin(row);
+            }
+            // A concurrent claim committed after this statement's snapshot.
+            self.stats.begin_retries.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(backend(format!(
+            "begin saw the record change under it {BEGIN_ATTEMPTS} times in a row"
+        )))
+    }
+
     /// The lock's remaining time on the database's clock, if `key` is in progress.
     async fn lock_remaining(&self, key: &RecordKey) -> Result<Option<Duration>, StoreError> {
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
@@ -483,25 +537,36 @@ impl Store for PostgresStore {
     ) -> Result<Begin, StoreError> {
         let inner = &self.inner;
         inner.ensure_listener();
-        let (scope, k) = (key.scope().as_str(), key.key().as_str());
         // Shared by every instance: only the canonical fingerprint is comparable.
-        let fp: &[u8] = request.fingerprint().as_bytes();
+        let fp = request.fingerprint().as_bytes();
+        // Concurrent identical calls share one query (see `single_flight`): after a
+        // completion's NOTIFY, its waiters would otherwise all queue up behind the pool.
         inner
             .timed(async {
-                let client = inner.client().await?;
-                for _ in 0..BEGIN_ATTEMPTS {
-                    let rows = inner
-                        .query(&client, &inner.sql.begin, &[&scope, &k, &fp])
-                        .await?;
-                    if let Some(row) = rows.first() {
-                        return decode_begin(row);
+                loop {
+                    match inner.flights.join(key, fp) {
+                        Join::Lead(mut leader) => {
+                            let begun = inner.begin_query(key, fp, Some(&mut leader)).await;
+                            leader.land(&begun);
+                            return begun;
+                        }
+                        Join::Follow(follower) => {
+                            inner.stats.begins_followed.fetch_add(1, Ordering::Relaxed);
+                            match follower.landing().await {
+                                Some(Landed::Shared(answer)) => {
+                                    inner.stats.begins_shared.fetch_add(1, Ordering::Relaxed);
+                                    return Ok(answer);
+                                }
+                                // The claim is the leader's alone; the next answer is
+                                // the same for all of us again.
+                                Some(Landed::Claimed) => {}
+                                // The leader failed or was dropped: query, uncoalesced
+                                // (a failing database must not chain followers' waits).
+                                None => return inner.begin_query(key, fp, None).await,
+                            }
+                        }
                     }
-                    // A concurrent claim committed after this statement's snapshot.
-                    inner.stats.begin_retries.fetch_add(1, Ordering::Relaxed);
                 }
-                Err(backend(format!(
-                    "begin saw the record change under it {BEGIN_ATTEMPTS} times in a row"
-                )))
             })
             .await
     }
