@@ -89,12 +89,16 @@ impl fmt::Debug for Fingerprint {
 
 /// Whether a `Content-Type` names JSON: `application/json` or `application/*+json`.
 pub fn is_json_content_type(value: &[u8]) -> bool {
+    // Case-insensitive without allocating: this runs on every request.
     let essence = value.split(|&b| b == b';').next().unwrap_or_default();
-    let essence = essence.trim_ascii().to_ascii_lowercase();
-    match essence.strip_prefix(b"application/") {
-        Some(subtype) => subtype == b"json" || subtype.ends_with(b"+json"),
-        None => false,
+    let essence = essence.trim_ascii();
+    let prefix = b"application/".len();
+    if essence.len() <= prefix || !essence[..prefix].eq_ignore_ascii_case(b"application/") {
+        return false;
     }
+    let subtype = &essence[prefix..];
+    subtype.eq_ignore_ascii_case(b"json")
+        || (subtype.len() >= 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case(b"+json"))
 }
 
 /// Why a body could not be canonicalised.

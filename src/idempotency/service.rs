@@ -1,7 +1,7 @@
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use crate::body::{BoxError, ResponseBody};
-use crate::buffer::buffer_body;
+use crate::buffer::{buffer_body, collect};
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
@@ -12,7 +12,6 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::BodyExt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -188,8 +187,8 @@ where
     // the claim until its lock expires rather than letting a retry run them again.
     let token = claim.keep();
     // A recorded response is buffered whole: a replay returns exactly these bytes.
-    let body = match res_body.collect().await.map_err(Into::into) {
-        Ok(collected) => collected.to_bytes(),
+    let body = match collect(res_body).await {
+        Ok(body) => body,
         Err(error) => {
             // Never recorded as success: free the key for a retry.
             let _ = store.release(&record, token).await;
