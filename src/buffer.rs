@@ -126,7 +126,10 @@ mod tests {
     async fn frames_are_joined_in_order_and_trailers_dropped() {
         let mut body = frames(&[b"{\"a\"", b":", b"", b"1}"]);
         body.0.push_back(Frame::trailers(http::HeaderMap::new()));
-        assert_eq!(collect(body).await.unwrap(), Bytes::from_static(b"{\"a\":1}"));
+        assert_eq!(
+            collect(body).await.unwrap(),
+            Bytes::from_static(b"{\"a\":1}")
+        );
         assert_eq!(collect(frames(&[])).await.unwrap(), Bytes::new());
         assert_eq!(
             collect(frames(&[b"", b"x"])).await.unwrap(),
