@@ -1,15 +1,16 @@
+mod packed;
+mod record;
+
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
-use crate::fingerprint::ExactDigest;
-use crate::{Fingerprint, RequestFingerprint, Scope};
+use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
-use bytes::Bytes;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use record::{Answer, BuildIdHasher, Claim, Clock, Cold, Id, Ids, Nanos, Record, State};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// Expired records examined per `begin`: bounded work on the request path.
@@ -18,11 +19,6 @@ const EVICTIONS_PER_CALL: usize = 8;
 const EVICTIONS_WHEN_FULL: usize = 1024;
 /// The least time between two whole-map sweeps of a full store.
 const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-/// Recorded bodies up to this size are copied into a buffer of their exact
-/// length: a handler's body often sits in a larger allocation (a `String`
-/// grown by pushes), whose slack would otherwise be retained for the whole
-/// retention period. Larger bodies are kept as they are (no copy).
-const COMPACT_BODY_MAX: usize = 1024;
 
 /// An in-process store on a sharded concurrent map.
 ///
@@ -55,7 +51,9 @@ pub struct MemoryStore {
 }
 
 struct Shared {
-    records: DashMap<RecordKey, Record>,
+    records: DashMap<Id, Record, BuildIdHasher>,
+    ids: Ids,
+    clock: Clock,
     live: AtomicUsize,
     next_token: AtomicI64,
     retention: Duration,
@@ -70,36 +68,12 @@ struct Shared {
     last_full_sweep: Mutex<Option<Instant>>,
 }
 
+/// A completion's retention deadline. When it is due, the record with its id
+/// is evicted if that record is expired: the same completion's, or a later
+/// record of the same key that expired too (its own entry then finds nothing).
 struct Deadline {
-    at: Instant,
-    key: RecordKey,
-    token: FencingToken,
-}
-
-struct Record {
-    fingerprint: Fingerprint,
-    /// The claiming request's exact digest: a byte-identical retry matches it
-    /// without computing its fingerprint.
-    exact: ExactDigest,
-    token: FencingToken,
-    /// Lock expiry while in progress, retention expiry once completed.
-    deadline: Instant,
-    state: State,
-}
-
-enum State {
-    InProgress(Arc<Notify>),
-    Completed(Arc<StoredResponse>),
-}
-
-impl Record {
-    /// The answer to a request with this record's fingerprint.
-    fn decision(&self) -> Begin {
-        match &self.state {
-            State::Completed(response) => Begin::Replay(response.clone()),
-            State::InProgress(_) => Begin::InProgress,
-        }
-    }
+    at: Nanos,
+    id: Id,
 }
 
 impl Default for MemoryStore {
@@ -133,7 +107,9 @@ impl MemoryStore {
     fn build(retention: Duration, lock_timeout: Duration, capacity: usize) -> Self {
         Self {
             shared: Arc::new(Shared {
-                records: DashMap::new(),
+                records: DashMap::default(),
+                ids: Ids::new(),
+                clock: Clock::new(),
                 live: AtomicUsize::new(0),
                 next_token: AtomicI64::new(1),
                 retention,
@@ -184,25 +160,41 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    fn now(&self) -> Nanos {
+        self.shared.clock.at(Instant::now())
+    }
+
+    /// A new claim of `key`, locked until the lock timeout from `now`.
     fn new_claim(
         &self,
-        fingerprint: Fingerprint,
-        exact: ExactDigest,
-        now: Instant,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+        now: Nanos,
     ) -> (Record, FencingToken) {
         let token = FencingToken(self.shared.next_token.fetch_add(1, Ordering::Relaxed));
         let record = Record {
-            fingerprint,
-            exact,
+            exact: request.exact(),
             token,
-            deadline: now + self.shared.lock_timeout,
-            state: State::InProgress(Arc::new(Notify::new())),
+            deadline: now.saturating_add(record::saturate(self.shared.lock_timeout)),
+            state: Claim::state(key.clone(), *request.fingerprint()),
         };
         (record, token)
     }
 
-    fn push_deadline(queue: &Mutex<VecDeque<Deadline>>, deadline: Deadline) {
-        lock(queue).push_back(deadline);
+    /// Removes every record `remove` selects, waking the waiters of removed
+    /// claims; returns how many were removed.
+    fn remove_all(&self, mut remove: impl FnMut(&Record) -> bool) -> usize {
+        let mut removed = 0;
+        self.shared.records.retain(|_, r| {
+            let keep = !remove(r);
+            if !keep {
+                removed += 1;
+                r.notify_if_claim();
+            }
+            keep
+        });
+        self.shared.live.fetch_sub(removed, Ordering::Relaxed);
+        removed
     }
 
     /// Removes every expired record (abandoned claims included), at most once
@@ -215,22 +207,12 @@ impl MemoryStore {
             }
             *last = Some(now);
         }
-        let mut swept = 0;
-        self.shared.records.retain(|_, r| {
-            let keep = r.deadline > now;
-            if !keep {
-                swept += 1;
-                if let State::InProgress(done) = &r.state {
-                    done.notify_waiters();
-                }
-            }
-            keep
-        });
-        self.shared.live.fetch_sub(swept, Ordering::Relaxed);
+        let now = self.shared.clock.at(now);
+        self.remove_all(|r| r.deadline <= now);
     }
 
     /// Evicts up to `budget` expired completed records, oldest first.
-    fn evict(&self, now: Instant, budget: usize) {
+    fn evict(&self, now: Nanos, budget: usize) {
         let queue = &self.shared.retention_deadlines;
         for _ in 0..budget {
             let due = {
@@ -248,26 +230,32 @@ impl MemoryStore {
                 due
             };
             let Some(due) = due else { break };
-            // Only the completion this entry was queued for, and only once expired.
+            // Only once expired: a record of the same key completed later is kept.
             let removed = self
                 .shared
                 .records
-                .remove_if(&due.key, |_, r| r.token == due.token && r.deadline <= now);
-            if removed.is_some() {
+                .remove_if(&due.id, |_, r| r.deadline <= now);
+            if let Some((_, record)) = removed {
                 self.shared.live.fetch_sub(1, Ordering::Relaxed);
+                record.notify_if_claim();
             }
         }
     }
 }
 
-/// The same response in as little memory as it can be kept: the header list
-/// without spare capacity, a small body in a buffer of its exact length.
-fn compact(mut response: StoredResponse) -> StoredResponse {
-    response.headers.shrink_to_fit();
-    if response.body.len() <= COMPACT_BODY_MAX {
-        response.body = Bytes::copy_from_slice(&response.body);
+/// Another identity holds the record's id: refused rather than answered from
+/// (or overwriting) the other identity's record. See [`record::Id`].
+fn id_collision() -> StoreError {
+    StoreError::Backend("two idempotency keys share one MemoryStore id".into())
+}
+
+/// The `Begin` for an answer read under the shard lock (decoded after it).
+fn begin_of(answer: Answer) -> Begin {
+    match answer {
+        Answer::Packed(packed) => Begin::Replay(Arc::new(packed::unpack(&packed))),
+        Answer::Replay(response) => Begin::Replay(response),
+        Answer::InProgress => Begin::InProgress,
     }
-    response
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -282,12 +270,15 @@ impl Store for MemoryStore {
         key: &RecordKey,
         request: &RequestFingerprint<'_>,
     ) -> Result<Begin, StoreError> {
-        let now = Instant::now();
+        let instant = Instant::now();
+        let now = self.shared.clock.at(instant);
         self.evict(now, EVICTIONS_PER_CALL);
-        if self.len() >= self.shared.capacity && !self.shared.records.contains_key(key) {
+        let id = self.shared.ids.of(key);
+        let records = &self.shared.records;
+        if self.len() >= self.shared.capacity && !records.contains_key(&id) {
             self.evict(now, EVICTIONS_WHEN_FULL);
             if self.len() >= self.shared.capacity {
-                self.sweep_when_full(now);
+                self.sweep_when_full(instant);
             }
             if self.len() >= self.shared.capacity {
                 return Err(StoreError::CapacityExceeded);
@@ -298,42 +289,55 @@ impl Store for MemoryStore {
         // cloning the key. A retry's exact digest matches and settles it; only
         // other bytes need the canonical fingerprint, computed after the lock is
         // dropped so no shard waits on a canonicalisation.
-        let live = self.shared.records.get(key).and_then(|record| {
-            (record.deadline > now)
-                .then(|| (record.exact == exact, record.fingerprint, record.decision()))
+        let live = records.get(&id).and_then(|r| {
+            (r.deadline > now).then(|| {
+                let stored = (r.exact != exact).then(|| r.fingerprint());
+                (r.is_record_of(key), stored, r.answer())
+            })
         });
-        if let Some((same_bytes, fingerprint, decision)) = live {
-            let same = same_bytes || fingerprint == *request.fingerprint();
-            return Ok(if same { decision } else { Begin::Mismatch });
+        if let Some((ours, stored, answer)) = live {
+            if !ours {
+                return Err(id_collision());
+            }
+            let same = stored.is_none_or(|stored| stored == *request.fingerprint());
+            return Ok(if same {
+                begin_of(answer)
+            } else {
+                Begin::Mismatch
+            });
         }
         // A claim persists the fingerprint: computed before taking the write lock,
         // where the record is examined again.
         let fingerprint = *request.fingerprint();
-        let decision = match self.shared.records.entry(key.clone()) {
+        let answer = match records.entry(id) {
             Entry::Vacant(vacant) => {
-                let (record, token) = self.new_claim(fingerprint, exact, now);
+                let (record, token) = self.new_claim(key, request, now);
                 vacant.insert(record);
                 self.shared.live.fetch_add(1, Ordering::Relaxed);
-                Begin::Claimed(token)
+                return Ok(Begin::Claimed(token));
             }
             Entry::Occupied(mut occupied) => {
                 let record = occupied.get_mut();
                 if record.deadline <= now {
-                    // Expired: a completed record past retention, or a dead claim.
-                    let (fresh, token) = self.new_claim(fingerprint, exact, now);
+                    // Expired: a completed record past retention, or a dead claim
+                    // (of this key, or of another key with its id: both are free).
+                    let (fresh, token) = self.new_claim(key, request, now);
                     let old = std::mem::replace(record, fresh);
-                    if let State::InProgress(done) = old.state {
-                        done.notify_waiters();
-                    }
-                    Begin::Claimed(token)
-                } else if record.exact == exact || record.fingerprint == fingerprint {
-                    record.decision()
+                    drop(occupied);
+                    old.notify_if_claim();
+                    return Ok(Begin::Claimed(token));
+                }
+                if !record.is_record_of(key) {
+                    return Err(id_collision());
+                }
+                if record.exact == exact || record.fingerprint() == fingerprint {
+                    record.answer()
                 } else {
-                    Begin::Mismatch
+                    return Ok(Begin::Mismatch);
                 }
             }
         };
-        Ok(decision)
+        Ok(begin_of(answer))
     }
 
     async fn complete(
@@ -342,105 +346,77 @@ impl Store for MemoryStore {
         token: FencingToken,
         response: StoredResponse,
     ) -> Result<(), StoreError> {
-        let now = Instant::now();
-        let mut record = match self.shared.records.get_mut(key) {
-            Some(r) if r.token == token && matches!(r.state, State::InProgress(_)) => r,
+        let now = self.now();
+        let id = self.shared.ids.of(key);
+        let mut record = match self.shared.records.get_mut(&id) {
+            Some(r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => r,
             _ => return Err(StoreError::ClaimLost),
         };
-        let deadline = now + self.shared.retention;
+        let deadline = now.saturating_add(record::saturate(self.shared.retention));
+        let completed = match record.in_progress().map(|c| &**c) {
+            Some(Cold::Claim(claim)) => record::completed(claim, response),
+            _ => unreachable!("checked above"),
+        };
         record.deadline = deadline;
-        let response = compact(response);
-        let old = std::mem::replace(&mut record.state, State::Completed(Arc::new(response)));
+        let old = std::mem::replace(&mut record.state, completed);
         drop(record);
-        if let State::InProgress(done) = old {
-            done.notify_waiters();
+        if let State::Cold(claim) = old {
+            claim.notify();
         }
-        Self::push_deadline(
-            &self.shared.retention_deadlines,
-            Deadline {
-                at: deadline,
-                key: key.clone(),
-                token,
-            },
-        );
+        lock(&self.shared.retention_deadlines).push_back(Deadline { at: deadline, id });
         Ok(())
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        let removed = self.shared.records.remove_if(key, |_, r| {
-            r.token == token && matches!(r.state, State::InProgress(_))
+        let id = self.shared.ids.of(key);
+        let removed = self.shared.records.remove_if(&id, |_, r| {
+            r.token == token && r.in_progress().is_some() && r.is_record_of(key)
         });
         if let Some((_, record)) = removed {
             self.shared.live.fetch_sub(1, Ordering::Relaxed);
-            if let State::InProgress(done) = record.state {
-                done.notify_waiters();
-            }
+            record.notify_if_claim();
         }
         Ok(())
     }
 
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
-        let in_progress = |r: &Record| match &r.state {
-            State::InProgress(done) => Some((done.clone(), r.token, r.deadline)),
-            State::Completed(_) => None,
+        let id = self.shared.ids.of(key);
+        let records = &self.shared.records;
+        let in_progress = |r: &Record| {
+            r.in_progress()
+                .filter(|_| r.is_record_of(key))
+                .map(|claim| (claim.clone(), r.token, r.deadline))
         };
-        let Some((done, token, lock_deadline)) =
-            self.shared.records.get(key).and_then(|r| in_progress(&r))
+        let Some((claim, token, lock_deadline)) = records.get(&id).and_then(|r| in_progress(&r))
         else {
             return Ok(());
+        };
+        let Cold::Claim(Claim { done, .. }) = &*claim else {
+            unreachable!("in_progress returns claims")
         };
         let notified = done.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
         // A change between the read above and `enable` would otherwise be missed.
-        let unchanged = self
-            .shared
-            .records
-            .get(key)
-            .is_some_and(|r| r.token == token && matches!(r.state, State::InProgress(_)));
+        let unchanged = records
+            .get(&id)
+            .is_some_and(|r| r.token == token && r.in_progress().is_some());
         if !unchanged {
             return Ok(());
         }
+        let lock_deadline = self.shared.clock.instant(lock_deadline);
         let until = (Instant::now() + timeout).min(lock_deadline);
         let _ = tokio::time::timeout_at(until, notified).await;
         Ok(())
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let now = Instant::now();
-        let mut purged = 0;
-        self.shared.records.retain(|_, r| {
-            let keep = r.deadline > now;
-            if !keep {
-                purged += 1;
-                if let State::InProgress(done) = &r.state {
-                    done.notify_waiters();
-                }
-            }
-            keep
-        });
-        self.shared
-            .live
-            .fetch_sub(purged as usize, Ordering::Relaxed);
-        Ok(purged)
+        let now = self.now();
+        Ok(self.remove_all(|r| r.deadline <= now) as u64)
     }
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        let mut purged = 0;
-        self.shared.records.retain(|key, r| {
-            let keep = key.scope() != scope;
-            if !keep {
-                purged += 1;
-                if let State::InProgress(done) = &r.state {
-                    done.notify_waiters();
-                }
-            }
-            keep
-        });
-        self.shared
-            .live
-            .fetch_sub(purged as usize, Ordering::Relaxed);
-        Ok(purged)
+        Ok(self.remove_all(|r| r.is_in_scope(scope)) as u64)
     }
 }
 
@@ -448,6 +424,7 @@ impl Store for MemoryStore {
 mod tests {
     use super::*;
     use crate::IdempotencyKey;
+    use bytes::Bytes;
     use http::{HeaderValue, Method, StatusCode};
 
     /// The point of the exact digest: a byte-identical retry is answered without

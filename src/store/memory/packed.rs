@@ -1,0 +1,355 @@
+//! A completed record in one allocation: the claim's fingerprint, the record's
+//! identity (scope and key) and the response (status, allow-listed headers,
+//! body), packed into one `Arc<[u8]>` of exactly its length.
+//!
+//! A retained record then costs its map slot and this one buffer, and a replay
+//! touches the slot and this buffer only: the identity check, the fingerprint
+//! and the response are read from the same few cache lines. A replay decodes a
+//! fresh [`StoredResponse`] whose header values and body share the buffer
+//! (`Bytes` slices of it, no copy).
+//!
+//! Layout:
+//!
+//! ```text
+//! fingerprint            32 bytes
+//! scope length, scope    varint, bytes
+//! key length, key        varint, bytes
+//! status                 u16, little endian
+//! header count           varint
+//! per header             varint (name length << 1 | sensitive), name,
+//!                        varint value length, value
+//! body                   the rest
+//! ```
+
+use crate::store::{RecordKey, StoredResponse};
+use crate::Fingerprint;
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, StatusCode};
+use std::sync::Arc;
+
+/// Responses with bodies up to this size are packed (copied into the record's
+/// buffer). Larger bodies are kept as they are, without a copy.
+pub(super) const PACK_BODY_MAX: usize = 1024;
+
+const FINGERPRINT_LEN: usize = 32;
+
+/// Packs `response` with its record's identity and fingerprint, or returns it
+/// back when it is not worth packing (a large body) or cannot be decoded again
+/// exactly (a header value that only `unsafe` code could have built).
+pub(super) fn pack(
+    key: &RecordKey,
+    fingerprint: &Fingerprint,
+    response: StoredResponse,
+) -> Result<Arc<[u8]>, StoredResponse> {
+    let valid = response
+        .headers
+        .iter()
+        .all(|(_, value)| HeaderValue::from_bytes(value.as_bytes()).is_ok());
+    if response.body.len() > PACK_BODY_MAX || !valid {
+        return Err(response);
+    }
+    let (scope, id) = (
+        key.scope().as_str().as_bytes(),
+        key.key().as_str().as_bytes(),
+    );
+    let headers_len: usize = response
+        .headers
+        .iter()
+        .map(|(name, value)| {
+            let (name, value) = (name.as_str().len(), value.len());
+            varint_len((name as u64) << 1) + name + varint_len(value as u64) + value
+        })
+        .sum();
+    let len = FINGERPRINT_LEN
+        + varint_len(scope.len() as u64)
+        + scope.len()
+        + varint_len(id.len() as u64)
+        + id.len()
+        + 2
+        + varint_len(response.headers.len() as u64)
+        + headers_len
+        + response.body.len();
+    let mut buf = Vec::with_capacity(len);
+    buf.extend_from_slice(fingerprint.as_bytes());
+    put_bytes(&mut buf, scope);
+    put_bytes(&mut buf, id);
+    buf.extend_from_slice(&response.status.as_u16().to_le_bytes());
+    put_varint(&mut buf, response.headers.len() as u64);
+    for (name, value) in &response.headers {
+        let name = name.as_str().as_bytes();
+        put_varint(
+            &mut buf,
+            (name.len() as u64) << 1 | u64::from(value.is_sensitive()),
+        );
+        buf.extend_from_slice(name);
+        put_bytes(&mut buf, value.as_bytes());
+    }
+    buf.extend_from_slice(&response.body);
+    debug_assert_eq!(buf.len(), len);
+    Ok(Arc::from(buf))
+}
+
+/// The fingerprint of the claim whose response `packed` holds.
+pub(super) fn fingerprint(packed: &[u8]) -> Fingerprint {
+    let mut digest = [0; FINGERPRINT_LEN];
+    digest.copy_from_slice(&packed[..FINGERPRINT_LEN]);
+    Fingerprint(digest)
+}
+
+/// Whether `packed` is the record of `key`.
+pub(super) fn is_record_of(packed: &[u8], key: &RecordKey) -> bool {
+    let mut r = Reader::after_fingerprint(packed);
+    r.bytes() == key.scope().as_str().as_bytes() && r.bytes() == key.key().as_str().as_bytes()
+}
+
+/// Whether `packed` belongs to `scope`.
+pub(super) fn is_in_scope(packed: &[u8], scope: &str) -> bool {
+    Reader::after_fingerprint(packed).bytes() == scope.as_bytes()
+}
+
+/// The stored response, its header values and body sharing `packed`.
+pub(super) fn unpack(packed: &Arc<[u8]>) -> StoredResponse {
+    let mut r = Reader::after_fingerprint(packed);
+    r.bytes();
+    r.bytes();
+    let status = u16::from_le_bytes([r.byte(), r.byte()]);
+    let status = StatusCode::from_u16(status).expect("a packed status is valid");
+    let count = r.varint() as usize;
+    let mut headers = Vec::with_capacity(count);
+    let shared = Bytes::from_owner(Packed(packed.clone()));
+    for _ in 0..count {
+        let tagged = r.varint();
+        let name = r.take((tagged >> 1) as usize);
+        let name = HeaderName::from_bytes(name).expect("a packed header name is valid");
+        let len = r.varint() as usize;
+        let value = shared.slice(r.pos..r.pos + len);
+        r.pos += len;
+        let mut value =
+            HeaderValue::from_maybe_shared(value).expect("a packed header value is valid");
+        value.set_sensitive(tagged & 1 == 1);
+        headers.push((name, value));
+    }
+    let body = shared.slice(r.pos..);
+    StoredResponse {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// The owner of replayed `Bytes` slices: keeps the record's buffer alive.
+struct Packed(Arc<[u8]>);
+
+impl AsRef<[u8]> for Packed {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn after_fingerprint(buf: &'a [u8]) -> Self {
+        Self {
+            buf,
+            pos: FINGERPRINT_LEN,
+        }
+    }
+
+    fn byte(&mut self) -> u8 {
+        let b = self.buf[self.pos];
+        self.pos += 1;
+        b
+    }
+
+    fn varint(&mut self) -> u64 {
+        let mut value = 0;
+        let mut shift = 0;
+        loop {
+            let b = self.byte();
+            value |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return value;
+            }
+            shift += 7;
+        }
+    }
+
+    fn take(&mut self, len: usize) -> &'a [u8] {
+        let bytes = &self.buf[self.pos..self.pos + len];
+        self.pos += len;
+        bytes
+    }
+
+    fn bytes(&mut self) -> &'a [u8] {
+        let len = self.varint() as usize;
+        self.take(len)
+    }
+}
+
+fn varint_len(mut value: u64) -> usize {
+    let mut len = 1;
+    while value >= 0x80 {
+        value >>= 7;
+        len += 1;
+    }
+    len
+}
+
+fn put_varint(buf: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        buf.push(value as u8 | 0x80);
+        value >>= 7;
+    }
+    buf.push(value as u8);
+}
+
+fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
+    put_varint(buf, bytes.len() as u64);
+    buf.extend_from_slice(bytes);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdempotencyKey, Scope};
+    use http::header;
+
+    fn record(scope: &str, key: &str) -> RecordKey {
+        RecordKey::new(
+            Scope::new(scope),
+            IdempotencyKey::parse(key.as_bytes()).unwrap(),
+        )
+    }
+
+    fn roundtrip(key: &RecordKey, response: StoredResponse) {
+        let packed = pack(key, &Fingerprint([7; 32]), response.clone()).expect("packed");
+        let unpacked = unpack(&packed);
+        assert_eq!(unpacked, response);
+        for ((_, a), (_, b)) in unpacked.headers.iter().zip(&response.headers) {
+            assert_eq!(a.is_sensitive(), b.is_sensitive());
+            assert_eq!(a.as_bytes(), b.as_bytes());
+        }
+        assert_eq!(&unpacked.body[..], &response.body[..]);
+        assert_eq!(fingerprint(&packed), Fingerprint([7; 32]));
+        assert!(is_record_of(&packed, key));
+        assert!(is_in_scope(&packed, key.scope().as_str()));
+    }
+
+    #[test]
+    fn a_packed_response_round_trips_byte_for_byte() {
+        let key = record("acme", "order-0001");
+        let mut secret = HeaderValue::from_static("session=abc");
+        secret.set_sensitive(true);
+        roundtrip(
+            &key,
+            StoredResponse {
+                status: StatusCode::CREATED,
+                headers: vec![
+                    (
+                        header::CONTENT_TYPE,
+                        HeaderValue::from_static("application/json"),
+                    ),
+                    // Repeated names keep their order.
+                    (header::SET_COOKIE, HeaderValue::from_static("a=1")),
+                    (header::SET_COOKIE, secret),
+                    (
+                        HeaderName::from_static("x-custom-header"),
+                        // Not UTF-8 (obs-text), but a valid header value.
+                        HeaderValue::from_bytes(b"caf\xe9 \xff\x80").unwrap(),
+                    ),
+                    (header::ETAG, HeaderValue::from_static("")),
+                ],
+                body: Bytes::from((0..=255u8).cycle().take(PACK_BODY_MAX).collect::<Vec<_>>()),
+            },
+        );
+    }
+
+    #[test]
+    fn empty_and_long_parts_round_trip() {
+        // No headers, no body.
+        roundtrip(
+            &record("s", "12345678"),
+            StoredResponse {
+                status: StatusCode::NO_CONTENT,
+                headers: Vec::new(),
+                body: Bytes::new(),
+            },
+        );
+        // Lengths that need several varint bytes; an empty scope.
+        let long_scope = "t".repeat(70_000);
+        let long_value = HeaderValue::from_bytes("v".repeat(200).as_bytes()).unwrap();
+        roundtrip(
+            &record(&long_scope, &"k".repeat(128)),
+            StoredResponse {
+                status: StatusCode::from_u16(599).unwrap(),
+                headers: vec![(HeaderName::from_bytes(&[b'h'; 300]).unwrap(), long_value)],
+                body: Bytes::from_static(b"{}"),
+            },
+        );
+        roundtrip(
+            &record("", "12345678"),
+            StoredResponse {
+                status: StatusCode::OK,
+                headers: Vec::new(),
+                body: Bytes::from_static(b"x"),
+            },
+        );
+    }
+
+    #[test]
+    fn identity_is_exact() {
+        let key = record("acme", "order-0001");
+        let response = StoredResponse {
+            status: StatusCode::OK,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"ok"),
+        };
+        let packed = pack(&key, &Fingerprint([0; 32]), response).unwrap();
+        assert!(is_record_of(&packed, &key));
+        assert!(!is_record_of(&packed, &record("acm", "eorder-0001")));
+        assert!(!is_record_of(&packed, &record("acme", "order-00011")));
+        assert!(!is_record_of(&packed, &record("acme", "order-0002")));
+        assert!(!is_record_of(&packed, &record("acme2", "order-0001")));
+        assert!(is_in_scope(&packed, "acme"));
+        assert!(!is_in_scope(&packed, "acm"));
+    }
+
+    #[test]
+    fn large_bodies_are_not_packed() {
+        let response = StoredResponse {
+            status: StatusCode::OK,
+            headers: Vec::new(),
+            body: Bytes::from(vec![0; PACK_BODY_MAX + 1]),
+        };
+        let back = pack(
+            &record("s", "12345678"),
+            &Fingerprint([0; 32]),
+            response.clone(),
+        );
+        assert_eq!(back.unwrap_err(), response);
+    }
+
+    #[test]
+    fn the_buffer_has_no_slack() {
+        let response = StoredResponse {
+            status: StatusCode::CREATED,
+            headers: vec![(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            )],
+            body: Bytes::from(vec![b'x'; 100]),
+        };
+        let packed = pack(
+            &record("acme", "fill-000000000001"),
+            &Fingerprint([0; 32]),
+            response,
+        )
+        .unwrap();
+        // 32 fingerprint + 5 scope + 18 key + 2 status + 1 count + 30 header + 100 body.
+        assert_eq!(packed.len(), 188);
+    }
+}

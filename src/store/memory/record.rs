@@ -1,0 +1,295 @@
+//! What `MemoryStore` keeps per record, and how small it keeps it.
+//!
+//! The map is keyed by [`Id`], a 128-bit keyed hash of the record's scope and
+//! key, so a slot holds no pointer to chase before the record is found; the
+//! identity itself lives in the record's one allocation (the packed response,
+//! or the claim), which is read anyway to answer, and is checked there. A slot
+//! is 56 bytes: the id, the exact digest, the token, the deadline (nanoseconds
+//! from the store's epoch rather than a 16-byte `Instant`) and one pointer.
+
+use super::packed;
+use crate::fingerprint::ExactDigest;
+use crate::store::{FencingToken, RecordKey, StoredResponse};
+use crate::{Fingerprint, Scope};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// A record's map key: a 128-bit hash of `(scope, key)` under two random keys
+/// chosen per store.
+///
+/// Nobody without the keys can build two identities with one id, and by chance
+/// two of them share one with probability 2^-128 per pair. The store still
+/// compares the identity stored with the record before answering, so a shared
+/// id can never replay one tenant's response to another: the second identity
+/// is refused (`StoreError::Backend`) while the first one's record is live.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) struct Id(u64, u64);
+
+impl Hash for Id {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Already a keyed hash: the map uses it as it is.
+        state.write_u64(self.0);
+    }
+}
+
+/// Hashes an [`Id`] to its first half.
+#[derive(Default)]
+pub(super) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is used by `Id`; anything else still hashes (FNV-1a).
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+pub(super) type BuildIdHasher = BuildHasherDefault<IdHasher>;
+
+/// Computes ids; the keys are chosen at random per store.
+pub(super) struct Ids(RandomState, RandomState);
+
+impl Ids {
+    pub(super) fn new() -> Self {
+        Self(RandomState::new(), RandomState::new())
+    }
+
+    pub(super) fn of(&self, key: &RecordKey) -> Id {
+        // `str` hashes with a terminator: no two identities share an encoding.
+        let identity = (key.scope().as_str(), key.key().as_str());
+        Id(self.0.hash_one(identity), self.1.hash_one(identity))
+    }
+}
+
+/// Points in time as nanoseconds from the store's creation: 8 bytes per record
+/// instead of an `Instant`'s 16, with the same resolution.
+pub(super) struct Clock {
+    epoch: Instant,
+}
+
+/// Nanoseconds from the store's epoch (negative before it).
+pub(super) type Nanos = i64;
+
+impl Clock {
+    pub(super) fn new() -> Self {
+        Self {
+            epoch: Instant::now(),
+        }
+    }
+
+    pub(super) fn at(&self, t: Instant) -> Nanos {
+        if t >= self.epoch {
+            saturate(t - self.epoch)
+        } else {
+            -saturate(self.epoch - t)
+        }
+    }
+
+    pub(super) fn instant(&self, at: Nanos) -> Instant {
+        let far = Duration::from_secs(100 * 365 * 24 * 3600);
+        let offset = Duration::from_nanos(at.unsigned_abs());
+        let t = if at >= 0 {
+            self.epoch.checked_add(offset)
+        } else {
+            self.epoch.checked_sub(offset)
+        };
+        t.unwrap_or_else(|| Instant::now() + far)
+    }
+}
+
+/// A duration in nanoseconds, saturated to what a deadline can hold.
+pub(super) fn saturate(d: Duration) -> Nanos {
+    Nanos::try_from(d.as_nanos()).unwrap_or(Nanos::MAX)
+}
+
+pub(super) struct Record {
+    /// The claiming request's exact digest: a byte-identical retry matches it
+    /// without computing its fingerprint.
+    pub(super) exact: ExactDigest,
+    pub(super) token: FencingToken,
+    /// Lock expiry while in progress, retention expiry once completed.
+    pub(super) deadline: Nanos,
+    pub(super) state: State,
+}
+
+pub(super) enum State {
+    /// A completed record whose response is packed with its identity and
+    /// fingerprint (see [`packed`]): almost every completed record.
+    Packed(Arc<[u8]>),
+    /// A claim, or a completed record whose body is too large to copy.
+    Cold(Arc<Cold>),
+}
+
+pub(super) enum Cold {
+    Claim(Claim),
+    Large(Large),
+}
+
+pub(super) struct Claim {
+    pub(super) key: RecordKey,
+    pub(super) fingerprint: Fingerprint,
+    /// Woken when the claim completes, is released, or is taken over.
+    pub(super) done: Notify,
+}
+
+pub(super) struct Large {
+    key: RecordKey,
+    fingerprint: Fingerprint,
+    response: Arc<StoredResponse>,
+}
+
+/// What a live record with a matching fingerprint answers, read under the
+/// shard lock and turned into a [`Begin`](crate::store::Begin) after it.
+pub(super) enum Answer {
+    Packed(Arc<[u8]>),
+    Replay(Arc<StoredResponse>),
+    InProgress,
+}
+
+impl Claim {
+    /// The in-progress state of a new claim of `key`.
+    pub(super) fn state(key: RecordKey, fingerprint: Fingerprint) -> State {
+        State::Cold(Arc::new(Cold::Claim(Claim {
+            key,
+            fingerprint,
+            done: Notify::new(),
+        })))
+    }
+}
+
+impl Record {
+    /// Whether this is the record of `key` (and not of another key with its id).
+    pub(super) fn is_record_of(&self, key: &RecordKey) -> bool {
+        match &self.state {
+            State::Packed(packed) => packed::is_record_of(packed, key),
+            State::Cold(cold) => cold.key() == key,
+        }
+    }
+
+    pub(super) fn is_in_scope(&self, scope: &Scope) -> bool {
+        match &self.state {
+            State::Packed(packed) => packed::is_in_scope(packed, scope.as_str()),
+            State::Cold(cold) => cold.key().scope() == scope,
+        }
+    }
+
+    pub(super) fn fingerprint(&self) -> Fingerprint {
+        match &self.state {
+            State::Packed(packed) => packed::fingerprint(packed),
+            State::Cold(cold) => match &**cold {
+                Cold::Claim(claim) => claim.fingerprint,
+                Cold::Large(large) => large.fingerprint,
+            },
+        }
+    }
+
+    /// The claim, while the record is in progress.
+    pub(super) fn in_progress(&self) -> Option<&Arc<Cold>> {
+        match &self.state {
+            State::Cold(cold) if matches!(**cold, Cold::Claim(_)) => Some(cold),
+            _ => None,
+        }
+    }
+
+    /// The answer to a request with this record's fingerprint.
+    pub(super) fn answer(&self) -> Answer {
+        match &self.state {
+            State::Packed(packed) => Answer::Packed(packed.clone()),
+            State::Cold(cold) => match &**cold {
+                Cold::Claim(_) => Answer::InProgress,
+                Cold::Large(large) => Answer::Replay(large.response.clone()),
+            },
+        }
+    }
+
+    /// Wakes the waiters of a claim that is gone (removed or replaced).
+    pub(super) fn notify_if_claim(&self) {
+        if let Some(cold) = self.in_progress() {
+            cold.notify();
+        }
+    }
+}
+
+impl Cold {
+    fn key(&self) -> &RecordKey {
+        match self {
+            Cold::Claim(claim) => &claim.key,
+            Cold::Large(large) => &large.key,
+        }
+    }
+
+    /// Wakes a claim's waiters.
+    pub(super) fn notify(&self) {
+        if let Cold::Claim(claim) = self {
+            claim.done.notify_waiters();
+        }
+    }
+}
+
+/// The completed state of `claim` with `response`: packed in one buffer when it
+/// is small, kept as it is (without spare header capacity) when it is large.
+pub(super) fn completed(claim: &Claim, response: StoredResponse) -> State {
+    match packed::pack(&claim.key, &claim.fingerprint, response) {
+        Ok(packed) => State::Packed(packed),
+        Err(mut response) => {
+            response.headers.shrink_to_fit();
+            State::Cold(Arc::new(Cold::Large(Large {
+                key: claim.key.clone(),
+                fingerprint: claim.fingerprint,
+                response: Arc::new(response),
+            })))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_stay_small() {
+        assert_eq!(std::mem::size_of::<State>(), 16);
+        assert_eq!(std::mem::size_of::<Record>(), 40);
+        assert_eq!(std::mem::size_of::<(Id, Record)>(), 56);
+    }
+
+    #[test]
+    fn the_clock_round_trips_instants() {
+        let clock = Clock::new();
+        let later = clock.epoch + Duration::from_millis(1500);
+        assert_eq!(clock.at(later), 1_500_000_000);
+        assert_eq!(clock.instant(clock.at(later)), later);
+        if let Some(earlier) = clock.epoch.checked_sub(Duration::from_secs(3)) {
+            assert_eq!(clock.at(earlier), -3_000_000_000);
+            assert_eq!(clock.instant(-3_000_000_000), earlier);
+        }
+        assert_eq!(saturate(Duration::MAX), Nanos::MAX);
+    }
+
+    #[test]
+    fn ids_separate_scope_from_key() {
+        let ids = Ids::new();
+        let record = |scope: &str, key: &str| {
+            RecordKey::new(
+                Scope::new(scope),
+                crate::IdempotencyKey::parse(key.as_bytes()).unwrap(),
+            )
+        };
+        let a = ids.of(&record("ab", "cdefghijk"));
+        assert_eq!(a, ids.of(&record("ab", "cdefghijk")));
+        assert_ne!(a, ids.of(&record("abc", "defghijk")));
+        assert_ne!(a, Ids::new().of(&record("ab", "cdefghijk")));
+    }
+}
