@@ -69,24 +69,25 @@ pub(super) fn pack(
         + varint_len(response.headers.len() as u64)
         + headers_len
         + response.body.len();
-    let mut buf = Vec::with_capacity(len);
-    buf.extend_from_slice(fingerprint.as_bytes());
-    put_bytes(&mut buf, scope);
-    put_bytes(&mut buf, id);
-    buf.extend_from_slice(&response.status.as_u16().to_le_bytes());
-    put_varint(&mut buf, response.headers.len() as u64);
+    // Allocated once at its exact length (`RepeatN` is `TrustedLen`), then
+    // written in place: no transient buffer between retained ones.
+    let mut packed: Arc<[u8]> = std::iter::repeat_n(0, len).collect();
+    let buf = Arc::get_mut(&mut packed).expect("a new Arc is unique");
+    let mut w = Writer { buf, pos: 0 };
+    w.put(fingerprint.as_bytes());
+    w.put_bytes(scope);
+    w.put_bytes(id);
+    w.put(&response.status.as_u16().to_le_bytes());
+    w.put_varint(response.headers.len() as u64);
     for (name, value) in &response.headers {
         let name = name.as_str().as_bytes();
-        put_varint(
-            &mut buf,
-            (name.len() as u64) << 1 | u64::from(value.is_sensitive()),
-        );
-        buf.extend_from_slice(name);
-        put_bytes(&mut buf, value.as_bytes());
+        w.put_varint((name.len() as u64) << 1 | u64::from(value.is_sensitive()));
+        w.put(name);
+        w.put_bytes(value.as_bytes());
     }
-    buf.extend_from_slice(&response.body);
-    debug_assert_eq!(buf.len(), len);
-    Ok(Arc::from(buf))
+    w.put(&response.body);
+    debug_assert_eq!(w.pos, len);
+    Ok(packed)
 }
 
 /// The fingerprint of the claim whose response `packed` holds.
@@ -199,17 +200,29 @@ fn varint_len(mut value: u64) -> usize {
     len
 }
 
-fn put_varint(buf: &mut Vec<u8>, mut value: u64) {
-    while value >= 0x80 {
-        buf.push(value as u8 | 0x80);
-        value >>= 7;
-    }
-    buf.push(value as u8);
+struct Writer<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
 }
 
-fn put_bytes(buf: &mut Vec<u8>, bytes: &[u8]) {
-    put_varint(buf, bytes.len() as u64);
-    buf.extend_from_slice(bytes);
+impl Writer<'_> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.buf[self.pos..self.pos + bytes.len()].copy_from_slice(bytes);
+        self.pos += bytes.len();
+    }
+
+    fn put_varint(&mut self, mut value: u64) {
+        while value >= 0x80 {
+            self.put(&[value as u8 | 0x80]);
+            value >>= 7;
+        }
+        self.put(&[value as u8]);
+    }
+
+    fn put_bytes(&mut self, bytes: &[u8]) {
+        self.put_varint(bytes.len() as u64);
+        self.put(bytes);
+    }
 }
 
 #[cfg(test)]
