@@ -10,36 +10,371 @@ pub(super) struct FastCanonical<'a, 'b> {
     pub(super) input: &'a [u8],
     pub(super) at: usize,
     pub(super) buf: &'b mut Buffers,
-    /// Members of the objects being written (a stack shared by nested objects):
-    /// the key (valid UTF-8, no escapes), whether it is ASCII, and where its
-    /// value sits in `buf.out`.
-    pub(super) members: Vec<(&'a [u8], bool, usize, usize)>,
+    /// Members of the objects being read (a stack shared by nested objects).
+    pub(super) members: Vec<Member>,
+}
+
+/// One object member, read but not necessarily written yet.
+#[derive(Clone, Copy)]
+pub(super) struct Member {
+    /// The key's first 8 bytes, big-endian, zero-padded: comparing two of
+    /// these compares the keys' first 8 bytes (a key has no NUL byte).
+    prefix: u64,
+    /// Where the key (valid UTF-8, no escapes) sits in the input: the index
+    /// of its opening quote, and its length without the quotes.
+    key: u32,
+    key_len: u32,
+    /// A range: see `text`.
+    from: u32,
+    to: u32,
+    text: Text,
+    /// Every character of the key is in the BMP (no 4-byte UTF-8 sequence):
+    /// between two such keys, byte order is UTF-16 code unit order.
+    bmp: bool,
+}
+
+/// Where a member's canonical `"key":value` is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Text {
+    /// All of it, in the input at `from..to`.
+    Source,
+    /// The key in the input, and the value in the input at `from..to`, with
+    /// whitespace around the colon.
+    Spaced,
+    /// All of it, written to `buf.out` at `from..to` (relative to the
+    /// object's first member), after a comma unless it is the first one.
+    Written,
+}
+
+impl Member {
+    fn key<'a>(&self, input: &'a [u8]) -> &'a [u8] {
+        let start = self.key as usize + 1;
+        &input[start..start + self.key_len as usize]
+    }
 }
 
 /// Deeper documents go to the serde_json path (which allows 128 levels).
 pub(super) const FAST_MAX_DEPTH: usize = 64;
 
-impl<'a> FastCanonical<'a, '_> {
-    pub(super) fn document(&mut self) -> Option<()> {
-        self.value(0)?;
-        self.skip_whitespace();
-        (self.at == self.input.len()).then_some(())
-    }
+/// Longer inputs go to the serde_json path, so that every offset into the
+/// input fits u32 (and so does every offset into the output, which is at most
+/// 5.25 times as long as the input: `1e20` is `100000000000000000000`).
+const FAST_MAX_LEN: usize = (u32::MAX / 8) as usize;
 
-    fn skip_whitespace(&mut self) {
+/// Objects with more members are sorted with `sort_unstable_by`; fewer are
+/// ranked by comparing every pair (quadratic, so only for small objects).
+const SMALL_OBJECT: usize = 16;
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Bit 7 set in each byte of `x` (little-endian) that is `"`, `\` or a control
+/// character, and, if `non_ascii`, in each byte above 0x7f. Exact up to the
+/// lowest set bit (bytes above it may be flagged spuriously, by borrows),
+/// which is all the callers read.
+#[inline(always)]
+fn stop_bytes(x: u64, non_ascii: bool) -> u64 {
+    let quote = x ^ (ONES * u64::from(b'"'));
+    let backslash = x ^ (ONES * u64::from(b'\\'));
+    let stops = (quote.wrapping_sub(ONES) & !quote)
+        | (backslash.wrapping_sub(ONES) & !backslash)
+        | (x.wrapping_sub(ONES * 0x20) & !x);
+    (if non_ascii { stops | x } else { stops }) & HIGHS
+}
+
+/// From `i`, eight bytes at a time: the index of the first `"`, `\` or
+/// control byte, and also of the first non-ASCII one if `non_ascii`
+/// (`input.len()` if none).
+#[inline(always)]
+fn run_end(input: &[u8], mut i: usize, non_ascii: bool) -> usize {
+    while let Some(chunk) = input.get(i..).and_then(|rest| rest.first_chunk::<8>()) {
+        let stops = stop_bytes(u64::from_le_bytes(*chunk), non_ascii);
+        if stops != 0 {
+            return i + (stops.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while let Some(&b) = input.get(i) {
+        if b == b'"' || b == b'\\' || b < 0x20 || (non_ascii && b > 0x7f) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Scans string contents from `i`: the index of the first `"`, `\` or control
+/// byte (`input.len()` if none), and whether a byte before it is non-ASCII.
+#[inline(always)]
+fn scan_string(input: &[u8], i: usize) -> (usize, bool) {
+    let end = run_end(input, i, true);
+    match input.get(end) {
+        Some(&b) if b > 0x7f => (run_end(input, end + 1, false), true),
+        _ => (end, false),
+    }
+}
+
+/// [`scan_string`] for a key whose contents start at `i`, with the key's
+/// prefix (see [`Member::prefix`]), read from the same eight bytes.
+#[inline(always)]
+fn scan_key(input: &[u8], i: usize) -> (usize, bool, u64) {
+    if let Some(chunk) = input.get(i..).and_then(|rest| rest.first_chunk::<8>()) {
+        let x = u64::from_le_bytes(*chunk);
+        let stops = stop_bytes(x, true);
+        if stops == 0 {
+            let (end, high) = scan_string(input, i + 8);
+            return (end, high, x.swap_bytes());
+        }
+        let n = stops.trailing_zeros() / 8; // 0..=7
+        let end = i + n as usize;
+        if input[end] < 0x80 {
+            return (end, false, (x & ((1u64 << (8 * n)) - 1)).swap_bytes());
+        }
+    }
+    let (end, high) = scan_string(input, i);
+    (end, high, key_prefix(input, i, end - i))
+}
+
+/// The first 8 bytes of the key of `len` bytes at `start`, big-endian,
+/// zero-padded.
+#[inline(always)]
+fn key_prefix(input: &[u8], start: usize, len: usize) -> u64 {
+    match input.get(start..).and_then(|rest| rest.first_chunk::<8>()) {
+        Some(chunk) if len >= 8 => u64::from_be_bytes(*chunk),
+        Some(chunk) => u64::from_be_bytes(*chunk) & !(u64::MAX >> (8 * len)),
+        None => input[start..start + len]
+            .iter()
+            .take(8)
+            .enumerate()
+            .fold(0, |acc, (k, &b)| acc | u64::from(b) << (56 - 8 * k)),
+    }
+}
+
+/// Appends `input[from..to]` to `out`; when that is short, without a call to
+/// `memcpy`: 32 bytes are copied (a constant length, so inline moves), then
+/// the excess is cut off.
+#[inline(always)]
+fn append(out: &mut Vec<u8>, input: &[u8], from: usize, to: usize) {
+    if to - from <= 32 && out.capacity() - out.len() >= 32 {
+        if let Some(chunk) = input.get(from..).and_then(|rest| rest.first_chunk::<32>()) {
+            let end = out.len() + (to - from);
+            out.extend_from_slice(chunk);
+            out.truncate(end);
+            return;
+        }
+    }
+    out.extend_from_slice(&input[from..to]);
+}
+
+/// The end of the run of ASCII digits starting at `i`.
+#[inline(always)]
+fn digits_end(input: &[u8], mut i: usize) -> usize {
+    while let Some(b'0'..=b'9') = input.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// The next token at or after `at`: where it is, and its first byte.
+#[inline(always)]
+fn token(input: &[u8], at: usize) -> Option<(usize, u8)> {
+    let b = *input.get(at)?;
+    if b > b' ' {
+        return Some((at, b));
+    }
+    token_after_whitespace(input, at)
+}
+
+#[inline(never)]
+fn token_after_whitespace(input: &[u8], mut at: usize) -> Option<(usize, u8)> {
+    while let b' ' | b'\t' | b'\n' | b'\r' = *input.get(at)? {
+        at += 1;
+    }
+    Some((at, input[at]))
+}
+
+/// The end of `text` when it is at `at`.
+#[inline(always)]
+fn literal_end(input: &[u8], at: usize, text: &[u8]) -> Option<usize> {
+    let end = at + text.len();
+    (input.get(at..end)? == text).then_some(end)
+}
+
+/// The end of the number at `at` when its source text is its canonical form:
+/// a plain integer of at most 15 digits other than -0, or a plain decimal of
+/// at most 15 significant digits, with no trailing zero, that ECMAScript
+/// prints without an exponent. `None` for anything else, valid or not.
+#[inline(always)]
+fn plain_number_end(input: &[u8], at: usize) -> Option<usize> {
+    let negative = input[at] == b'-';
+    let int_start = at + usize::from(negative);
+    let int_end = digits_end(input, int_start);
+    let int_len = int_end - int_start;
+    if int_len == 0 || int_len > 15 {
+        return None;
+    }
+    let leading_zero = input[int_start] == b'0';
+    if leading_zero && int_len > 1 {
+        return None; // not JSON
+    }
+    match input.get(int_end) {
+        Some(b'.') => {
+            let frac_start = int_end + 1;
+            let end = digits_end(input, frac_start);
+            let frac_len = end - frac_start;
+            // No digit, a trailing zero, or an exponent: not plain.
+            if frac_len == 0
+                || input[end - 1] == b'0'
+                || matches!(input.get(end), Some(b'e' | b'E'))
+            {
+                return None;
+            }
+            let significant = if leading_zero {
+                // 0.000001 (1e-6) is the smallest ECMAScript prints plain.
+                let zeros = input[frac_start..end]
+                    .iter()
+                    .take_while(|&&b| b == b'0')
+                    .count();
+                if zeros > 5 {
+                    return None;
+                }
+                frac_len - zeros
+            } else {
+                int_len + frac_len
+            };
+            // At most 15 significant digits, and not zero (the last digit is
+            // not 0): the unique shortest form of the double nearest to it
+            // (see `short_decimal`), and so its canonical form.
+            (significant <= 15).then_some(end)
+        }
+        Some(b'e' | b'E') => None,
+        // -0 prints as 0.
+        _ if negative && leading_zero => None,
+        // Below 2^53 and without leading zeros: the source is canonical.
+        _ => Some(int_end),
+    }
+}
+
+/// RFC 8785 key order (UTF-16 code units), `Equal` for the same key.
+#[inline(always)]
+fn key_order(a: &Member, b: &Member, input: &[u8]) -> Ordering {
+    if a.prefix != b.prefix && a.bmp && b.bmp {
+        return a.prefix.cmp(&b.prefix);
+    }
+    key_order_beyond_prefix(a, b, input)
+}
+
+/// [`key_order`] when the prefixes do not decide.
+#[inline(never)]
+fn key_order_beyond_prefix(a: &Member, b: &Member, input: &[u8]) -> Ordering {
+    if a.prefix == b.prefix && a.key_len <= 8 && b.key_len <= 8 {
+        // The prefixes hold both keys whole.
+        return Ordering::Equal;
+    }
+    let (x, y) = (a.key(input), b.key(input));
+    if a.bmp && b.bmp {
+        return x.cmp(y);
+    }
+    match (std::str::from_utf8(x), std::str::from_utf8(y)) {
+        (Ok(x), Ok(y)) => cmp_utf16(x, y),
+        _ => x.cmp(y), // unreachable: keys were validated
+    }
+}
+
+/// How an object's members are to be written.
+enum Order {
+    /// As they came: their keys are in order.
+    Arrival,
+    /// As they are now: sorted in place.
+    Sorted,
+    /// `ranked[k]` is the index of the member with the `k`-th key.
+    Ranked([u8; SMALL_OBJECT]),
+}
+
+/// Orders an object's members by key: `None` on a duplicate key.
+fn sort_members(members: &mut [Member], input: &[u8]) -> Option<Order> {
+    let n = members.len();
+    if n <= SMALL_OBJECT {
+        // A member's rank is the number of keys below its own. The prefixes
+        // decide when they all differ and every key is in the BMP.
+        let mut ranks = [0u8; SMALL_OBJECT];
+        let mut undecided = false;
+        for (i, a) in members.iter().enumerate() {
+            undecided |= !a.bmp;
+            for (j, b) in members.iter().enumerate().skip(i + 1) {
+                ranks[j] += u8::from(a.prefix < b.prefix);
+                ranks[i] += u8::from(a.prefix > b.prefix);
+                undecided |= a.prefix == b.prefix;
+            }
+        }
+        if undecided {
+            if in_order(members, input) {
+                return Some(Order::Arrival);
+            }
+            // Every pair compared in full, once.
+            ranks = [0u8; SMALL_OBJECT];
+            for i in 0..n {
+                for j in i + 1..n {
+                    match key_order(&members[i], &members[j], input) {
+                        Ordering::Less => ranks[j] += 1,
+                        Ordering::Greater => ranks[i] += 1,
+                        Ordering::Equal => return None, // a duplicate key
+                    }
+                }
+            }
+        }
+        // Ranks 0, 1, 2, ... (and zeros past `n`): in order already.
+        let arrival = 0x0f0e_0d0c_0b0a_0908_0706_0504_0302_0100_u128
+            & u128::MAX.checked_shr(8 * (16 - n) as u32).unwrap_or(0);
+        if u128::from_le_bytes(ranks) == arrival {
+            return Some(Order::Arrival);
+        }
+        let mut ranked = [0u8; SMALL_OBJECT];
+        for (i, &rank) in ranks[..n].iter().enumerate() {
+            ranked[usize::from(rank)] = i as u8;
+        }
+        return Some(Order::Ranked(ranked));
+    }
+    if in_order(members, input) {
+        return Some(Order::Arrival);
+    }
+    members.sort_unstable_by(|a, b| key_order(a, b, input));
+    if members
+        .windows(2)
+        .any(|w| key_order(&w[0], &w[1], input) == Ordering::Equal)
+    {
+        return None; // duplicate key: an error, reported by the serde_json path
+    }
+    Some(Order::Sorted)
+}
+
+/// Strictly increasing keys: sorted, and no duplicate.
+fn in_order(members: &[Member], input: &[u8]) -> bool {
+    members
+        .windows(2)
+        .all(|w| key_order(&w[0], &w[1], input) == Ordering::Less)
+}
+
+impl FastCanonical<'_, '_> {
+    pub(super) fn document(&mut self) -> Option<()> {
+        if self.input.len() > FAST_MAX_LEN {
+            return None;
+        }
+        self.value(0)?;
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.input.get(self.at) {
             self.at += 1;
         }
+        (self.at == self.input.len()).then_some(())
     }
 
     fn peek(&mut self) -> Option<u8> {
-        self.skip_whitespace();
-        self.input.get(self.at).copied()
+        let (at, b) = token(self.input, self.at)?;
+        self.at = at;
+        Some(b)
     }
 
     fn literal(&mut self, text: &[u8]) -> Option<()> {
-        let end = self.at + text.len();
-        (self.input.get(self.at..end)? == text).then_some(())?;
+        let end = literal_end(self.input, self.at, text)?;
         self.at = end;
         self.buf.out.extend_from_slice(text);
         Some(())
@@ -49,16 +384,7 @@ impl<'a> FastCanonical<'a, '_> {
         match self.peek()? {
             b'{' => self.object(depth + 1),
             b'[' => self.array(depth + 1),
-            b'"' => {
-                let start = self.at;
-                match self.string()? {
-                    // No escape in the source: nothing to escape either; the
-                    // token, quotes included, is its own canonical form.
-                    Decoded::Raw(..) => self.buf.out.extend_from_slice(&self.input[start..self.at]),
-                    Decoded::Owned(text) => write_json_string(&mut self.buf.out, &text),
-                }
-                Some(())
-            }
+            b'"' => self.string(),
             b't' => self.literal(b"true"),
             b'f' => self.literal(b"false"),
             b'n' => self.literal(b"null"),
@@ -99,128 +425,198 @@ impl<'a> FastCanonical<'a, '_> {
         if depth > FAST_MAX_DEPTH {
             return None;
         }
-        self.at += 1;
-        let start = self.buf.out.len();
-        let first = self.members.len();
-        if self.peek()? == b'}' {
-            self.at += 1;
+        let input = self.input;
+        let (mut at, mut b) = token(input, self.at + 1)?;
+        if b == b'}' {
+            self.at = at + 1;
             self.buf.out.extend_from_slice(b"{}");
             return Some(());
         }
-        // Members are written in arrival order as `"key":value`, then
-        // reordered only if their keys are not sorted already.
+        // A member whose value is its own source text (a string without
+        // escapes, a plain number, a literal) is only recorded here, and
+        // written once, in key order, at the end. The others are written as
+        // they come, and moved at the end if needed.
         self.buf.out.push(b'{');
+        let body = self.buf.out.len();
+        // Kept in a local while this object reads its members (handed back
+        // around nested values), so that the compiler can keep it in registers.
+        let mut members = std::mem::take(&mut self.members);
+        let first = members.len();
+        let mut all_written = true;
         loop {
-            if self.peek()? != b'"' {
+            if b != b'"' {
                 return None;
             }
-            let key_start = self.at;
+            let key_start = at;
+            let (key_end, high, prefix) = scan_key(input, key_start + 1);
             // Keys with escapes are rare: the serde_json path handles them.
-            let Decoded::Raw(key, ascii) = self.string()? else {
-                return None;
-            };
-            let key_end = self.at;
-            if self.peek()? != b':' {
+            if *input.get(key_end)? != b'"' {
                 return None;
             }
-            self.at += 1;
-            let from = self.buf.out.len();
-            self.buf
-                .out
-                .extend_from_slice(&self.input[key_start..key_end]);
-            self.buf.out.push(b':');
-            self.value(depth)?;
-            self.members.push((key, ascii, from, self.buf.out.len()));
-            match self.peek()? {
-                b',' => {
-                    self.at += 1;
-                    self.buf.out.push(b',');
+            let key_len = key_end - key_start - 1;
+            let bmp = !high || {
+                let key = &input[key_start + 1..key_end];
+                std::str::from_utf8(key).ok()?;
+                key.iter().all(|&b| b < 0xf0)
+            };
+            let colon = key_end + 1;
+            let value_start = if input.get(colon) == Some(&b':') {
+                colon + 1
+            } else {
+                let (at, b) = token(input, colon)?;
+                if b != b':' {
+                    return None;
                 }
-                b'}' => {
-                    self.at += 1;
-                    break;
+                at + 1
+            };
+            (at, b) = token(input, value_start)?;
+            let source_end = match b {
+                b'"' => {
+                    let (end, high) = scan_string(input, at + 1);
+                    if *input.get(end)? == b'"' {
+                        if high {
+                            std::str::from_utf8(&input[at + 1..end]).ok()?;
+                        }
+                        Some(end + 1)
+                    } else {
+                        None
+                    }
                 }
+                b'-' | b'0'..=b'9' => plain_number_end(input, at),
+                b't' => literal_end(input, at, b"true"),
+                b'f' => literal_end(input, at, b"false"),
+                b'n' => literal_end(input, at, b"null"),
+                _ => None,
+            };
+            let (from, to, text) = match source_end {
+                Some(end) if at == value_start && colon + 1 == value_start => {
+                    let member = (key_start as u32, end as u32, Text::Source);
+                    at = end;
+                    all_written = false;
+                    member
+                }
+                Some(end) => {
+                    let member = (at as u32, end as u32, Text::Spaced);
+                    at = end;
+                    all_written = false;
+                    member
+                }
+                None => {
+                    let out = &mut self.buf.out;
+                    if out.len() > body {
+                        out.push(b',');
+                    }
+                    let from = out.len() - body;
+                    out.extend_from_slice(&input[key_start..key_end + 1]);
+                    out.push(b':');
+                    self.at = at;
+                    self.members = members;
+                    self.value(depth)?;
+                    members = std::mem::take(&mut self.members);
+                    at = self.at;
+                    let to = self.buf.out.len() - body;
+                    (
+                        u32::try_from(from).ok()?,
+                        u32::try_from(to).ok()?,
+                        Text::Written,
+                    )
+                }
+            };
+            members.push(Member {
+                prefix,
+                key: key_start as u32,
+                key_len: key_len as u32,
+                from,
+                to,
+                text,
+                bmp,
+            });
+            (at, b) = token(input, at)?;
+            match b {
+                b',' => (at, b) = token(input, at + 1)?,
+                b'}' => break,
                 _ => return None,
             }
         }
-        self.buf.out.push(b'}');
-        let order = |a: &(&[u8], bool, usize, usize), b: &(&[u8], bool, usize, usize)| {
-            if a.1 && b.1 {
-                a.0.cmp(b.0)
-            } else {
-                match (std::str::from_utf8(a.0), std::str::from_utf8(b.0)) {
-                    (Ok(x), Ok(y)) => cmp_utf16(x, y),
-                    _ => a.0.cmp(b.0), // unreachable: keys were validated
-                }
+        self.at = at + 1;
+        let order = sort_members(&mut members[first..], input)?;
+        let out = &mut self.buf.out;
+        if !(matches!(order, Order::Arrival) && all_written) {
+            // Written members move to `scratch`; then every member is written
+            // in key order.
+            let scratch = &mut self.buf.scratch;
+            if out.len() > body {
+                scratch.clear();
+                scratch.extend_from_slice(&out[body..]);
+                out.truncate(body);
             }
-        };
-        let members = &mut self.members[first..];
-        // Strictly increasing: sorted, and no duplicate.
-        if !members
-            .windows(2)
-            .all(|w| order(&w[0], &w[1]) == Ordering::Less)
-        {
-            members.sort_unstable_by(order);
-            if members.windows(2).any(|w| w[0].0 == w[1].0) {
-                return None; // duplicate key: an error, reported by the serde_json path
-            }
-            let Buffers { out, scratch } = &mut *self.buf;
-            scratch.clear();
-            scratch.extend_from_slice(&out[start..]);
-            out.truncate(start);
-            out.push(b'{');
-            for (i, (_, _, from, to)) in members.iter().enumerate() {
-                if i > 0 {
+            let members = &members[first..];
+            for k in 0..members.len() {
+                let member = match &order {
+                    Order::Ranked(ranked) => &members[usize::from(ranked[k])],
+                    _ => &members[k],
+                };
+                if k > 0 {
                     out.push(b',');
                 }
-                out.extend_from_slice(&scratch[from - start..to - start]);
+                let (from, to) = (member.from as usize, member.to as usize);
+                match member.text {
+                    Text::Source => append(out, input, from, to),
+                    Text::Spaced => {
+                        let key_start = member.key as usize;
+                        let key_end = key_start + member.key_len as usize + 2;
+                        append(out, input, key_start, key_end);
+                        out.push(b':');
+                        append(out, input, from, to);
+                    }
+                    Text::Written => out.extend_from_slice(&scratch[from..to]),
+                }
             }
-            out.push(b'}');
         }
-        self.members.truncate(first);
+        out.push(b'}');
+        members.truncate(first);
+        self.members = members;
         Some(())
     }
 
-    /// A string token; `Raw` (with whether it is ASCII) when it has no escape.
-    fn string(&mut self) -> Option<Decoded<'a>> {
+    /// A string value, written in its canonical form.
+    fn string(&mut self) -> Option<()> {
         let input = self.input;
-        let begin = self.at + 1;
-        let mut i = begin;
-        let mut high = 0u8;
-        while let Some(&b) = input.get(i) {
-            if b == b'"' || b == b'\\' || b < 0x20 {
-                break;
-            }
-            high |= b;
-            i += 1;
-        }
-        match *input.get(i)? {
+        let start = self.at;
+        let (end, high) = scan_string(input, start + 1);
+        match *input.get(end)? {
             b'"' => {
-                let raw = &input[begin..i];
-                let ascii = high < 0x80;
-                if !ascii {
-                    std::str::from_utf8(raw).ok()?;
+                if high {
+                    std::str::from_utf8(&input[start + 1..end]).ok()?;
                 }
-                self.at = i + 1;
-                return Some(Decoded::Raw(raw, ascii));
+                // No escape in the source: nothing to escape either; the
+                // token, quotes included, is its own canonical form.
+                self.at = end + 1;
+                append(&mut self.buf.out, input, start, end + 1);
+                Some(())
             }
-            b'\\' => {}
-            _ => return None,
+            b'\\' => {
+                let text = self.escaped_string(start + 1, end)?;
+                write_json_string(&mut self.buf.out, &text);
+                Some(())
+            }
+            _ => None,
         }
+    }
+
+    /// Decodes a string token with escapes, whose contents start at `begin`
+    /// and whose first escape is at `i`.
+    fn escaped_string(&mut self, begin: usize, mut i: usize) -> Option<String> {
+        let input = self.input;
         let mut text = String::from(std::str::from_utf8(&input[begin..i]).ok()?);
         loop {
             let run_start = i;
-            while let Some(&b) = input.get(i) {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                i += 1;
-            }
+            i = run_end(input, i, false);
             text.push_str(std::str::from_utf8(&input[run_start..i]).ok()?);
             match *input.get(i)? {
                 b'"' => {
                     self.at = i + 1;
-                    return Some(Decoded::Owned(text));
+                    return Some(text);
                 }
                 b'\\' => {
                     let c = match *input.get(i + 1)? {
@@ -250,7 +646,20 @@ impl<'a> FastCanonical<'a, '_> {
         }
     }
 
+    /// A number: its source text when that is its canonical form (see
+    /// [`plain_number_end`]), else [`Self::general_number`].
     fn number(&mut self) -> Option<()> {
+        match plain_number_end(self.input, self.at) {
+            Some(end) => {
+                append(&mut self.buf.out, self.input, self.at, end);
+                self.at = end;
+                Some(())
+            }
+            None => self.general_number(),
+        }
+    }
+
+    fn general_number(&mut self) -> Option<()> {
         let input = self.input;
         let begin = self.at;
         let mut i = begin;
@@ -388,10 +797,4 @@ impl<'a> FastCanonical<'a, '_> {
         write_es6_number(out, v);
         Some(())
     }
-}
-
-pub(super) enum Decoded<'a> {
-    /// The bytes between the quotes (valid UTF-8), and whether they are ASCII.
-    Raw(&'a [u8], bool),
-    Owned(String),
 }

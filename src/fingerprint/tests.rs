@@ -258,3 +258,286 @@ fn json_content_types() {
     assert!(!is_json_content_type(b"application/jsonx"));
     assert!(!is_json_content_type(b"application/x-www-form-urlencoded"));
 }
+
+/// The single-pass path takes `doc` and agrees with the serde_json path.
+fn assert_fast_agrees(doc: &str) {
+    let want = slow(doc);
+    match fast(doc) {
+        Some(out) => assert_eq!(
+            Ok(String::from_utf8(out).unwrap()),
+            want.map(|w| String::from_utf8(w).unwrap()),
+            "{doc}"
+        ),
+        None => panic!("the single-pass path declined {doc}"),
+    }
+}
+
+#[test]
+fn numbers_copied_as_written_only_when_canonical() {
+    // (source, canonical): the single-pass path takes all of these.
+    let cases = [
+        ("0", "0"),
+        ("-0", "0"),
+        ("7", "7"),
+        ("-7", "-7"),
+        ("999999999999999", "999999999999999"),
+        ("-999999999999999", "-999999999999999"),
+        ("9999999999999999", "10000000000000000"),
+        ("9007199254740993", "9007199254740992"),
+        ("999999999999999999", "1000000000000000000"),
+        ("10.5", "10.5"),
+        ("-10.5", "-10.5"),
+        ("1.50", "1.5"),
+        ("10.0", "10"),
+        ("-0.0", "0"),
+        ("0.10", "0.1"),
+        // 15 significant digits as written; 16 and 17 round through a double.
+        ("12345678901234.5", "12345678901234.5"),
+        ("123456789012345.6", "123456789012345.6"),
+        ("1234567890123456.7", "1234567890123456.8"),
+        ("0.123456789012345", "0.123456789012345"),
+        ("0.1234567890123456", "0.1234567890123456"),
+        ("0.30000000000000004", "0.30000000000000004"),
+        ("0.000001", "0.000001"),
+        ("-0.000001", "-0.000001"),
+        ("0.000001234567890123", "0.000001234567890123"),
+        ("0.0000001", "1e-7"),
+        ("0.0000009", "9e-7"),
+        ("0.00000123", "0.00000123"),
+        ("1e21", "1e+21"),
+        ("1e20", "100000000000000000000"),
+        ("1E2", "100"),
+        ("1.5e1", "15"),
+        ("1.5E-7", "1.5e-7"),
+        ("0.5", "0.5"),
+        ("5e-324", "5e-324"),
+    ];
+    for (source, want) in cases {
+        for doc in [
+            source.to_string(),
+            format!("[{source}]"),
+            format!("{{\"k\":{source}}}"),
+            format!("{{\"k\" : {source} , \"a\":{source}}}"),
+        ] {
+            assert_fast_agrees(&doc);
+        }
+        assert_eq!(canon(source), want, "{source}");
+    }
+    for bad in [
+        "01", "-01", "00.5", "1.", "-", "-a", ".5", "1e", "1e+", "1.e5",
+    ] {
+        assert!(fast(bad).is_none(), "{bad}");
+        assert!(canonicalize_json(bad.as_bytes()).is_err(), "{bad}");
+        let doc = format!("{{\"k\":{bad}}}");
+        assert!(fast(&doc).is_none(), "{doc}");
+    }
+}
+
+#[test]
+fn keys_sort_by_prefix_then_in_full() {
+    for doc in [
+        // Keys sharing their first 8 bytes, of 8 and more bytes.
+        r#"{"customer_name":1,"customer_id":2,"customer":3,"customers":4}"#,
+        r#"{"abcdefgh":1,"abcdefg":2,"abcdefghi":3,"abcdefgz":4}"#,
+        r#"{"b":1,"a":2,"":3}"#,
+        // UTF-16 order: U+1F600 (surrogates) sorts before U+FB33, both after U+20AC.
+        "{\"\u{fb33}\":1,\"\u{1f600}\":2,\"\u{20ac}\":3,\"z\":4}",
+        "{\"a\u{1f600}\":1,\"a\u{fb33}\":2,\"a\":3}",
+        "{\"\u{e9}t\u{e9}\":1,\"ete\":2,\"\u{e9}\":3}",
+        // Keys ending near the end of the input (no 8 bytes left to read).
+        r#"{"b":1,"a":2}"#,
+        r#"{"a":1}"#,
+        // Whitespace around colons and commas, pretty-printed.
+        "{\n  \"b\" : 1,\n  \"a\": \"x\" ,\"c\"\t:true\n}",
+        // Members written as they come (nested values, escapes) mixed with
+        // members copied at the end.
+        r#"{"z":{"y":1,"x":[2,{"b":1,"a":0}]},"m":"a\nb","a":1,"n":null,"b":[]}"#,
+        r#"{"b":"\u00e9","a":"é","c":{}}"#,
+    ] {
+        assert_fast_agrees(doc);
+    }
+    // More members than the pairwise ranking takes: sorted by `sort_unstable_by`.
+    let keys: Vec<String> = (0..40)
+        .map(|i| format!("key{:03}", (i * 17) % 40))
+        .collect();
+    let shuffled = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| format!("\"{k}\":{i}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    assert_fast_agrees(&format!("{{{shuffled}}}"));
+    let mut sorted = keys.clone();
+    sorted.sort();
+    let in_order = sorted
+        .iter()
+        .map(|k| format!("\"{k}\":1"))
+        .collect::<Vec<_>>()
+        .join(",");
+    assert_fast_agrees(&format!("{{{in_order}}}"));
+    // Duplicates, short or long, among few or many members: declined.
+    for doc in [
+        r#"{"a":1,"a":2}"#.to_string(),
+        r#"{"b":1,"a":1,"b":2}"#.to_string(),
+        r#"{"abcdefghij":1,"x":0,"abcdefghij":2}"#.to_string(),
+        "{\"\u{1f600}\":1,\"\u{1f600}\":2}".to_string(),
+        format!("{{{shuffled},\"key007\":0}}"),
+        format!("{{{in_order},\"key007\":0}}"),
+    ] {
+        assert!(fast(&doc).is_none(), "{doc}");
+        assert!(canonicalize_json(doc.as_bytes()).is_err(), "{doc}");
+    }
+}
+
+#[test]
+fn strings_scanned_eight_bytes_at_a_time() {
+    // A quote, escape, control or non-ASCII byte at every offset of the
+    // 8-byte words, as key and as value.
+    for len in 0..20 {
+        let plain = "abcdefghijklmnopqrstuvwxyz"[..len].to_string();
+        for special in ["", "\\n", "\\\"", "\\u00e9", "é", "😀", "\u{7f}", "\u{1}"] {
+            for at in [0, len / 2, len] {
+                let text = format!("{}{special}{}", &plain[..at], &plain[at..]);
+                for doc in [
+                    format!("\"{text}\""),
+                    format!("[\"{text}\",\"{text}\"]"),
+                    format!("{{\"{text}\":\"{text}\",\"k\":1}}"),
+                    format!("{{\"k\":1,\"{text}\":[]}}"),
+                ] {
+                    if let Some(out) = fast(&doc) {
+                        assert_eq!(Ok(out), slow(&doc), "{doc}");
+                    }
+                    assert_eq!(
+                        canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+                        slow(&doc),
+                        "{doc}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(fast("\"abc\u{1}defghijk\"").is_none());
+    assert!(fast("\"abcdefghijk").is_none());
+    assert!(fast("{\"abcdefghijk").is_none());
+    assert!(fast("{\"abcdefghijk\\u0041\":1}").is_none());
+}
+
+#[test]
+fn random_documents_agree_with_the_serde_path() {
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+        fn pick<'s>(&mut self, from: &[&'s str]) -> &'s str {
+            from[self.below(from.len() as u64) as usize]
+        }
+    }
+    const KEYS: &[&str] = &[
+        "a",
+        "b",
+        "sku",
+        "qty",
+        "price",
+        "note",
+        "customer",
+        "customer_id",
+        "customer_name",
+        "",
+        "é",
+        "😀",
+        "\u{fb33}",
+        "abcdefgh",
+        "abcdefghi",
+        "a\\nb",
+        "price2",
+    ];
+    const NUMBERS: &[&str] = &[
+        "0",
+        "-0",
+        "1",
+        "-12",
+        "10.5",
+        "0.25",
+        "1.50",
+        "1e3",
+        "-2.5E-8",
+        "0.0000001",
+        "0.000001",
+        "123456789012345",
+        "1234567890123456",
+        "0.1234567890123456",
+        "4.35",
+    ];
+    const STRINGS: &[&str] = &[
+        "",
+        "x",
+        "gift wrap",
+        "SKU-000001",
+        "é",
+        "a\\\"b",
+        "\\u00e9",
+        "😀 emoji",
+        "tab\\t",
+    ];
+    const SPACES: &[&str] = &["", "", "", " ", "\n  ", "\t"];
+    fn value(rng: &mut Rng, depth: u32, out: &mut String) {
+        match rng.below(if depth > 3 { 5 } else { 7 }) {
+            0 | 1 => out.push_str(rng.pick(NUMBERS)),
+            2 | 3 => {
+                out.push('"');
+                out.push_str(rng.pick(STRINGS));
+                out.push('"');
+            }
+            4 => out.push_str(rng.pick(&["true", "false", "null"])),
+            5 => {
+                out.push('[');
+                for i in 0..rng.below(4) {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(rng.pick(SPACES));
+                    value(rng, depth + 1, out);
+                }
+                out.push(']');
+            }
+            _ => {
+                out.push('{');
+                for i in 0..rng.below(20) {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(rng.pick(SPACES));
+                    out.push('"');
+                    out.push_str(rng.pick(KEYS));
+                    out.push('"');
+                    out.push_str(rng.pick(SPACES));
+                    out.push(':');
+                    out.push_str(rng.pick(SPACES));
+                    value(rng, depth + 1, out);
+                    out.push_str(rng.pick(SPACES));
+                }
+                out.push('}');
+            }
+        }
+    }
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut taken = 0;
+    for _ in 0..20_000 {
+        let mut doc = String::new();
+        value(&mut rng, 0, &mut doc);
+        if let Some(out) = fast(&doc) {
+            taken += 1;
+            assert_eq!(Ok(out), slow(&doc), "{doc}");
+        }
+        assert_eq!(
+            canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+            slow(&doc),
+            "{doc}"
+        );
+    }
+    assert!(taken > 5_000, "the single-pass path took only {taken}");
+}
