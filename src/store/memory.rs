@@ -312,7 +312,10 @@ impl Store for MemoryStore {
         let answer = match records.entry(id) {
             Entry::Vacant(vacant) => {
                 let (record, token) = self.new_claim(key, request, now);
-                vacant.insert(record);
+                // Counted before the shard lock is released: a purge that
+                // removes the new claim at once then subtracts it after this
+                // addition, and `len()` never wraps below zero in between.
+                let _inserted = vacant.insert(record);
                 self.shared.live.fetch_add(1, Ordering::Relaxed);
                 return Ok(Begin::Claimed(token));
             }
@@ -405,7 +408,10 @@ impl Store for MemoryStore {
             return Ok(());
         }
         let lock_deadline = self.shared.clock.instant(lock_deadline);
-        let until = (Instant::now() + timeout).min(lock_deadline);
+        // An unbounded timeout (`Duration::MAX`) waits until the lock expires.
+        let until = Instant::now()
+            .checked_add(timeout)
+            .map_or(lock_deadline, |t| t.min(lock_deadline));
         let _ = tokio::time::timeout_at(until, notified).await;
         Ok(())
     }
