@@ -87,7 +87,8 @@ pub enum Begin {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
-    /// The claim was taken over or released: its token no longer owns the record.
+    /// The claim was taken over, released, or (its lock having expired) evicted:
+    /// its token no longer owns the record.
     ClaimLost,
     /// The store is at its configured capacity and nothing has expired.
     CapacityExceeded,
