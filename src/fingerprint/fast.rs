@@ -53,8 +53,10 @@ impl Member {
     }
 }
 
-/// Deeper documents go to the serde_json path (which allows 128 levels).
-pub(super) const FAST_MAX_DEPTH: usize = 64;
+/// Deeper documents go to the serde_json path (which allows 128 levels). API
+/// bodies rarely nest past a handful of levels; 32 keeps this path's recursion
+/// within a 256 KiB stack even in a debug build, where its frames are large.
+pub(super) const FAST_MAX_DEPTH: usize = 32;
 
 /// Longer inputs go to the serde_json path, so that every offset into the
 /// input fits u32 (and so does every offset into the output, which is at most
