@@ -78,14 +78,40 @@ impl From<crate::Refusal> for Outcome {
 }
 
 /// Runs a decision and emits its closing event and metrics.
-pub(crate) async fn observed<T>(
-    layer: &'static str,
-    decision: impl std::future::Future<Output = (T, Outcome)>,
-) -> T {
-    let started = tokio::time::Instant::now();
-    let (answer, outcome) = decision.await;
-    finish(layer, outcome, started.elapsed());
-    answer
+pub(crate) fn observed<F, T>(layer: &'static str, decision: F) -> Observed<F>
+where
+    F: std::future::Future<Output = (T, Outcome)>,
+{
+    Observed {
+        decision,
+        layer,
+        started: tokio::time::Instant::now(),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The future of [`observed`]: a struct rather than an `async fn`, which
+    /// would keep a second copy of the (large) decision future in its state.
+    pub(crate) struct Observed<F> {
+        #[pin]
+        decision: F,
+        layer: &'static str,
+        started: tokio::time::Instant,
+    }
+}
+
+impl<F, T> std::future::Future for Observed<F>
+where
+    F: std::future::Future<Output = (T, Outcome)>,
+{
+    type Output = T;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
+        let this = self.project();
+        let (answer, outcome) = std::task::ready!(this.decision.poll(cx));
+        finish(this.layer, outcome, this.started.elapsed());
+        std::task::Poll::Ready(answer)
+    }
 }
 
 /// A short, stable, non-reversible id of a key for logs: 16 hex digits of SHA-256.

@@ -90,6 +90,9 @@ impl fmt::Debug for Fingerprint {
 /// Whether a `Content-Type` names JSON: `application/json` or `application/*+json`.
 pub fn is_json_content_type(value: &[u8]) -> bool {
     // Case-insensitive without allocating: this runs on every request.
+    if value == b"application/json" {
+        return true;
+    }
     let essence = value.split(|&b| b == b';').next().unwrap_or_default();
     let essence = essence.trim_ascii();
     let prefix = b"application/".len();

@@ -99,7 +99,7 @@ type Answer<B> = Response<ResponseBody<B>>;
 
 async fn handle<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
-    mut inner: S,
+    inner: S,
     req: Request<ReqBody>,
 ) -> (Result<Answer<ResBody>, S::Error>, Outcome)
 where
@@ -122,11 +122,20 @@ where
     else {
         return refuse(Refusal::KeyRequired);
     };
-    let bytes =
-        match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
-            Ok(bytes) => bytes,
-            Err(refusal) => return refuse(refusal),
-        };
+    // The body reader and the claimed path (below) are boxed on their own: this
+    // future is allocated per request, and kept under ~1 KiB it stays in the
+    // allocator's thread cache, which a replay or a refusal never leaves.
+    let bytes = match Box::pin(buffer_body(
+        body,
+        &parts.headers,
+        config.body_limit,
+        config.body_timeout,
+    ))
+    .await
+    {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refuse(refusal),
+    };
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let record = RecordKey::new(scope, key);
     // Computed by the store only as far as it needs: a replay of the same bytes
@@ -162,6 +171,27 @@ where
         }
     };
 
+    drop(fingerprint); // it borrows `parts`
+    Box::pin(run_claimed(config, inner, parts, bytes, record, token)).await
+}
+
+/// Runs the inner service for a claimed key and records its response.
+async fn run_claimed<S, E, P, ReqBody, ResBody>(
+    config: Arc<Config<E, P>>,
+    mut inner: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    record: RecordKey,
+    token: FencingToken,
+) -> (Result<Answer<ResBody>, S::Error>, Outcome)
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    P: CachePolicy,
+    ReqBody: From<Bytes>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let store = &config.store;
     let claim = ClaimGuard {
         store: store.clone(),
         record: record.clone(),
