@@ -34,19 +34,18 @@
 //! ```
 
 mod jobs;
+mod operations;
 mod single_flight;
 mod sql;
 mod wait;
 
 pub use jobs::PostgresJobStore;
 
-use self::single_flight::{Flights, Join, Landed, Leader};
-use self::sql::{is_identifier, Sql, PURGE_BATCH};
-use self::wait::{listener_connect, ListenerConnect, Waits, RECHECK_FIRST, RECHECK_MAX};
+use self::single_flight::{Flights, Leader};
+use self::sql::{is_identifier, Sql};
+use self::wait::{listener_connect, ListenerConnect, Waits};
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::body::BoxError;
-use crate::RequestFingerprint;
-use async_trait::async_trait;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -56,7 +55,6 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::time::Instant;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Socket, Statement};
@@ -525,173 +523,6 @@ impl Inner {
             }
         })
         .await
-    }
-}
-
-#[async_trait]
-impl Store for PostgresStore {
-    async fn begin(
-        &self,
-        key: &RecordKey,
-        request: &RequestFingerprint<'_>,
-    ) -> Result<Begin, StoreError> {
-        let inner = &self.inner;
-        inner.ensure_listener();
-        // Shared by every instance: only the canonical fingerprint is comparable.
-        let fp = request.fingerprint().as_bytes();
-        // Concurrent identical calls share one query (see `single_flight`): after a
-        // completion's NOTIFY, its waiters would otherwise all queue up behind the pool.
-        inner
-            .timed(async {
-                loop {
-                    match inner.flights.join(key, fp) {
-                        Join::Lead(mut leader) => {
-                            let begun = inner.begin_query(key, fp, Some(&mut leader)).await;
-                            leader.land(&begun);
-                            return begun;
-                        }
-                        Join::Follow(follower) => {
-                            inner.stats.begins_followed.fetch_add(1, Ordering::Relaxed);
-                            match follower.landing().await {
-                                Some(Landed::Shared(answer)) => {
-                                    inner.stats.begins_shared.fetch_add(1, Ordering::Relaxed);
-                                    return Ok(answer);
-                                }
-                                // The claim is the leader's alone; the next answer is
-                                // the same for all of us again.
-                                Some(Landed::Claimed) => {}
-                                // The leader failed or was dropped: query, uncoalesced
-                                // (a failing database must not chain followers' waits).
-                                None => return inner.begin_query(key, fp, None).await,
-                            }
-                        }
-                    }
-                }
-            })
-            .await
-    }
-
-    async fn complete(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: StoredResponse,
-    ) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        let status = response.status.as_u16() as i16;
-        let headers = encode_headers(&response.headers);
-        let body: &[u8] = &response.body;
-        let id = key_id(key);
-        let params: [&(dyn ToSql + Sync); 7] =
-            [&scope, &k, &token.0, &status, &headers, &body, &id];
-        inner
-            .timed(async {
-                let client = inner.client().await?;
-                let rows = inner.query(&client, &inner.sql.complete, &params).await?;
-                if rows.is_empty() {
-                    return Err(StoreError::ClaimLost);
-                }
-                Ok(())
-            })
-            .await
-    }
-
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        let id = key_id(key);
-        inner
-            .timed(async {
-                let client = inner.client().await?;
-                inner
-                    .query(&client, &inner.sql.release, &[&scope, &k, &token.0, &id])
-                    .await?;
-                Ok(())
-            })
-            .await
-    }
-
-    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        inner.ensure_listener();
-        let registration = inner.waits.register(key_id(key));
-        let watch = &registration.watch;
-        let notified = watch.notify.notified();
-        tokio::pin!(notified);
-        // Registered before the first check: a completion after the check started
-        // wakes this waiter, one before it is seen by the check.
-        notified.as_mut().enable();
-        let registered = Instant::now();
-        let (answered, remaining) = inner
-            .shared_check(watch, registered, inner.lock_remaining(key))
-            .await?;
-        let Some(remaining) = remaining else {
-            return Ok(());
-        };
-        // Not past the lock's expiry, as a duration the database measured (at most a
-        // network delay after it, never before it: `begin` then takes the claim over).
-        let deadline = (registered + timeout).min(answered + remaining);
-        let mut backoff = RECHECK_FIRST;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            let next = (now + backoff).min(deadline);
-            if tokio::time::timeout_at(next, notified.as_mut())
-                .await
-                .is_ok()
-            {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            // Shared with every waiter of this key that re-checks within 250 ms.
-            let fresh_after = now.checked_sub(RECHECK_FIRST).unwrap_or(now);
-            let (_, remaining) = inner
-                .shared_check(watch, fresh_after, inner.lock_remaining(key))
-                .await?;
-            if remaining.is_none() {
-                watch.notify.notify_waiters();
-                return Ok(());
-            }
-            backoff = (backoff * 2).min(RECHECK_MAX);
-        }
-    }
-
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let inner = &self.inner;
-        let client = inner.timed(inner.client()).await?;
-        let mut purged = 0;
-        // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
-        loop {
-            let deleted = inner
-                .timed(inner.execute(&client, &inner.sql.purge, &[]))
-                .await?;
-            purged += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(purged);
-            }
-        }
-    }
-
-    async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
-        let inner = &self.inner;
-        let client = inner.timed(inner.client()).await?;
-        let scope = scope.as_str();
-        let mut purged = 0;
-        loop {
-            let deleted = inner
-                .timed(inner.execute(&client, &inner.sql.purge_scope, &[&scope]))
-                .await?;
-            purged += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(purged);
-            }
-        }
     }
 }
 

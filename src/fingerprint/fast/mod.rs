@@ -1,0 +1,297 @@
+//! The single-pass canonicaliser for the JSON most requests carry.
+
+use super::*;
+
+mod numbers;
+mod order;
+mod scan;
+
+use self::numbers::plain_number_end;
+use self::order::{sort_members, Order};
+use self::scan::{append, literal_end, scan_key, scan_string, token};
+
+/// A single-pass canonicaliser for the JSON most requests carry. Every method
+/// returns `None` ("not handled here") instead of an error: the caller then
+/// runs the serde_json path, so this one only has to be right on what it
+/// accepts, and it accepts a strict subset of what serde_json accepts.
+pub(super) struct FastCanonical<'a, 'b> {
+    pub(super) input: &'a [u8],
+    pub(super) at: usize,
+    pub(super) buf: &'b mut Buffers,
+    /// Members of the objects being read (a stack shared by nested objects).
+    pub(super) members: Vec<Member>,
+}
+
+/// One object member, read but not necessarily written yet.
+#[derive(Clone, Copy)]
+pub(super) struct Member {
+    /// The key's first 8 bytes, big-endian, zero-padded: comparing two of
+    /// these compares the keys' first 8 bytes (a key has no NUL byte).
+    prefix: u64,
+    /// Where the key (valid UTF-8, no escapes) sits in the input: the index
+    /// of its opening quote, and its length without the quotes.
+    key: u32,
+    key_len: u32,
+    /// A range: see `text`.
+    from: u32,
+    to: u32,
+    text: Text,
+    /// Every character of the key is in the BMP (no 4-byte UTF-8 sequence):
+    /// between two such keys, byte order is UTF-16 code unit order.
+    bmp: bool,
+}
+
+/// Where a member's canonical `"key":value` is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Text {
+    /// All of it, in the input at `from..to`.
+    Source,
+    /// The key in the input, and the value in the input at `from..to`, with
+    /// whitespace around the colon.
+    Spaced,
+    /// All of it, written to `buf.out` at `from..to` (relative to the
+    /// object's first member), after a comma unless it is the first one.
+    Written,
+}
+
+impl Member {
+    fn key<'a>(&self, input: &'a [u8]) -> &'a [u8] {
+        let start = self.key as usize + 1;
+        &input[start..start + self.key_len as usize]
+    }
+}
+
+/// Deeper documents go to the serde_json path (which allows 128 levels). API
+/// bodies rarely nest past a handful of levels; 32 keeps this path's recursion
+/// within a 256 KiB stack even in a debug build, where its frames are large.
+pub(super) const FAST_MAX_DEPTH: usize = 32;
+
+/// Longer inputs go to the serde_json path, so that every offset into the
+/// input fits u32 (and so does every offset into the output, which is at most
+/// 5.25 times as long as the input: `1e20` is `100000000000000000000`).
+const FAST_MAX_LEN: usize = (u32::MAX / 8) as usize;
+
+impl FastCanonical<'_, '_> {
+    pub(super) fn document(&mut self) -> Option<()> {
+        if self.input.len() > FAST_MAX_LEN {
+            return None;
+        }
+        self.value(0)?;
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.input.get(self.at) {
+            self.at += 1;
+        }
+        (self.at == self.input.len()).then_some(())
+    }
+
+    fn peek(&mut self) -> Option<u8> {
+        let (at, b) = token(self.input, self.at)?;
+        self.at = at;
+        Some(b)
+    }
+
+    fn literal(&mut self, text: &[u8]) -> Option<()> {
+        let end = literal_end(self.input, self.at, text)?;
+        self.at = end;
+        self.buf.out.extend_from_slice(text);
+        Some(())
+    }
+
+    fn value(&mut self, depth: usize) -> Option<()> {
+        match self.peek()? {
+            b'{' => self.object(depth + 1),
+            b'[' => self.array(depth + 1),
+            b'"' => self.string(),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => None,
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Option<()> {
+        if depth > FAST_MAX_DEPTH {
+            return None;
+        }
+        self.at += 1;
+        self.buf.out.push(b'[');
+        if self.peek()? == b']' {
+            self.at += 1;
+            self.buf.out.push(b']');
+            return Some(());
+        }
+        loop {
+            self.value(depth)?;
+            match self.peek()? {
+                b',' => {
+                    self.at += 1;
+                    self.buf.out.push(b',');
+                }
+                b']' => {
+                    self.at += 1;
+                    self.buf.out.push(b']');
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Option<()> {
+        if depth > FAST_MAX_DEPTH {
+            return None;
+        }
+        let input = self.input;
+        let (mut at, mut b) = token(input, self.at + 1)?;
+        if b == b'}' {
+            self.at = at + 1;
+            self.buf.out.extend_from_slice(b"{}");
+            return Some(());
+        }
+        // A member whose value is its own source text (a string without
+        // escapes, a plain number, a literal) is only recorded here, and
+        // written once, in key order, at the end. The others are written as
+        // they come, and moved at the end if needed.
+        self.buf.out.push(b'{');
+        let body = self.buf.out.len();
+        // Kept in a local while this object reads its members (handed back
+        // around nested values), so that the compiler can keep it in registers.
+        let mut members = std::mem::take(&mut self.members);
+        let first = members.len();
+        let mut all_written = true;
+        loop {
+            if b != b'"' {
+                return None;
+            }
+            let key_start = at;
+            let (key_end, high, prefix) = scan_key(input, key_start + 1);
+            // Keys with escapes are rare: the serde_json path handles them.
+            if *input.get(key_end)? != b'"' {
+                return None;
+            }
+            let key_len = key_end - key_start - 1;
+            let bmp = !high || {
+                let key = &input[key_start + 1..key_end];
+                std::str::from_utf8(key).ok()?;
+                key.iter().all(|&b| b < 0xf0)
+            };
+            let colon = key_end + 1;
+            let value_start = if input.get(colon) == Some(&b':') {
+                colon + 1
+            } else {
+                let (at, b) = token(input, colon)?;
+                if b != b':' {
+                    return None;
+                }
+                at + 1
+            };
+            (at, b) = token(input, value_start)?;
+            let source_end = match b {
+                b'"' => {
+                    let (end, high) = scan_string(input, at + 1);
+                    if *input.get(end)? == b'"' {
+                        if high {
+                            std::str::from_utf8(&input[at + 1..end]).ok()?;
+                        }
+                        Some(end + 1)
+                    } else {
+                        None
+                    }
+                }
+                b'-' | b'0'..=b'9' => plain_number_end(input, at),
+                b't' => literal_end(input, at, b"true"),
+                b'f' => literal_end(input, at, b"false"),
+                b'n' => literal_end(input, at, b"null"),
+                _ => None,
+            };
+            let (from, to, text) = match source_end {
+                Some(end) if at == value_start && colon + 1 == value_start => {
+                    let member = (key_start as u32, end as u32, Text::Source);
+                    at = end;
+                    all_written = false;
+                    member
+                }
+                Some(end) => {
+                    let member = (at as u32, end as u32, Text::Spaced);
+                    at = end;
+                    all_written = false;
+                    member
+                }
+                None => {
+                    let out = &mut self.buf.out;
+                    if out.len() > body {
+                        out.push(b',');
+                    }
+                    let from = out.len() - body;
+                    out.extend_from_slice(&input[key_start..key_end + 1]);
+                    out.push(b':');
+                    self.at = at;
+                    self.members = members;
+                    self.value(depth)?;
+                    members = std::mem::take(&mut self.members);
+                    at = self.at;
+                    let to = self.buf.out.len() - body;
+                    (
+                        u32::try_from(from).ok()?,
+                        u32::try_from(to).ok()?,
+                        Text::Written,
+                    )
+                }
+            };
+            members.push(Member {
+                prefix,
+                key: key_start as u32,
+                key_len: key_len as u32,
+                from,
+                to,
+                text,
+                bmp,
+            });
+            (at, b) = token(input, at)?;
+            match b {
+                b',' => (at, b) = token(input, at + 1)?,
+                b'}' => break,
+                _ => return None,
+            }
+        }
+        self.at = at + 1;
+        let order = sort_members(&mut members[first..], input)?;
+        let out = &mut self.buf.out;
+        if !(matches!(order, Order::Arrival) && all_written) {
+            // Written members move to `scratch`; then every member is written
+            // in key order.
+            let scratch = &mut self.buf.scratch;
+            if out.len() > body {
+                scratch.clear();
+                scratch.extend_from_slice(&out[body..]);
+                out.truncate(body);
+            }
+            let members = &members[first..];
+            for k in 0..members.len() {
+                let member = match &order {
+                    Order::Ranked(ranked) => &members[usize::from(ranked[k])],
+                    _ => &members[k],
+                };
+                if k > 0 {
+                    out.push(b',');
+                }
+                let (from, to) = (member.from as usize, member.to as usize);
+                match member.text {
+                    Text::Source => append(out, input, from, to),
+                    Text::Spaced => {
+                        let key_start = member.key as usize;
+                        let key_end = key_start + member.key_len as usize + 2;
+                        append(out, input, key_start, key_end);
+                        out.push(b':');
+                        append(out, input, from, to);
+                    }
+                    Text::Written => out.extend_from_slice(&scratch[from..to]),
+                }
+            }
+        }
+        out.push(b'}');
+        members.truncate(first);
+        self.members = members;
+        Some(())
+    }
+}

@@ -1,0 +1,198 @@
+//! Fast-path scanning: string and key runs eight bytes at a time, tokens, string values.
+
+use super::*;
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGHS: u64 = 0x8080_8080_8080_8080;
+
+/// Bit 7 set in each byte of `x` (little-endian) that is `"`, `\` or a control
+/// character, and, if `non_ascii`, in each byte above 0x7f. Exact up to the
+/// lowest set bit (bytes above it may be flagged spuriously, by borrows),
+/// which is all the callers read.
+#[inline(always)]
+fn stop_bytes(x: u64, non_ascii: bool) -> u64 {
+    let quote = x ^ (ONES * u64::from(b'"'));
+    let backslash = x ^ (ONES * u64::from(b'\\'));
+    let stops = (quote.wrapping_sub(ONES) & !quote)
+        | (backslash.wrapping_sub(ONES) & !backslash)
+        | (x.wrapping_sub(ONES * 0x20) & !x);
+    (if non_ascii { stops | x } else { stops }) & HIGHS
+}
+
+/// From `i`, eight bytes at a time: the index of the first `"`, `\` or
+/// control byte, and also of the first non-ASCII one if `non_ascii`
+/// (`input.len()` if none).
+#[inline(always)]
+fn run_end(input: &[u8], mut i: usize, non_ascii: bool) -> usize {
+    while let Some(chunk) = input.get(i..).and_then(|rest| rest.first_chunk::<8>()) {
+        let stops = stop_bytes(u64::from_le_bytes(*chunk), non_ascii);
+        if stops != 0 {
+            return i + (stops.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    while let Some(&b) = input.get(i) {
+        if b == b'"' || b == b'\\' || b < 0x20 || (non_ascii && b > 0x7f) {
+            break;
+        }
+        i += 1;
+    }
+    i
+}
+
+/// Scans string contents from `i`: the index of the first `"`, `\` or control
+/// byte (`input.len()` if none), and whether a byte before it is non-ASCII.
+#[inline(always)]
+pub(super) fn scan_string(input: &[u8], i: usize) -> (usize, bool) {
+    let end = run_end(input, i, true);
+    match input.get(end) {
+        Some(&b) if b > 0x7f => (run_end(input, end + 1, false), true),
+        _ => (end, false),
+    }
+}
+
+/// [`scan_string`] for a key whose contents start at `i`, with the key's
+/// prefix (see [`Member::prefix`]), read from the same eight bytes.
+#[inline(always)]
+pub(super) fn scan_key(input: &[u8], i: usize) -> (usize, bool, u64) {
+    if let Some(chunk) = input.get(i..).and_then(|rest| rest.first_chunk::<8>()) {
+        let x = u64::from_le_bytes(*chunk);
+        let stops = stop_bytes(x, true);
+        if stops == 0 {
+            let (end, high) = scan_string(input, i + 8);
+            return (end, high, x.swap_bytes());
+        }
+        let n = stops.trailing_zeros() / 8; // 0..=7
+        let end = i + n as usize;
+        if input[end] < 0x80 {
+            return (end, false, (x & ((1u64 << (8 * n)) - 1)).swap_bytes());
+        }
+    }
+    let (end, high) = scan_string(input, i);
+    (end, high, key_prefix(input, i, end - i))
+}
+
+/// The first 8 bytes of the key of `len` bytes at `start`, big-endian,
+/// zero-padded.
+#[inline(always)]
+fn key_prefix(input: &[u8], start: usize, len: usize) -> u64 {
+    match input.get(start..).and_then(|rest| rest.first_chunk::<8>()) {
+        Some(chunk) if len >= 8 => u64::from_be_bytes(*chunk),
+        Some(chunk) => u64::from_be_bytes(*chunk) & !(u64::MAX >> (8 * len)),
+        None => input[start..start + len]
+            .iter()
+            .take(8)
+            .enumerate()
+            .fold(0, |acc, (k, &b)| acc | u64::from(b) << (56 - 8 * k)),
+    }
+}
+
+/// Appends `input[from..to]` to `out`; when that is short, without a call to
+/// `memcpy`: 32 bytes are copied (a constant length, so inline moves), then
+/// the excess is cut off.
+#[inline(always)]
+pub(super) fn append(out: &mut Vec<u8>, input: &[u8], from: usize, to: usize) {
+    if to - from <= 32 && out.capacity() - out.len() >= 32 {
+        if let Some(chunk) = input.get(from..).and_then(|rest| rest.first_chunk::<32>()) {
+            let end = out.len() + (to - from);
+            out.extend_from_slice(chunk);
+            out.truncate(end);
+            return;
+        }
+    }
+    out.extend_from_slice(&input[from..to]);
+}
+
+/// The next token at or after `at`: where it is, and its first byte.
+#[inline(always)]
+pub(super) fn token(input: &[u8], at: usize) -> Option<(usize, u8)> {
+    let b = *input.get(at)?;
+    if b > b' ' {
+        return Some((at, b));
+    }
+    token_after_whitespace(input, at)
+}
+
+#[inline(never)]
+fn token_after_whitespace(input: &[u8], mut at: usize) -> Option<(usize, u8)> {
+    while let b' ' | b'\t' | b'\n' | b'\r' = *input.get(at)? {
+        at += 1;
+    }
+    Some((at, input[at]))
+}
+
+/// The end of `text` when it is at `at`.
+#[inline(always)]
+pub(super) fn literal_end(input: &[u8], at: usize, text: &[u8]) -> Option<usize> {
+    let end = at + text.len();
+    (input.get(at..end)? == text).then_some(end)
+}
+
+impl FastCanonical<'_, '_> {
+    /// A string value, written in its canonical form.
+    pub(super) fn string(&mut self) -> Option<()> {
+        let input = self.input;
+        let start = self.at;
+        let (end, high) = scan_string(input, start + 1);
+        match *input.get(end)? {
+            b'"' => {
+                if high {
+                    std::str::from_utf8(&input[start + 1..end]).ok()?;
+                }
+                // No escape in the source: nothing to escape either; the
+                // token, quotes included, is its own canonical form.
+                self.at = end + 1;
+                append(&mut self.buf.out, input, start, end + 1);
+                Some(())
+            }
+            b'\\' => {
+                let text = self.escaped_string(start + 1, end)?;
+                write_json_string(&mut self.buf.out, &text);
+                Some(())
+            }
+            _ => None,
+        }
+    }
+
+    /// Decodes a string token with escapes, whose contents start at `begin`
+    /// and whose first escape is at `i`.
+    fn escaped_string(&mut self, begin: usize, mut i: usize) -> Option<String> {
+        let input = self.input;
+        let mut text = String::from(std::str::from_utf8(&input[begin..i]).ok()?);
+        loop {
+            let run_start = i;
+            i = run_end(input, i, false);
+            text.push_str(std::str::from_utf8(&input[run_start..i]).ok()?);
+            match *input.get(i)? {
+                b'"' => {
+                    self.at = i + 1;
+                    return Some(text);
+                }
+                b'\\' => {
+                    let c = match *input.get(i + 1)? {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            let hex = std::str::from_utf8(input.get(i + 2..i + 6)?).ok()?;
+                            if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                                return None;
+                            }
+                            // Surrogates (pairs or lone) go to the serde_json path.
+                            char::from_u32(u32::from_str_radix(hex, 16).ok()?)?
+                        }
+                        _ => return None,
+                    };
+                    text.push(c);
+                    i += if input[i + 1] == b'u' { 6 } else { 2 };
+                }
+                _ => return None,
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Exact digest versus canonical fingerprint.
+
+use super::*;
+
+/// A request whose fingerprint was computed elsewhere (no exact bytes).
+fn pre(fingerprint: Fingerprint) -> RequestFingerprint<'static> {
+    fingerprint.into()
+}
+
+/// Builds lazily fingerprinted requests like the layer does.
+struct Requests {
+    key: RecordKey,
+    json: HeaderValue,
+    text: HeaderValue,
+}
+
+impl Requests {
+    fn new(key: RecordKey) -> Self {
+        Self {
+            key,
+            json: HeaderValue::from_static("application/json"),
+            text: HeaderValue::from_static("text/plain"),
+        }
+    }
+
+    fn json<'a>(&'a self, body: &'a str) -> RequestFingerprint<'a> {
+        self.with(Some(&self.json), body)
+    }
+
+    fn text<'a>(&'a self, body: &'a str) -> RequestFingerprint<'a> {
+        self.with(Some(&self.text), body)
+    }
+
+    fn with<'a>(&'a self, ct: Option<&'a HeaderValue>, body: &'a str) -> RequestFingerprint<'a> {
+        RequestFingerprint::new(
+            &Method::POST,
+            "/v1/orders",
+            self.key.key(),
+            self.key.scope().as_str(),
+            ct,
+            body.as_bytes(),
+        )
+    }
+}
+
+#[tokio::test]
+async fn canonically_equal_bytes_match_and_other_content_mismatches() {
+    let store = MemoryStore::new();
+    let r = Requests::new(record("acme", "exact-00000001"));
+    let first = r#"{"sku":"A","qty":1,"tags":["x","y"]}"#;
+    let reordered = r#"{ "tags": ["x", "y"], "qty": 1.0, "sku": "A" }"#;
+    let others = [
+        r#"{"sku":"A","qty":2,"tags":["x","y"]}"#,
+        r#"{"sku":"A","qty":1,"tags":["y","x"]}"#,
+        r#"{"sku":"A","qty":1}"#,
+        "",
+    ];
+    let key = r.key.clone();
+    let token = claim(&store, &key, &r.json(first)).await;
+    in_progress(&store, &key, &r.json(first)).await;
+    in_progress(&store, &key, &r.json(reordered)).await;
+    for other in others {
+        mismatch(&store, &key, &r.json(other)).await;
+    }
+    // The same bytes as raw text (no canonicalisation) are another request.
+    mismatch(&store, &key, &r.text(first)).await;
+    mismatch(&store, &key, &r.with(None, first)).await;
+    // A precomputed fingerprint: no exact digest in common, same fingerprint.
+    in_progress(&store, &key, &pre(*r.json(reordered).fingerprint())).await;
+    mismatch(&store, &key, &pre(*r.json(others[0]).fingerprint())).await;
+
+    store
+        .complete(&key, token, body_response("created"))
+        .await
+        .unwrap();
+    for same in [
+        r.json(first),
+        r.json(reordered),
+        pre(*r.json(first).fingerprint()),
+    ] {
+        assert_eq!(replayed(&store, &key, &same).await.body, "created");
+    }
+    for other in others {
+        mismatch(&store, &key, &r.json(other)).await;
+    }
+    mismatch(&store, &key, &r.text(first)).await;
+    mismatch(&store, &key, &r.text(reordered)).await;
+}
+
+/// The first request's bytes are not canonical: later canonical-but-different
+/// bytes still match, by fingerprint.
+#[tokio::test]
+async fn a_claim_from_non_canonical_bytes_matches_canonical_retries() {
+    let store = MemoryStore::new();
+    let r = Requests::new(record("acme", "exact-00000002"));
+    let key = r.key.clone();
+    let token = claim(&store, &key, &r.json("{ \"b\" : [1, 2.0], \"a\" : {} }")).await;
+    in_progress(&store, &key, &r.json(r#"{"a":{},"b":[1,2]}"#)).await;
+    mismatch(&store, &key, &r.json(r#"{"a":{},"b":[2,1]}"#)).await;
+    store
+        .complete(&key, token, body_response(vec![b'z'; 1500]))
+        .await
+        .unwrap();
+    let replay = replayed(&store, &key, &r.json(r#"{"a":{},"b":[1,2]}"#)).await;
+    assert_eq!(replay.body.len(), 1500);
+    mismatch(&store, &key, &r.json(r#"{"a":{},"b":[2,1]}"#)).await;
+}
+
+/// A takeover, or a re-claim after a release, carries the new request's exact
+/// digest: the old request's bytes must not match the new record by digest.
+#[tokio::test(start_paused = true)]
+async fn a_new_claim_does_not_inherit_the_old_exact_digest() {
+    let store = MemoryStore::new()
+        .with_lock_timeout(Duration::from_millis(100))
+        .with_retention(Duration::from_millis(300));
+    let r = Requests::new(record("acme", "exact-00000003"));
+    let key = r.key.clone();
+    let (old, new) = (r#"{"v":1}"#, r#"{"v":2}"#);
+
+    // After a release.
+    let token = claim(&store, &key, &r.json(old)).await;
+    store.release(&key, token).await.unwrap();
+    let token = claim(&store, &key, &r.json(new)).await;
+    mismatch(&store, &key, &r.json(old)).await;
+    in_progress(&store, &key, &r.json(new)).await;
+
+    // After a takeover of an expired claim.
+    tokio::time::advance(Duration::from_millis(150)).await;
+    let dead = token;
+    let token = claim(&store, &key, &r.json(old)).await;
+    mismatch(&store, &key, &r.json(new)).await;
+    claim_lost(store.complete(&key, dead, body_response("new")).await);
+    store
+        .complete(&key, token, body_response("old"))
+        .await
+        .unwrap();
+    mismatch(&store, &key, &r.json(new)).await;
+
+    // After a takeover of an expired completion.
+    tokio::time::advance(Duration::from_millis(400)).await;
+    let token = claim(&store, &key, &r.json(new)).await;
+    mismatch(&store, &key, &r.json(old)).await;
+    store
+        .complete(&key, token, body_response("new"))
+        .await
+        .unwrap();
+    mismatch(&store, &key, &r.json(old)).await;
+    assert_eq!(replayed(&store, &key, &r.json(new)).await.body, "new");
+}
