@@ -192,21 +192,19 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let store = &config.store;
+    // The guard owns the record key (no second copy in this future's state).
     let claim = ClaimGuard {
         store: store.clone(),
-        record: record.clone(),
-        token: Some(token),
+        armed: Some((record, token)),
     };
-    let response = match inner
-        .call(Request::from_parts(parts, ReqBody::from(bytes)))
-        .await
-    {
-        Ok(response) => response,
-        Err(error) => {
-            claim.release().await;
-            return (Err(error), Outcome::Released);
-        }
-    };
+    let response =
+        match Box::pin(inner.call(Request::from_parts(parts, ReqBody::from(bytes)))).await {
+            Ok(response) => response,
+            Err(error) => {
+                claim.release().await;
+                return (Err(error), Outcome::Released);
+            }
+        };
     let (res_parts, res_body) = response.into_parts();
     if !config.policy.should_record(&res_parts) {
         claim.release().await;
@@ -215,7 +213,7 @@ where
     }
     // The handler's effects have happened: from here on a dropped future keeps
     // the claim until its lock expires rather than letting a retry run them again.
-    let token = claim.keep();
+    let (record, token) = claim.keep();
     // A recorded response is buffered whole: a replay returns exactly these bytes.
     let body = match collect(res_body).await {
         Ok(body) => body,
@@ -271,32 +269,32 @@ fn replay<B>(stored: &StoredResponse) -> Answer<B> {
 /// the key in the background so a retry can run.
 struct ClaimGuard {
     store: Arc<dyn Store>,
-    record: RecordKey,
-    token: Option<FencingToken>,
+    /// The claim, until it is kept or released.
+    armed: Option<(RecordKey, FencingToken)>,
 }
 
 impl ClaimGuard {
     /// Disarms the guard, keeping the claim.
-    fn keep(mut self) -> FencingToken {
-        self.token.take().expect("an armed claim has a token")
+    fn keep(mut self) -> (RecordKey, FencingToken) {
+        self.armed.take().expect("an armed claim")
     }
 
     async fn release(mut self) {
-        let token = self.token.expect("an armed claim has a token");
+        let (record, token) = self.armed.as_ref().expect("an armed claim");
         // Best effort: if the store is down, the claim's lock expiry frees the key.
-        let _ = self.store.release(&self.record, token).await;
-        self.token = None;
+        let _ = self.store.release(record, *token).await;
+        // Disarmed only now: if this future is dropped mid-release, `drop` retries.
+        self.armed = None;
     }
 }
 
 impl Drop for ClaimGuard {
     fn drop(&mut self) {
-        let Some(token) = self.token.take() else {
+        let Some((record, token)) = self.armed.take() else {
             return;
         };
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let store = self.store.clone();
-            let record = self.record.clone();
             runtime.spawn(async move {
                 let _ = store.release(&record, token).await;
             });
