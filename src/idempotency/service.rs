@@ -122,20 +122,11 @@ where
     else {
         return refuse(Refusal::KeyRequired);
     };
-    // The body reader and the claimed path (below) are boxed on their own: this
-    // future is allocated per request, and kept under ~1 KiB it stays in the
-    // allocator's thread cache, which a replay or a refusal never leaves.
-    let bytes = match Box::pin(buffer_body(
-        body,
-        &parts.headers,
-        config.body_limit,
-        config.body_timeout,
-    ))
-    .await
-    {
-        Ok(bytes) => bytes,
-        Err(refusal) => return refuse(refusal),
-    };
+    let bytes =
+        match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
+            Ok(bytes) => bytes,
+            Err(refusal) => return refuse(refusal),
+        };
     let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
     let record = RecordKey::new(scope, key);
     // Computed by the store only as far as it needs: a replay of the same bytes
@@ -172,7 +163,7 @@ where
     };
 
     drop(fingerprint); // it borrows `parts`
-    Box::pin(run_claimed(config, inner, parts, bytes, record, token)).await
+    run_claimed(config, inner, parts, bytes, record, token).await
 }
 
 /// Runs the inner service for a claimed key and records its response.
@@ -197,14 +188,16 @@ where
         store: store.clone(),
         armed: Some((record, token)),
     };
-    let response =
-        match Box::pin(inner.call(Request::from_parts(parts, ReqBody::from(bytes)))).await {
-            Ok(response) => response,
-            Err(error) => {
-                claim.release().await;
-                return (Err(error), Outcome::Released);
-            }
-        };
+    let response = match inner
+        .call(Request::from_parts(parts, ReqBody::from(bytes)))
+        .await
+    {
+        Ok(response) => response,
+        Err(error) => {
+            claim.release().await;
+            return (Err(error), Outcome::Released);
+        }
+    };
     let (res_parts, res_body) = response.into_parts();
     if !config.policy.should_record(&res_parts) {
         claim.release().await;
