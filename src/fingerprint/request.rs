@@ -32,21 +32,20 @@ use std::sync::OnceLock;
 /// assert_eq!(first.fingerprint(), reordered.fingerprint());
 /// ```
 pub struct RequestFingerprint<'a> {
-    source: Source<'a>,
+    /// `None` for a fingerprint computed elsewhere.
+    request: Option<Parts<'a>>,
     fingerprint: OnceLock<Fingerprint>,
     exact: OnceLock<ExactDigest>,
 }
 
-enum Source<'a> {
-    Request {
-        method: &'a http::Method,
-        path_and_query: &'a str,
-        key: &'a IdempotencyKey,
-        scope: &'a str,
-        content_type: Option<&'a http::HeaderValue>,
-        body: &'a [u8],
-    },
-    Computed,
+/// The arguments of [`Fingerprint::compute`].
+struct Parts<'a> {
+    method: &'a http::Method,
+    path_and_query: &'a str,
+    key: &'a IdempotencyKey,
+    scope: &'a str,
+    content_type: Option<&'a http::HeaderValue>,
+    body: &'a [u8],
 }
 
 impl<'a> RequestFingerprint<'a> {
@@ -61,14 +60,14 @@ impl<'a> RequestFingerprint<'a> {
         body: &'a [u8],
     ) -> Self {
         Self {
-            source: Source::Request {
+            request: Some(Parts {
                 method,
                 path_and_query,
                 key,
                 scope,
                 content_type,
                 body,
-            },
+            }),
             fingerprint: OnceLock::new(),
             exact: OnceLock::new(),
         }
@@ -77,16 +76,19 @@ impl<'a> RequestFingerprint<'a> {
     /// The canonical fingerprint, computed on first use: the value every store
     /// persists and compares.
     pub fn fingerprint(&self) -> &Fingerprint {
-        self.fingerprint.get_or_init(|| match &self.source {
-            Source::Request {
-                method,
-                path_and_query,
-                key,
-                scope,
-                content_type,
-                body,
-            } => Fingerprint::compute(method, path_and_query, key, scope, *content_type, body),
-            Source::Computed => unreachable!("a computed fingerprint is set at construction"),
+        self.fingerprint.get_or_init(|| {
+            let p = self
+                .request
+                .as_ref()
+                .expect("a computed fingerprint is set at construction");
+            Fingerprint::compute(
+                p.method,
+                p.path_and_query,
+                p.key,
+                p.scope,
+                p.content_type,
+                p.body,
+            )
         })
     }
 
@@ -99,28 +101,22 @@ impl<'a> RequestFingerprint<'a> {
     pub fn exact(&self) -> ExactDigest {
         *self.exact.get_or_init(|| {
             let mut hasher = process_key().build_hasher();
-            match &self.source {
-                Source::Request {
-                    method,
-                    path_and_query,
-                    key,
-                    scope,
-                    content_type,
-                    body,
-                } => {
+            match &self.request {
+                Some(p) => {
                     hasher.write_u8(0);
-                    for part in [method.as_str(), path_and_query, key.as_str(), scope] {
+                    for part in [p.method.as_str(), p.path_and_query, p.key.as_str(), p.scope] {
                         // Length-prefixed, so no two requests share one encoding.
                         hasher.write_usize(part.len());
                         hasher.write(part.as_bytes());
                     }
                     // The content type decides between canonical JSON and raw bytes.
-                    let json =
-                        content_type.is_some_and(|ct| super::is_json_content_type(ct.as_bytes()));
+                    let json = p
+                        .content_type
+                        .is_some_and(|ct| super::is_json_content_type(ct.as_bytes()));
                     hasher.write_u8(u8::from(json));
-                    hasher.write(body);
+                    hasher.write(p.body);
                 }
-                Source::Computed => {
+                None => {
                     hasher.write_u8(1);
                     hasher.write(self.fingerprint().as_bytes());
                 }
@@ -142,7 +138,7 @@ impl From<Fingerprint> for RequestFingerprint<'static> {
     /// A fingerprint computed elsewhere (for example by a store's own tests).
     fn from(fingerprint: Fingerprint) -> Self {
         Self {
-            source: Source::Computed,
+            request: None,
             fingerprint: OnceLock::from(fingerprint),
             exact: OnceLock::new(),
         }
