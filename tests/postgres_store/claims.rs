@@ -56,6 +56,31 @@ async fn until_blocked_on(observer: &tokio_postgres::Client, table: &str) {
     }
 }
 
+/// Runs `begin` while `tx` holds a conflicting change, commits `tx` once `begin`
+/// waits on it, and checks that `begin` ran its statement again and answered
+/// `InProgress`.
+async fn begin_decides_after_the_rival_commits(
+    store: &Arc<PostgresStore>,
+    key: &RecordKey,
+    observer: &tokio_postgres::Client,
+    table: &str,
+    tx: tokio_postgres::Transaction<'_>,
+) {
+    let retries = store.begin_retries();
+    let pending = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move { store.begin(&key, &fingerprint("a")).await })
+    };
+    until_blocked_on(observer, table).await;
+    tx.commit().await.unwrap();
+    let decided = pending.await.unwrap().expect("begin");
+    assert!(matches!(decided, Begin::InProgress), "got {decided:?}");
+    assert!(
+        store.begin_retries() > retries,
+        "begin ran its statement again"
+    );
+}
+
 /// The READ COMMITTED case: the conflicting row is committed after `begin`'s
 /// snapshot, so its upsert does nothing and its read sees nothing; it must run
 /// again rather than fail or claim.
@@ -84,19 +109,7 @@ async fn claim_is_one_atomic_insert_even_when_a_rival_commits_after_the_snapshot
     )
     .await
     .unwrap();
-    let retries = store.begin_retries();
-    let pending = {
-        let (store, key) = (store.clone(), key.clone());
-        tokio::spawn(async move { store.begin(&key, &fingerprint("a")).await })
-    };
-    until_blocked_on(&observer, &table).await;
-    tx.commit().await.unwrap();
-    let decided = pending.await.unwrap().expect("begin");
-    assert!(matches!(decided, Begin::InProgress), "got {decided:?}");
-    assert!(
-        store.begin_retries() > retries,
-        "begin ran its statement again"
-    );
+    begin_decides_after_the_rival_commits(&store, &key, &observer, &table, tx).await;
 
     // 2. The same with a takeover: the rival takes over an expired record.
     let key2_str = "key-00000002";
@@ -122,17 +135,5 @@ async fn claim_is_one_atomic_insert_even_when_a_rival_commits_after_the_snapshot
     )
     .await
     .unwrap();
-    let retries = store.begin_retries();
-    let pending = {
-        let (store, key2) = (store.clone(), key2.clone());
-        tokio::spawn(async move { store.begin(&key2, &fingerprint("a")).await })
-    };
-    until_blocked_on(&observer, &table).await;
-    tx.commit().await.unwrap();
-    let decided = pending.await.unwrap().expect("begin");
-    assert!(matches!(decided, Begin::InProgress), "got {decided:?}");
-    assert!(
-        store.begin_retries() > retries,
-        "begin ran its statement again"
-    );
+    begin_decides_after_the_rival_commits(&store, &key2, &observer, &table, tx).await;
 }
