@@ -183,7 +183,7 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let store = &config.store;
-    // The guard owns the record key (no second copy in this future's state).
+    // The guard holds the record key until the claim is kept or released.
     let claim = ClaimGuard {
         store: store.clone(),
         armed: Some((record, token)),
