@@ -15,7 +15,6 @@
 
 use axum::http::StatusCode;
 use bytes::Bytes;
-use sha2::{Digest, Sha256};
 use std::hint::black_box;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -41,57 +40,37 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The store's `begin` and `complete` statements for table `public.<TABLE>`
-/// with the default lock timeout (60 s) and retention (24 h), in pgbench
-/// variables: the same text as `src/store/postgres/sql.rs` builds, parameters
-/// `$1..$7` named `:scope :key :fp :begin_token :status :headers :body :id`
-/// (`\gset begin_` keeps the columns of `begin` apart from the inputs).
-fn pgbench_script() -> String {
-    let t = format!(r#""public"."{TABLE}""#);
-    let seq = format!(r#""public"."{TABLE}_token_seq""#);
-    let channel = format!(
-        "tower_idempotency_{}",
-        &hex(&Sha256::digest(format!("public.{TABLE}").as_bytes()))[..16]
-    );
-    let (lock_ms, retention_ms) = (60_000, 24 * 3600 * 1000);
+/// The store's own `begin` and `complete` statements as a pgbench script:
+/// parameters `$1..$7` become `:scope :key :fp` (begin) and `:scope :key
+/// :begin_token :status :headers :body :id` (complete); `\gset begin_` keeps the
+/// columns of `begin` apart from the inputs.
+fn pgbench_script(store: &PostgresStore) -> String {
+    let (begin, complete) = store.begin_and_complete_sql();
+    let named = |sql: &str, names: &[&str]| {
+        // Highest number first, so `$1` never rewrites the start of `$10`.
+        names
+            .iter()
+            .enumerate()
+            .rev()
+            .fold(sql.to_owned(), |sql, (i, name)| {
+                sql.replace(&format!("${}", i + 1), &format!(":{name}"))
+            })
+    };
     format!(
-        r#"\set key random(1, 1000000000000000)
-WITH live AS (
-    SELECT fingerprint = :fp AS same, state = 'completed' AS done, status, headers, body
-    FROM {t}
-    WHERE scope = :scope AND key = :key AND expires_at > now()
-), claimed AS (
-    INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at)
-    SELECT :scope, :key, :fp, nextval('{seq}'), 'in_progress', now(),
-           now() + interval '{lock_ms} milliseconds'
-    WHERE NOT EXISTS (SELECT 1 FROM live)
-    ON CONFLICT (scope, key) DO UPDATE
-    SET fingerprint = excluded.fingerprint, token = excluded.token, state = 'in_progress',
-        created_at = excluded.created_at, expires_at = excluded.expires_at,
-        status = NULL, headers = NULL, body = NULL
-    WHERE r.expires_at <= now()
-    RETURNING r.token
-)
-SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
-       NULL::bytea AS headers, NULL::bytea AS body
-FROM claimed
-UNION ALL
-SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay' ELSE 'in_progress' END,
-       NULL::bigint,
-       CASE WHEN same AND done THEN status END,
-       CASE WHEN same AND done THEN headers END,
-       CASE WHEN same AND done THEN body END
-FROM live
-\gset begin_
-WITH done AS (
-    UPDATE {t}
-    SET state = 'completed', status = :status, headers = :headers, body = :body,
-        expires_at = now() + interval '{retention_ms} milliseconds'
-    WHERE scope = :scope AND key = :key AND token = :begin_token AND state = 'in_progress'
-    RETURNING 1
-)
-SELECT pg_notify('{channel}', :id) FROM done;
-"#
+        "\\set key random(1, 1000000000000000)\n{}\n\\gset begin_\n{};\n",
+        named(begin, &["scope", "key", "fp"]),
+        named(
+            complete,
+            &[
+                "scope",
+                "key",
+                "begin_token",
+                "status",
+                "headers",
+                "body",
+                "id"
+            ]
+        ),
     )
 }
 
@@ -124,9 +103,9 @@ fn stored() -> StoredResponse {
 }
 
 /// Runs pgbench with the same statements; returns transactions per second.
-fn run_pgbench(url: &str, clients: usize, secs: u64) -> Option<(f64, String)> {
+fn run_pgbench(url: &str, script_text: &str, clients: usize, secs: u64) -> Option<(f64, String)> {
     let script = std::env::temp_dir().join("tower-idempotency-fresh.pgbench");
-    std::fs::write(&script, pgbench_script()).ok()?;
+    std::fs::write(&script, script_text).ok()?;
     let bin = format!("{}/pgbench", pg_bin());
     let fp = format!("\\x{}", hex(&[7u8; 32]));
     let headers = format!("\\x{}", hex(b"content-type:application/json\r\n"));
@@ -360,10 +339,11 @@ fn main() {
                 store.notifications_received(),
             );
             let url2 = url.clone();
+            let script = pgbench_script(&store);
             pgbench = if std::env::var("PG_SKIP_PGBENCH").is_ok() {
                 None
             } else {
-                tokio::task::spawn_blocking(move || run_pgbench(&url2, clients, secs))
+                tokio::task::spawn_blocking(move || run_pgbench(&url2, &script, clients, secs))
                     .await
                     .expect("pgbench")
             };

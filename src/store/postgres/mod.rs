@@ -289,6 +289,13 @@ impl PostgresStore {
         format!("{}.{}", self.inner.config.schema, self.inner.config.table)
     }
 
+    /// The text of the `begin` and `complete` statements, for benchmarks that
+    /// replay them elsewhere (pgbench). Not part of the API.
+    #[doc(hidden)]
+    pub fn begin_and_complete_sql(&self) -> (&str, &str) {
+        (&self.inner.sql.begin, &self.inner.sql.complete)
+    }
+
     /// Statements sent to the database so far (executions, plus preparations that
     /// missed a connection's statement cache). For tests of the round-trip budget.
     #[doc(hidden)]
