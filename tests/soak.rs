@@ -15,7 +15,7 @@
 
 mod support;
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::post;
@@ -34,7 +34,7 @@ use std::time::Duration;
 use support::child::ChildServer;
 use support::pg;
 use tokio::time::Instant;
-use tower_idempotency::{IdempotencyLayer, PostgresStore, Scope};
+use tower_idempotency::{IdempotencyLayer, PostgresStore};
 
 const SERVER_ENV: &str = "TOWER_IDEMPOTENCY_SOAK_SERVER";
 const TENANTS: [&str; 3] = ["tenant_a", "tenant_b", "tenant_c"];
@@ -86,24 +86,8 @@ async fn serve(url: String, table: String) {
     let router = Router::new()
         .route("/orders", post(create_order))
         .route_layer(IdempotencyLayer::new(store).with_wait_timeout(Duration::from_secs(2)))
-        .layer(axum::middleware::map_request(scope_from_header))
         .with_state(app);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    println!("listening on http://{}", listener.local_addr().unwrap());
-    axum::serve(listener, router).await.unwrap();
-}
-
-/// Stands in for authentication: the tenant comes from `x-tenant`.
-async fn scope_from_header(mut req: Request) -> Request {
-    let tenant = req
-        .headers()
-        .get("x-tenant")
-        .and_then(|v| v.to_str().ok())
-        .map(Scope::new);
-    if let Some(scope) = tenant {
-        req.extensions_mut().insert(scope);
-    }
-    req
+    support::child::serve(router).await;
 }
 
 async fn create_order(State(app): State<App>, headers: HeaderMap) -> Response {

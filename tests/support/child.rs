@@ -63,3 +63,25 @@ impl Drop for ChildServer {
         self.kill();
     }
 }
+
+/// The child side of [`ChildServer`]: serves `router` on a free loopback port,
+/// behind [`scope_from_header`], and announces the address as `spawn` reads it.
+pub async fn serve(router: axum::Router) {
+    let router = router.layer(axum::middleware::map_request(scope_from_header));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    println!("listening on http://{}", listener.local_addr().unwrap());
+    axum::serve(listener, router).await.unwrap();
+}
+
+/// Stands in for authentication: the tenant comes from `x-tenant`.
+pub async fn scope_from_header(mut req: axum::extract::Request) -> axum::extract::Request {
+    let tenant = req
+        .headers()
+        .get("x-tenant")
+        .and_then(|v| v.to_str().ok())
+        .map(tower_idempotency::Scope::new);
+    if let Some(scope) = tenant {
+        req.extensions_mut().insert(scope);
+    }
+    req
+}
