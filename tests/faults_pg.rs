@@ -226,6 +226,49 @@ async fn setup(
     (table, store, pg::connect(url).await)
 }
 
+/// A store whose connections go through a proxy the test can take down,
+/// with the lock of `setup` and a 2 s operation timeout; the table is migrated
+/// directly. Returns the table, the store, the proxy and a direct SQL client.
+async fn setup_behind_proxy(
+    url: &str,
+    prefix: &str,
+) -> (
+    String,
+    PostgresStore,
+    Arc<pg::Proxy>,
+    tokio_postgres::Client,
+) {
+    let table = pg::unique_table(prefix);
+    pg::store(url, &table, |s| s).await;
+    let sql = pg::connect(url).await;
+    let proxy = Arc::new(pg::Proxy::start(pg::server_addr(url).await).await);
+    let store = PostgresStore::new(pg::pool(pg::pg_config_at(url, proxy.port), 4))
+        .with_table(&table)
+        .with_lock_timeout(LOCK)
+        .with_operation_timeout(Duration::from_secs(2));
+    (table, store, proxy, sql)
+}
+
+/// Retries `key` until it runs (`201`): until then every answer must be
+/// `idempotency_in_progress`, and never later than the lock after `since`.
+async fn retry_until_created<S>(svc: &S, key: &str, since: Instant) -> Reply
+where
+    S: Service<Request<Full<Bytes>>, Response = Answer, Error = BoxError> + Clone,
+{
+    loop {
+        let reply = send(svc, key, None).await;
+        if reply.status == StatusCode::CREATED {
+            return reply;
+        }
+        assert_eq!(reply.code, "idempotency_in_progress", "{reply:?}");
+        assert!(
+            since.elapsed() < LOCK + Duration::from_secs(3),
+            "stuck beyond its lock"
+        );
+        sleep(Duration::from_millis(100)).await;
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Slow database, exhausted pool
 // ---------------------------------------------------------------------------
@@ -484,18 +527,7 @@ async fn dropped_while_recording_keeps_the_claim_until_its_lock_expires_never_lo
     );
 
     // Never longer than the lock: then a retry takes the key over.
-    let retry = loop {
-        let reply = send(&svc, key, None).await;
-        if reply.status == StatusCode::CREATED {
-            break reply;
-        }
-        assert_eq!(reply.code, "idempotency_in_progress");
-        assert!(
-            dropped_at.elapsed() < LOCK + Duration::from_secs(3),
-            "stuck beyond its lock"
-        );
-        sleep(Duration::from_millis(100)).await;
-    };
+    let retry = retry_until_created(&svc, key, dropped_at).await;
     assert!(!retry.replayed);
     assert_eq!(handler.runs(key), 2);
     assert_eq!(state(&sql, &table, key).await.as_deref(), Some("completed"));
@@ -506,14 +538,7 @@ async fn release_failing_with_the_database_gone_frees_the_key_at_its_lock_expiry
     let Some(url) = pg::database_url("release_failing_with_the_database_gone") else {
         return;
     };
-    let table = pg::unique_table("faults_release_down");
-    pg::store(&url, &table, |s| s).await;
-    let sql = pg::connect(&url).await;
-    let proxy = Arc::new(pg::Proxy::start(pg::server_addr(&url).await).await);
-    let store = PostgresStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
-        .with_table(&table)
-        .with_lock_timeout(LOCK)
-        .with_operation_timeout(Duration::from_secs(2));
+    let (table, store, proxy, sql) = setup_behind_proxy(&url, "faults_release_down").await;
     let handler = Handler {
         proxy: Some(proxy.clone()),
         ..Handler::default()
@@ -539,18 +564,7 @@ async fn release_failing_with_the_database_gone_frees_the_key_at_its_lock_expiry
     let failed_at = Instant::now();
 
     // Held until the lock expires, then free for the corrected request.
-    let retry = loop {
-        let reply = send(&svc, key, None).await;
-        if reply.status == StatusCode::CREATED {
-            break reply;
-        }
-        assert_eq!(reply.code, "idempotency_in_progress", "{reply:?}");
-        assert!(
-            failed_at.elapsed() < LOCK + Duration::from_secs(3),
-            "stuck beyond its lock"
-        );
-        sleep(Duration::from_millis(100)).await;
-    };
+    let retry = retry_until_created(&svc, key, failed_at).await;
     assert!(!retry.replayed);
     assert_eq!(handler.runs(key), 2, "the failed run and the retry");
 }
@@ -560,14 +574,7 @@ async fn completion_failing_after_the_handler_ran_holds_the_key_for_its_lock_onl
     let Some(url) = pg::database_url("completion_failing_after_the_handler_ran") else {
         return;
     };
-    let table = pg::unique_table("faults_complete_down");
-    pg::store(&url, &table, |s| s).await;
-    let sql = pg::connect(&url).await;
-    let proxy = Arc::new(pg::Proxy::start(pg::server_addr(&url).await).await);
-    let store = PostgresStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
-        .with_table(&table)
-        .with_lock_timeout(LOCK)
-        .with_operation_timeout(Duration::from_secs(2));
+    let (table, store, proxy, sql) = setup_behind_proxy(&url, "faults_complete_down").await;
     let handler = Handler {
         proxy: Some(proxy.clone()),
         ..Handler::default()
