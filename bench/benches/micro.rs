@@ -194,45 +194,9 @@ async fn duplicates(which: &str, n: usize, delay: Duration) -> DupOutcome {
         }
         _ => unreachable!(),
     };
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..n)
-        .map(|_| {
-            let app = app.clone();
-            let req = template.request("dup-key-00000001");
-            tokio::spawn(async move {
-                let r = send(&app, req).await;
-                (r, Instant::now())
-            })
-        })
-        .collect();
-    // CPU while every duplicate waits and the handler sleeps: from 20% to 90%
-    // of the handler's delay.
-    tokio::time::sleep_until((start + delay / 5).into()).await;
-    let cpu0 = cpu_time();
-    let w0 = Instant::now();
-    tokio::time::sleep_until((start + delay * 9 / 10).into()).await;
-    let wait_cpu = cpu_time().saturating_sub(cpu0);
-    let wait_window = w0.elapsed();
-    let mut results = Vec::with_capacity(n);
-    for t in tasks {
-        results.push(t.await.expect("task"));
-    }
-    // The reference is the answer of the request that ran the handler (the
-    // earliest 201 that is not a replay); every other answer is measured from it
-    // (answers before it count as 0).
-    let executed = results
-        .iter()
-        .filter(|r| (r.0).0 == StatusCode::CREATED && !(r.0).1)
-        .map(|r| r.1)
-        .min()
-        .expect("one executed answer");
-    let mut after_first_ns: Vec<u64> = results
-        .iter()
-        .map(|r| r.1.saturating_duration_since(executed).as_nanos() as u64)
-        .collect();
-    after_first_ns.sort_unstable();
+    let seen = concurrent_duplicates(&app, &template, "dup-key-00000001", n, delay).await;
     let mut statuses: Vec<(StatusCode, usize)> = Vec::new();
-    for ((status, _), _) in &results {
+    for (status, _) in &seen.answers {
         match statuses.iter_mut().find(|(s, _)| s == status) {
             Some(e) => e.1 += 1,
             None => statuses.push((*status, 1)),
@@ -241,10 +205,14 @@ async fn duplicates(which: &str, n: usize, delay: Duration) -> DupOutcome {
     DupOutcome {
         runs: h.runs(),
         statuses,
-        replayed: results.iter().filter(|r| (r.0).1).count(),
-        after_first_ns,
-        wait_cpu,
-        wait_window,
+        replayed: seen
+            .answers
+            .iter()
+            .filter(|(_, replayed)| *replayed)
+            .count(),
+        after_first_ns: seen.after_executed_ns,
+        wait_cpu: seen.wait_cpu,
+        wait_window: seen.wait_window,
     }
 }
 
@@ -352,26 +320,38 @@ fn side_by_side() {
     let over = |v: Variant| at(v) - base;
     println!();
     println!("Ratios (same run):");
-    println!(
-        "- replay, idempotent / ours: total {:.2}x, overhead {:.2}x",
-        at(Variant::IdempotentReplay) / at(Variant::OursReplay),
-        over(Variant::IdempotentReplay) / over(Variant::OursReplay)
-    );
-    println!(
-        "- replay, axum-idempotent / ours: total {:.2}x, overhead {:.2}x",
-        at(Variant::AxumIdemReplay) / at(Variant::OursReplay),
-        over(Variant::AxumIdemReplay) / over(Variant::OursReplay)
-    );
-    println!(
-        "- fresh, idempotent / ours: total {:.2}x, overhead {:.2}x",
-        at(Variant::IdempotentFresh) / at(Variant::OursFresh),
-        over(Variant::IdempotentFresh) / over(Variant::OursFresh)
-    );
-    println!(
-        "- fresh, axum-idempotent / ours: total {:.2}x, overhead {:.2}x",
-        at(Variant::AxumIdemFresh) / at(Variant::OursFresh),
-        over(Variant::AxumIdemFresh) / over(Variant::OursFresh)
-    );
+    for (path, peer, name, ours) in [
+        (
+            "replay",
+            Variant::IdempotentReplay,
+            "idempotent",
+            Variant::OursReplay,
+        ),
+        (
+            "replay",
+            Variant::AxumIdemReplay,
+            "axum-idempotent",
+            Variant::OursReplay,
+        ),
+        (
+            "fresh",
+            Variant::IdempotentFresh,
+            "idempotent",
+            Variant::OursFresh,
+        ),
+        (
+            "fresh",
+            Variant::AxumIdemFresh,
+            "axum-idempotent",
+            Variant::OursFresh,
+        ),
+    ] {
+        println!(
+            "- {path}, {name} / ours: total {:.2}x, overhead {:.2}x",
+            at(peer) / at(ours),
+            over(peer) / over(ours)
+        );
+    }
     println!(
         "- axum-idempotent without its session stack (minus session-stack-only): fresh {:+.0} ns, replay {:+.0} ns",
         at(Variant::AxumIdemFresh) - at(Variant::SessionStackOnly),

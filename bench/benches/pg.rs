@@ -477,42 +477,14 @@ fn main() {
         let h = Handler::with(Duration::from_millis(500), 0);
         let app = ours_app(h.clone(), store.clone());
         let notified = store.notifications_received();
-        let start = Instant::now();
-        let tasks: Vec<_> = (0..1000)
-            .map(|_| {
-                let app = app.clone();
-                let req = template.request("pg-dup-key-0001");
-                tokio::spawn(async move {
-                    let r = send(&app, req).await;
-                    (r, Instant::now())
-                })
-            })
-            .collect();
-        tokio::time::sleep_until((start + Duration::from_millis(150)).into()).await;
-        let cpu0 = cpu_time();
-        let w0 = Instant::now();
-        tokio::time::sleep_until((start + Duration::from_millis(450)).into()).await;
-        let wait_cpu = cpu_time().saturating_sub(cpu0);
-        let window = w0.elapsed();
-        let mut results = Vec::new();
-        for t in tasks {
-            results.push(t.await.expect("task"));
-        }
-        let executed = results
+        let delay = Duration::from_millis(500);
+        let seen = concurrent_duplicates(&app, &template, "pg-dup-key-0001", 1000, delay).await;
+        let (wait_cpu, window, after) = (seen.wait_cpu, seen.wait_window, seen.after_executed_ns);
+        let replayed = seen.answers.iter().filter(|(_, replayed)| *replayed).count();
+        let other = seen
+            .answers
             .iter()
-            .filter(|r| (r.0).0 == StatusCode::CREATED && !(r.0).1)
-            .map(|r| r.1)
-            .min()
-            .expect("one executed");
-        let mut after: Vec<u64> = results
-            .iter()
-            .map(|r| r.1.saturating_duration_since(executed).as_nanos() as u64)
-            .collect();
-        after.sort_unstable();
-        let replayed = results.iter().filter(|r| (r.0).1).count();
-        let other = results
-            .iter()
-            .filter(|r| (r.0).0 != StatusCode::CREATED)
+            .filter(|(status, _)| *status != StatusCode::CREATED)
             .count();
         println!(
             "- handler runs {}; replayed {replayed}; non-201 {other}; answers after the executed one: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms; process CPU while waiting {} ms in {} ms; notifications received {}",

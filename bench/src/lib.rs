@@ -315,3 +315,65 @@ pub fn machine_line() -> String {
         std::thread::available_parallelism().map_or(0, |n| n.get())
     )
 }
+
+/// What `n` concurrent duplicates of one request saw.
+pub struct Duplicates {
+    /// Each answer's status and whether it was a replay.
+    pub answers: Vec<(StatusCode, bool)>,
+    /// Each answer's delay after the answer of the request that ran the handler
+    /// (the earliest `201` that is not a replay; answers before it count as 0),
+    /// sorted, in nanoseconds.
+    pub after_executed_ns: Vec<u64>,
+    /// CPU the whole process used while the duplicates waited, and over how long.
+    pub wait_cpu: Duration,
+    pub wait_window: Duration,
+}
+
+/// Sends `n` copies of the request for `key` at once to an app whose handler
+/// sleeps `delay`; the waiting CPU is measured from 20% to 90% of `delay`.
+pub async fn concurrent_duplicates(
+    app: &Router,
+    template: &RequestTemplate,
+    key: &str,
+    n: usize,
+    delay: Duration,
+) -> Duplicates {
+    let start = std::time::Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let app = app.clone();
+            let req = template.request(key);
+            tokio::spawn(async move {
+                let answer = send(&app, req).await;
+                (answer, std::time::Instant::now())
+            })
+        })
+        .collect();
+    tokio::time::sleep_until((start + delay / 5).into()).await;
+    let cpu0 = cpu_time();
+    let w0 = std::time::Instant::now();
+    tokio::time::sleep_until((start + delay * 9 / 10).into()).await;
+    let wait_cpu = cpu_time().saturating_sub(cpu0);
+    let wait_window = w0.elapsed();
+    let mut results = Vec::with_capacity(n);
+    for t in tasks {
+        results.push(t.await.expect("task"));
+    }
+    let executed = results
+        .iter()
+        .filter(|((status, replayed), _)| *status == StatusCode::CREATED && !replayed)
+        .map(|(_, at)| *at)
+        .min()
+        .expect("one executed answer");
+    let mut after_executed_ns: Vec<u64> = results
+        .iter()
+        .map(|(_, at)| at.saturating_duration_since(executed).as_nanos() as u64)
+        .collect();
+    after_executed_ns.sort_unstable();
+    Duplicates {
+        answers: results.into_iter().map(|(answer, _)| answer).collect(),
+        after_executed_ns,
+        wait_cpu,
+        wait_window,
+    }
+}
