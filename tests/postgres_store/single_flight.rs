@@ -39,6 +39,15 @@ fn spawn_begins(
         .collect()
 }
 
+/// The store's queries, followed begins and shared answers so far.
+fn counters(store: &PostgresStore) -> (u64, u64, u64) {
+    (
+        store.round_trips(),
+        store.begins_followed(),
+        store.begins_shared(),
+    )
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_begins_for_a_completed_key_share_one_query() {
     let Some(url) = pg::database_url("a_thousand_concurrent_begins_share_one_query") else {
@@ -46,11 +55,7 @@ async fn a_thousand_concurrent_begins_for_a_completed_key_share_one_query() {
     };
     let key = fresh_key();
     let (store, pool) = one_connection_store(&url, &key).await;
-    let (queries, followed, shared) = (
-        store.round_trips(),
-        store.begins_followed(),
-        store.begins_shared(),
-    );
+    let (queries, followed, shared) = counters(&store);
     // Every begin waits for the pool's one connection: the first leads, 999 follow.
     let held = pool.get().await.unwrap();
     let begins = spawn_begins(&store, &key, "a", 1000);
@@ -165,11 +170,7 @@ async fn a_cancelled_leader_leaves_its_followers_to_query_for_themselves() {
     };
     let key = fresh_key();
     let (store, pool) = one_connection_store(&url, &key).await;
-    let (queries, followed, shared) = (
-        store.round_trips(),
-        store.begins_followed(),
-        store.begins_shared(),
-    );
+    let (queries, followed, shared) = counters(&store);
     let held = pool.get().await.unwrap();
     let leader = spawn_begins(&store, &key, "a", 1).remove(0);
     until("the leader waits for a connection", || {
