@@ -11,14 +11,15 @@ use super::packed;
 use crate::fingerprint::ExactDigest;
 use crate::store::{FencingToken, RecordKey, StoredResponse};
 use crate::{Fingerprint, Scope};
+use highway::{HighwayHash, HighwayHasher, Key};
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// A record's map key: a 128-bit hash of `(scope, key)` under two random keys
-/// chosen per store.
+/// A record's map key: a 128-bit HighwayHash of `(scope, key)` under a random
+/// 256-bit key chosen per store.
 ///
 /// Nobody without the keys can build two identities with one id, and by chance
 /// two of them share one with probability 2^-128 per pair. The store still
@@ -58,18 +59,24 @@ impl Hasher for IdHasher {
 
 pub(super) type BuildIdHasher = BuildHasherDefault<IdHasher>;
 
-/// Computes ids; the keys are chosen at random per store.
-pub(super) struct Ids(RandomState, RandomState);
+/// Computes ids; the key is chosen at random per store.
+pub(super) struct Ids(Key);
 
 impl Ids {
     pub(super) fn new() -> Self {
-        Self(RandomState::new(), RandomState::new())
+        let random = RandomState::new();
+        Self(Key(std::array::from_fn(|lane| random.hash_one(lane))))
     }
 
     pub(super) fn of(&self, key: &RecordKey) -> Id {
-        // `str` hashes with a terminator: no two identities share an encoding.
-        let identity = (key.scope().as_str(), key.key().as_str());
-        Id(self.0.hash_one(identity), self.1.hash_one(identity))
+        let (scope, key) = (key.scope().as_str(), key.key().as_str());
+        let mut hasher = HighwayHasher::new(self.0);
+        // The scope's length first: no two identities share an encoding.
+        hasher.append(&(scope.len() as u64).to_le_bytes());
+        hasher.append(scope.as_bytes());
+        hasher.append(key.as_bytes());
+        let [low, high] = hasher.finalize128();
+        Id(low, high)
     }
 }
 
