@@ -541,3 +541,77 @@ fn random_documents_agree_with_the_serde_path() {
     }
     assert!(taken > 5_000, "the single-pass path took only {taken}");
 }
+
+#[test]
+fn members_ranked_in_every_order_around_sixteen() {
+    // Distinct keys, some sharing their 8-byte prefix, one outside the BMP,
+    // in several orders, for objects around the 16 members ranked as they
+    // are read; values copied from the source, spaced, or written as read.
+    let keys = [
+        "sku",
+        "qty",
+        "price",
+        "note",
+        "a",
+        "",
+        "customer",
+        "customer_id",
+        "customer_name",
+        "abcdefgh",
+        "abcdefghi",
+        "z",
+        "é",
+        "\u{fb33}",
+        "b",
+        "items",
+        "id",
+        "zz",
+        "y",
+        "x",
+    ];
+    let values = [
+        "1",
+        "\"v\"",
+        " 2.5",
+        "{\"b\":1,\"a\":[2]}",
+        "true",
+        "\"\\n\"",
+    ];
+    let mut seed = 0x2545_f491_4f6c_dd1du64;
+    for n in 1..=keys.len() {
+        for (pick, &with_astral) in [false, false, true].iter().enumerate() {
+            let mut chosen: Vec<String> = keys[..n].iter().map(|k| k.to_string()).collect();
+            if with_astral {
+                chosen[n / 2] = format!("{}\u{1f600}", chosen[n / 2]);
+            }
+            let mut orders = vec![chosen.clone()];
+            let mut reversed = chosen.clone();
+            reversed.reverse();
+            orders.push(reversed);
+            let mut sorted = chosen.clone();
+            sorted.sort();
+            orders.push(sorted);
+            for _ in 0..4 {
+                let mut shuffled = chosen.clone();
+                for i in (1..n).rev() {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    shuffled.swap(i, (seed % (i as u64 + 1)) as usize);
+                }
+                orders.push(shuffled);
+            }
+            for keys in orders {
+                let members: Vec<String> = keys
+                    .iter()
+                    .enumerate()
+                    .map(|(i, k)| format!("\"{k}\":{}", values[(i + pick) % values.len()]))
+                    .collect();
+                assert_fast_agrees(&format!("{{{}}}", members.join(",")));
+                // And with a duplicate of one of them: declined.
+                let dup = format!("{{{},\"{}\":0}}", members.join(","), keys[n / 3]);
+                assert!(fast(&dup).is_none(), "{dup}");
+            }
+        }
+    }
+}

@@ -7,7 +7,7 @@ mod order;
 mod scan;
 
 use self::numbers::plain_number_end;
-use self::order::{sort_members, Order};
+use self::order::{order, Order, Ranking};
 use self::scan::{append, literal_end, scan_key, scan_string, token};
 
 /// A single-pass canonicaliser for the JSON most requests carry. Every method
@@ -154,11 +154,11 @@ impl FastCanonical<'_, '_> {
         // they come, and moved at the end if needed.
         self.buf.out.push(b'{');
         let body = self.buf.out.len();
-        // Kept in a local while this object reads its members (handed back
-        // around nested values), so that the compiler can keep it in registers.
-        let mut members = std::mem::take(&mut self.members);
-        let first = members.len();
+        // This object's members are `self.members[first..]` (nested objects
+        // push theirs above, and pop them before returning).
+        let first = self.members.len();
         let mut all_written = true;
+        let mut ranking = Ranking::NEW;
         loop {
             if b != b'"' {
                 return None;
@@ -226,9 +226,7 @@ impl FastCanonical<'_, '_> {
                     out.extend_from_slice(&input[key_start..key_end + 1]);
                     out.push(b':');
                     self.at = at;
-                    self.members = members;
                     self.value(depth)?;
-                    members = std::mem::take(&mut self.members);
                     at = self.at;
                     let to = self.buf.out.len() - body;
                     (
@@ -238,7 +236,8 @@ impl FastCanonical<'_, '_> {
                     )
                 }
             };
-            members.push(Member {
+            ranking.add(&self.members[first..], prefix, bmp);
+            self.members.push(Member {
                 prefix,
                 key: key_start as u32,
                 key_len: key_len as u32,
@@ -255,7 +254,8 @@ impl FastCanonical<'_, '_> {
             }
         }
         self.at = at + 1;
-        let order = sort_members(&mut members[first..], input)?;
+        let members = &mut self.members[first..];
+        let order = order(members, ranking, input)?;
         let out = &mut self.buf.out;
         if !(matches!(order, Order::Arrival) && all_written) {
             // Written members move to `scratch`; then every member is written
@@ -266,10 +266,9 @@ impl FastCanonical<'_, '_> {
                 scratch.extend_from_slice(&out[body..]);
                 out.truncate(body);
             }
-            let members = &members[first..];
             for k in 0..members.len() {
-                let member = match &order {
-                    Order::Ranked(ranked) => &members[usize::from(ranked[k])],
+                let member = match order {
+                    Order::Ranked(ranked) => &members[(ranked >> (4 * k)) as usize & 0xf],
                     _ => &members[k],
                 };
                 if k > 0 {
@@ -290,8 +289,7 @@ impl FastCanonical<'_, '_> {
             }
         }
         out.push(b'}');
-        members.truncate(first);
-        self.members = members;
+        self.members.truncate(first);
         Some(())
     }
 }

@@ -3,7 +3,8 @@
 use super::*;
 
 /// Objects with more members are sorted with `sort_unstable_by`; fewer are
-/// ranked by comparing every pair (quadratic, so only for small objects).
+/// ranked by comparing every pair (quadratic, so only for small objects),
+/// by their prefixes as they are read, and in full if those do not decide.
 const SMALL_OBJECT: usize = 16;
 
 /// RFC 8785 key order (UTF-16 code units), `Equal` for the same key.
@@ -38,56 +39,95 @@ pub(super) enum Order {
     Arrival,
     /// As they are now: sorted in place.
     Sorted,
-    /// `ranked[k]` is the index of the member with the `k`-th key.
-    Ranked([u8; SMALL_OBJECT]),
+    /// Nibble `k` (bits `4k..4k + 4`) is the index of the member with the
+    /// `k`-th key.
+    Ranked(u64),
 }
 
-/// Orders an object's members by key: `None` on a duplicate key.
-pub(super) fn sort_members(members: &mut [Member], input: &[u8]) -> Option<Order> {
-    let n = members.len();
-    if n <= SMALL_OBJECT {
-        // A member's rank is the number of keys below its own. The prefixes
-        // decide when they all differ and every key is in the BMP.
-        let mut ranks = [0u8; SMALL_OBJECT];
-        let mut undecided = false;
-        for (i, a) in members.iter().enumerate() {
-            undecided |= !a.bmp;
-            for (j, b) in members.iter().enumerate().skip(i + 1) {
-                ranks[j] += u8::from(a.prefix < b.prefix);
-                ranks[i] += u8::from(a.prefix > b.prefix);
-                undecided |= a.prefix == b.prefix;
-            }
+/// Ranks 0, 1, 2, ... in nibbles 0, 1, 2, ...: the identity permutation.
+const IDENTITY: u64 = 0xfedc_ba98_7654_3210;
+
+/// The key order of an object's first 16 members by their prefixes, kept
+/// while the members are read (so no separate pass over them).
+#[derive(Clone, Copy)]
+pub(super) struct Ranking {
+    /// Nibble `k`: the index of the member with the `k`-th key so far.
+    ranked: u64,
+    /// Two prefixes are equal or a key is outside the BMP: the prefixes do
+    /// not decide, [`sort_members`] does.
+    undecided: bool,
+}
+
+impl Ranking {
+    pub(super) const NEW: Self = Self {
+        ranked: 0,
+        undecided: false,
+    };
+
+    /// Ranks the member with `prefix` after the `earlier` members of its
+    /// object: it goes after those whose keys are below its own.
+    #[inline(always)]
+    pub(super) fn add(&mut self, earlier: &[Member], prefix: u64, bmp: bool) {
+        let j = earlier.len();
+        if j >= SMALL_OBJECT {
+            return; // sorted by `sort_members`
         }
-        if undecided {
-            if in_order(members, input) {
-                return Some(Order::Arrival);
-            }
-            // Every pair compared in full, once.
-            ranks = [0u8; SMALL_OBJECT];
-            for i in 0..n {
-                for j in i + 1..n {
-                    match key_order(&members[i], &members[j], input) {
-                        Ordering::Less => ranks[j] += 1,
-                        Ordering::Greater => ranks[i] += 1,
-                        Ordering::Equal => return None, // a duplicate key
-                    }
-                }
-            }
+        let mut below = 0;
+        let mut undecided = !bmp;
+        for a in earlier {
+            below += u32::from(a.prefix < prefix);
+            undecided |= a.prefix == prefix;
         }
-        // Ranks 0, 1, 2, ... (and zeros past `n`): in order already.
-        let arrival = 0x0f0e_0d0c_0b0a_0908_0706_0504_0302_0100_u128
-            & u128::MAX.checked_shr(8 * (16 - n) as u32).unwrap_or(0);
-        if u128::from_le_bytes(ranks) == arrival {
-            return Some(Order::Arrival);
-        }
-        let mut ranked = [0u8; SMALL_OBJECT];
-        for (i, &rank) in ranks[..n].iter().enumerate() {
-            ranked[usize::from(rank)] = i as u8;
-        }
-        return Some(Order::Ranked(ranked));
+        self.undecided |= undecided;
+        self.ranked = insert(self.ranked, below, j);
     }
+}
+
+/// Inserts index `j` at position `at` (`at <= j < 16`) of a list of nibbles.
+#[inline(always)]
+fn insert(ranked: u64, at: u32, j: usize) -> u64 {
+    let low = (1u64 << (4 * at)) - 1;
+    (ranked & low) | ((j as u64) << (4 * at)) | ((ranked & !low) << 4)
+}
+
+/// Orders an object's members by key, ranked by `ranking` as they were
+/// read: `None` on a duplicate key.
+#[inline(always)]
+pub(super) fn order(members: &mut [Member], ranking: Ranking, input: &[u8]) -> Option<Order> {
+    let n = members.len();
+    if n > SMALL_OBJECT || ranking.undecided {
+        return sort_members(members, input);
+    }
+    let used = u64::MAX.checked_shr(4 * (16 - n) as u32).unwrap_or(0);
+    Some(if ranking.ranked == IDENTITY & used {
+        Order::Arrival
+    } else {
+        Order::Ranked(ranking.ranked)
+    })
+}
+
+/// Orders an object's members by comparing their keys in full: `None` on a
+/// duplicate key.
+#[inline(never)]
+fn sort_members(members: &mut [Member], input: &[u8]) -> Option<Order> {
     if in_order(members, input) {
         return Some(Order::Arrival);
+    }
+    let n = members.len();
+    if n <= SMALL_OBJECT {
+        let mut ranked = 0;
+        for (j, b) in members.iter().enumerate() {
+            let mut below = 0;
+            for a in &members[..j] {
+                match key_order(a, b, input) {
+                    Ordering::Less => below += 1,
+                    Ordering::Greater => {}
+                    Ordering::Equal => return None, // a duplicate key
+                }
+            }
+            ranked = insert(ranked, below, j);
+        }
+        return Some(Order::Ranked(ranked));
     }
     members.sort_unstable_by(|a, b| key_order(a, b, input));
     if members
