@@ -150,14 +150,16 @@ impl FastCanonical<'_, '_> {
         }
         // A member whose value is its own source text (a string without
         // escapes, a plain number, a literal) is only recorded here, and
-        // written once, in key order, at the end. The others are written as
-        // they come, and moved at the end if needed.
+        // written once, in key order, at the end ("pending"). The others are
+        // written as they come, and moved at the end if needed.
         self.buf.out.push(b'{');
         let body = self.buf.out.len();
         // This object's members are `self.members[first..]` (nested objects
         // push theirs above, and pop them before returning).
         let first = self.members.len();
-        let mut all_written = true;
+        let mut pending = 0;
+        // A pending member precedes a written one in `members`.
+        let mut interleaved = false;
         let mut ranking = Ranking::NEW;
         loop {
             if b != b'"' {
@@ -208,16 +210,28 @@ impl FastCanonical<'_, '_> {
                 Some(end) if at == value_start && colon + 1 == value_start => {
                     let member = (key_start as u32, end as u32, Text::Source);
                     at = end;
-                    all_written = false;
+                    pending += 1;
                     member
                 }
                 Some(end) => {
                     let member = (at as u32, end as u32, Text::Spaced);
                     at = end;
-                    all_written = false;
+                    pending += 1;
                     member
                 }
                 None => {
+                    if pending > 0 {
+                        if ranking.in_arrival_order(self.members.len() - first) {
+                            // In key order so far: the pending members are
+                            // written now, so that nothing moves at the end
+                            // if the whole object is in key order.
+                            let members = &mut self.members[first..];
+                            write_pending(&mut self.buf.out, body, input, members)?;
+                            pending = 0;
+                        } else {
+                            interleaved = true;
+                        }
+                    }
                     let out = &mut self.buf.out;
                     if out.len() > body {
                         out.push(b',');
@@ -257,39 +271,83 @@ impl FastCanonical<'_, '_> {
         let members = &mut self.members[first..];
         let order = order(members, ranking, input)?;
         let out = &mut self.buf.out;
-        if !(matches!(order, Order::Arrival) && all_written) {
-            // Written members move to `scratch`; then every member is written
-            // in key order.
-            let scratch = &mut self.buf.scratch;
+        // In key order, with no pending member before a written one: the
+        // written members are in place, and the pending ones, last in
+        // `members`, follow. Otherwise the written members move to `scratch`,
+        // and then every member is written in key order.
+        let start = if matches!(order, Order::Arrival) && !interleaved {
+            members.len() - pending
+        } else {
             if out.len() > body {
+                let scratch = &mut self.buf.scratch;
                 scratch.clear();
                 scratch.extend_from_slice(&out[body..]);
                 out.truncate(body);
             }
-            for k in 0..members.len() {
-                let member = match order {
-                    Order::Ranked(ranked) => &members[(ranked >> (4 * k)) as usize & 0xf],
-                    _ => &members[k],
-                };
-                if k > 0 {
-                    out.push(b',');
-                }
-                let (from, to) = (member.from as usize, member.to as usize);
-                match member.text {
-                    Text::Source => append(out, input, from, to),
-                    Text::Spaced => {
-                        let key_start = member.key as usize;
-                        let key_end = key_start + member.key_len as usize + 2;
-                        append(out, input, key_start, key_end);
-                        out.push(b':');
-                        append(out, input, from, to);
-                    }
-                    Text::Written => out.extend_from_slice(&scratch[from..to]),
-                }
+            0
+        };
+        let scratch = &self.buf.scratch;
+        for k in start..members.len() {
+            let member = match order {
+                Order::Ranked(ranked) => &members[(ranked >> (4 * k)) as usize & 0xf],
+                _ => &members[k],
+            };
+            if out.len() > body {
+                out.push(b',');
+            }
+            let (from, to) = (member.from as usize, member.to as usize);
+            match member.text {
+                Text::Source => append(out, input, from, to),
+                Text::Spaced => write_spaced(out, input, member),
+                Text::Written => out.extend_from_slice(&scratch[from..to]),
             }
         }
         out.push(b'}');
         self.members.truncate(first);
         Some(())
     }
+}
+
+/// Writes a `Text::Spaced` member without the whitespace.
+#[inline(always)]
+fn write_spaced(out: &mut Vec<u8>, input: &[u8], member: &Member) {
+    let key_start = member.key as usize;
+    let key_end = key_start + member.key_len as usize + 2;
+    append(out, input, key_start, key_end);
+    out.push(b':');
+    append(out, input, member.from as usize, member.to as usize);
+}
+
+/// Writes the members of an object not written yet (`Text::Source` and
+/// `Text::Spaced`), in the order given, after those written (`out[body..]`),
+/// and marks them written.
+#[inline(never)]
+fn write_pending(
+    out: &mut Vec<u8>,
+    body: usize,
+    input: &[u8],
+    members: &mut [Member],
+) -> Option<()> {
+    for member in members {
+        let from = out.len() - body;
+        match member.text {
+            Text::Written => continue,
+            Text::Source => {
+                if from > 0 {
+                    out.push(b',');
+                }
+                append(out, input, member.from as usize, member.to as usize);
+            }
+            Text::Spaced => {
+                if from > 0 {
+                    out.push(b',');
+                }
+                write_spaced(out, input, member);
+            }
+        }
+        member.from = u32::try_from(from + usize::from(from > 0)).ok()?;
+        member.to = u32::try_from(out.len() - body).ok()?;
+        member.text = Text::Written;
+    }
+    Some(())
 }

@@ -64,6 +64,12 @@ impl Ranking {
         undecided: false,
     };
 
+    /// The first `n` members of the object, all ranked, are in key order.
+    #[inline(always)]
+    pub(super) fn in_arrival_order(&self, n: usize) -> bool {
+        n <= SMALL_OBJECT && !self.undecided && self.ranked == IDENTITY & used(n)
+    }
+
     /// Ranks the member with `prefix` after the `earlier` members of its
     /// object: it goes after those whose keys are below its own.
     #[inline(always)]
@@ -83,6 +89,12 @@ impl Ranking {
     }
 }
 
+/// The nibbles of the first `n` members (`n <= 16`).
+#[inline(always)]
+fn used(n: usize) -> u64 {
+    u64::MAX.checked_shr(4 * (16 - n) as u32).unwrap_or(0)
+}
+
 /// Inserts index `j` at position `at` (`at <= j < 16`) of a list of nibbles.
 #[inline(always)]
 fn insert(ranked: u64, at: u32, j: usize) -> u64 {
@@ -98,8 +110,7 @@ pub(super) fn order(members: &mut [Member], ranking: Ranking, input: &[u8]) -> O
     if n > SMALL_OBJECT || ranking.undecided {
         return sort_members(members, input);
     }
-    let used = u64::MAX.checked_shr(4 * (16 - n) as u32).unwrap_or(0);
-    Some(if ranking.ranked == IDENTITY & used {
+    Some(if ranking.ranked == IDENTITY & used(n) {
         Order::Arrival
     } else {
         Order::Ranked(ranking.ranked)
