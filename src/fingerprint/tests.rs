@@ -615,3 +615,29 @@ fn members_ranked_in_every_order_around_sixteen() {
         }
     }
 }
+
+#[test]
+fn escapes_decoded_and_escaped_again_in_one_pass() {
+    for s in [
+        r#"\"\\\/\b\f\n\r\t"#,
+        r#"\u0000\u0001\u001f\u001F\u0020\u007f\u0080"#,
+        r#"\u0022\u005c\u005C\u002f\u00e9\u00E9\u20ac\uffff"#,
+        r#"é\nü\t日本\"end"#,
+        r#"\u0041BC\u0044"#,
+        r#"a\\b\\"#,
+        r#"😀\n😀"#,
+        r#"\ud83d\ude00"#, // a surrogate pair: declined by the single-pass path
+        r#"\ud800"#,
+        r#"\x"#,
+        r#"\u12"#,
+        r#"\u12g4"#,
+    ] {
+        for doc in [format!("\"{s}\""), format!("{{\"k\":\"{s}\",\"a\":1}}")] {
+            if let Some(out) = fast(&doc) {
+                assert_eq!(Ok(out), slow(&doc), "{doc}");
+            } else {
+                assert!(s.contains(r"\ud") || s.contains(r"\x") || s.contains(r"\u12"));
+            }
+        }
+    }
+}

@@ -145,28 +145,33 @@ impl FastCanonical<'_, '_> {
                 append(&mut self.buf.out, input, start, end + 1);
                 Some(())
             }
-            b'\\' => {
-                let text = self.escaped_string(start + 1, end)?;
-                write_json_string(&mut self.buf.out, &text);
-                Some(())
-            }
+            b'\\' => self.escaped_string(start + 1, end),
             _ => None,
         }
     }
 
-    /// Decodes a string token with escapes, whose contents start at `begin`
-    /// and whose first escape is at `i`.
-    fn escaped_string(&mut self, begin: usize, mut i: usize) -> Option<String> {
+    /// Writes a string token with escapes, whose contents start at `begin`
+    /// and whose first escape is at `i`, in its canonical form: decoded and
+    /// escaped again as it goes, without an intermediate `String`.
+    fn escaped_string(&mut self, begin: usize, mut i: usize) -> Option<()> {
         let input = self.input;
-        let mut text = String::from(std::str::from_utf8(&input[begin..i]).ok()?);
+        let out = &mut self.buf.out;
+        out.push(b'"');
+        let mut run_start = begin;
         loop {
-            let run_start = i;
-            i = run_end(input, i, false);
-            text.push_str(std::str::from_utf8(&input[run_start..i]).ok()?);
+            // A run without quote, backslash or control byte: its own
+            // canonical form, once known to be UTF-8 (an escape, ASCII,
+            // cannot split a character).
+            let run = &input[run_start..i];
+            if !run.is_ascii() {
+                std::str::from_utf8(run).ok()?;
+            }
+            out.extend_from_slice(run);
             match *input.get(i)? {
                 b'"' => {
+                    out.push(b'"');
                     self.at = i + 1;
-                    return Some(text);
+                    return Some(());
                 }
                 b'\\' => {
                     let c = match *input.get(i + 1)? {
@@ -188,11 +193,37 @@ impl FastCanonical<'_, '_> {
                         }
                         _ => return None,
                     };
-                    text.push(c);
+                    write_char(out, c);
                     i += if input[i + 1] == b'u' { 6 } else { 2 };
                 }
                 _ => return None,
             }
+            run_start = i;
+            i = run_end(input, i, false);
         }
     }
+}
+
+/// Writes a decoded character of a string as [`write_json_string`] does.
+fn write_char(out: &mut Vec<u8>, c: char) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let escaped: &[u8] = match c {
+        '"' => b"\\\"",
+        '\\' => b"\\\\",
+        '\u{8}' => b"\\b",
+        '\u{c}' => b"\\f",
+        '\n' => b"\\n",
+        '\r' => b"\\r",
+        '\t' => b"\\t",
+        '\0'..='\u{1f}' => {
+            let b = c as usize;
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[b >> 4], HEX[b & 0xf]]);
+            return;
+        }
+        _ => {
+            out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes());
+            return;
+        }
+    };
+    out.extend_from_slice(escaped);
 }
