@@ -641,3 +641,45 @@ fn escapes_decoded_and_escaped_again_in_one_pass() {
         }
     }
 }
+
+#[test]
+fn whitespace_and_separators_at_every_width_and_cut() {
+    // Indentation of 0..=20 spaces after newlines (CRLF too), spaces around
+    // colons and commas; and every prefix of such a document, which is
+    // either declined or agrees with the serde_json path.
+    for indent in 0..=20 {
+        let pad = " ".repeat(indent);
+        for nl in ["\n", "\r\n", "\n\t"] {
+            let doc = format!(
+                "{{{nl}{pad}\"sku\": \"A\",{nl}{pad}\"qty\" :1 ,{nl}{pad}\"items\":{nl}{pad}[{nl}{pad}{{\"b\":1,\"a\" : [ 2 ,{nl}{pad}3 ]}}{nl}{pad}]{nl}}}{nl}"
+            );
+            assert_fast_agrees(&doc);
+            for cut in 0..doc.len() {
+                let part = &doc[..cut];
+                if let Some(out) = fast(part) {
+                    assert_eq!(Ok(out), slow(part), "{part:?}");
+                }
+            }
+        }
+    }
+    for doc in [
+        r#"{"a":1,"b":2}"#,
+        r#"{"a":"x","b":"y"}"#,
+        r#"{"abcdefghijk":1,"b":{"c":"d"}}"#,
+        "{\"a\":\u{0}1}",
+        "{\"a\"\u{0}:1}",
+        "[1,\u{0}2]",
+    ] {
+        for cut in 0..=doc.len() {
+            let part = &doc[..cut];
+            match fast(part) {
+                Some(out) => assert_eq!(Ok(out), slow(part), "{part:?}"),
+                None => {
+                    if cut == doc.len() && !doc.contains('\u{0}') {
+                        panic!("declined {doc}");
+                    }
+                }
+            }
+        }
+    }
+}

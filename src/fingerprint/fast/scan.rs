@@ -51,25 +51,33 @@ pub(super) fn scan_string(input: &[u8], i: usize) -> (usize, bool) {
     }
 }
 
-/// [`scan_string`] for a key whose contents start at `i`, with the key's
-/// prefix (see [`Member::prefix`]), read from the same eight bytes.
+/// A key without escapes whose contents start at `i`: the index of its
+/// closing quote, whether a byte before it is non-ASCII, and its prefix (see
+/// [`Member::prefix`]). `None` if a backslash or control byte (or the end of
+/// the input) comes first. A key of at most 7 ASCII bytes is decided by the
+/// first eight bytes alone.
 #[inline(always)]
-pub(super) fn scan_key(input: &[u8], i: usize) -> (usize, bool, u64) {
+pub(super) fn scan_key(input: &[u8], i: usize) -> Option<(usize, bool, u64)> {
     if let Some(chunk) = input.get(i..).and_then(|rest| rest.first_chunk::<8>()) {
         let x = u64::from_le_bytes(*chunk);
         let stops = stop_bytes(x, true);
-        if stops == 0 {
-            let (end, high) = scan_string(input, i + 8);
-            return (end, high, x.swap_bytes());
-        }
-        let n = stops.trailing_zeros() / 8; // 0..=7
-        let end = i + n as usize;
-        if input[end] < 0x80 {
-            return (end, false, (x & ((1u64 << (8 * n)) - 1)).swap_bytes());
+        if stops != 0 {
+            let n = stops.trailing_zeros() / 8; // 0..=7
+            match (x >> (8 * n)) as u8 {
+                b'"' => {
+                    let prefix = (x & ((1u64 << (8 * n)) - 1)).swap_bytes();
+                    return Some((i + n as usize, false, prefix));
+                }
+                0x80.. => {}
+                _ => return None,
+            }
         }
     }
     let (end, high) = scan_string(input, i);
-    (end, high, key_prefix(input, i, end - i))
+    if *input.get(end)? != b'"' {
+        return None;
+    }
+    Some((end, high, key_prefix(input, i, end - i)))
 }
 
 /// The first 8 bytes of the key of `len` bytes at `start`, big-endian,
@@ -110,15 +118,33 @@ pub(super) fn token(input: &[u8], at: usize) -> Option<(usize, u8)> {
     if b > b' ' {
         return Some((at, b));
     }
-    token_after_whitespace(input, at)
+    Some(token_after_whitespace(input, at))
 }
 
+/// [`token`] after whitespace, returned in registers: at the end of the
+/// input, `(input.len(), 0)`, which every caller rejects as it rejects a NUL
+/// byte (no JSON token starts with one).
 #[inline(never)]
-fn token_after_whitespace(input: &[u8], mut at: usize) -> Option<(usize, u8)> {
-    while let b' ' | b'\t' | b'\n' | b'\r' = *input.get(at)? {
+fn token_after_whitespace(input: &[u8], mut at: usize) -> (usize, u8) {
+    loop {
+        let Some(&b) = input.get(at) else {
+            return (input.len(), 0);
+        };
+        if !matches!(b, b' ' | b'\t' | b'\n' | b'\r') {
+            return (at, b);
+        }
         at += 1;
+        if b == b'\n' {
+            // Indentation: spaces, eight at a time.
+            if let Some(chunk) = input.get(at..).and_then(|rest| rest.first_chunk::<8>()) {
+                let x = u64::from_le_bytes(*chunk) ^ (ONES * u64::from(b' '));
+                // Bit 7 set in each byte that is not a space (exact: the sums
+                // stay within their bytes).
+                let others = (((x & !HIGHS) + !HIGHS) | x) & HIGHS;
+                at += (others.trailing_zeros() / 8) as usize;
+            }
+        }
     }
-    Some((at, input[at]))
 }
 
 /// The end of `text` when it is at `at`.
