@@ -14,7 +14,11 @@
 //! Environment: `LOAD_SECS` (5), `LOAD_CONNS` (1,16,64), `LOAD_SCENARIOS`
 //! (fresh,replay,hot), `LOAD_ROUTES` (plain,memory,pg), `SERVER_THREADS` (1),
 //! `CLIENT_THREADS` (1), `PG_POOL` (16), `LOAD_BODY` (1024 bytes of JSON),
-//! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk), `DATABASE_URL`.
+//! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk), `DATABASE_URL`,
+//! `LOAD_HANDLER`: `trivial` (default: reads the body, answers a small JSON),
+//! `json` (deserialises the order into typed structs, answers a serialised
+//! one), `insert` (`json` plus one `INSERT` into PostgreSQL, as `POST /orders`
+//! does; needs `DATABASE_URL`).
 
 use axum::extract::Request;
 use axum::Router;
@@ -25,7 +29,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tower_idempotency::{PostgresStore, Scope};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, PostgresStore, Scope};
+use tower_idempotency_bench::realistic::{self, Realistic};
 use tower_idempotency_bench::*;
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
@@ -50,14 +55,19 @@ struct Server {
     pg: Option<PostgresStore>,
 }
 
-async fn pg_store(url: &str, pool_size: usize, table: &str) -> PostgresStore {
+fn pool(url: &str, pool_size: usize) -> deadpool_postgres::Pool {
     let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
-    let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
-    let pool = deadpool_postgres::Pool::builder(manager)
+    let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+    deadpool_postgres::Pool::builder(manager)
         .max_size(pool_size)
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
-        .expect("pool");
+        .expect("pool")
+}
+
+async fn pg_store(url: &str, pool_size: usize, table: &str) -> PostgresStore {
+    let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
+    let pool = pool(url, pool_size);
     let store = PostgresStore::new(pool.clone())
         .with_table(table)
         .with_listener(config);
@@ -70,15 +80,39 @@ async fn pg_store(url: &str, pool_size: usize, table: &str) -> PostgresStore {
     store
 }
 
-async fn start_server(bind: &str, routes: &[String]) -> Server {
+async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Server {
     let mut app = Router::new();
     let mut handlers = Vec::new();
     let mut pg = None;
+    let orders_pool = match handler_kind {
+        "trivial" | "json" => None,
+        "insert" => {
+            let url =
+                std::env::var("DATABASE_URL").expect("LOAD_HANDLER=insert needs DATABASE_URL");
+            let pool = pool(&url, env_or("PG_POOL", 16));
+            realistic::prepare_orders_table(&pool).await;
+            Some(pool)
+        }
+        other => panic!("unknown LOAD_HANDLER {other}"),
+    };
     for route in routes {
         let h = Handler::new();
+        // The same handler on every route; only the layer in front differs.
+        let handler_app = || match handler_kind {
+            "trivial" => None,
+            _ => Some(realistic::app(Arc::new(Realistic {
+                handler: h.clone(),
+                pool: orders_pool.clone(),
+            }))),
+        };
         let sub = match route.as_str() {
-            "plain" => plain_app(h.clone()),
-            "memory" => ours_memory_app(h.clone()),
+            "plain" => handler_app().unwrap_or_else(|| plain_app(h.clone())),
+            "memory" => match handler_app() {
+                None => ours_memory_app(h.clone()),
+                Some(app) => app.route_layer(IdempotencyLayer::new(
+                    MemoryStore::new().with_capacity(50_000_000),
+                )),
+            },
             "pg" => {
                 let Ok(url) = std::env::var("DATABASE_URL") else {
                     println!("(route pg skipped: DATABASE_URL is not set)");
@@ -86,7 +120,10 @@ async fn start_server(bind: &str, routes: &[String]) -> Server {
                 };
                 let store = pg_store(&url, env_or("PG_POOL", 16), "bench_load_records").await;
                 pg = Some(store.clone());
-                ours_app(h.clone(), store)
+                match handler_app() {
+                    None => ours_app(h.clone(), store),
+                    Some(app) => app.route_layer(IdempotencyLayer::new(store)),
+                }
             }
             other => panic!("unknown route {other}"),
         };
@@ -235,6 +272,7 @@ fn main() {
     let scenarios = env_list("LOAD_SCENARIOS", "fresh,replay,hot");
     let routes = env_list("LOAD_ROUTES", "plain,memory,pg");
     let body = json_body(env_or("LOAD_BODY", 1024));
+    let handler_kind = std::env::var("LOAD_HANDLER").unwrap_or_else(|_| "trivial".into());
     let server_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(env_or("SERVER_THREADS", 1))
         .thread_name("server")
@@ -249,7 +287,7 @@ fn main() {
         .expect("client runtime");
 
     if let Ok(bind) = std::env::var("LOAD_SERVE") {
-        let server = server_rt.block_on(start_server(&bind, &routes));
+        let server = server_rt.block_on(start_server(&bind, &routes, &handler_kind));
         println!(
             "serving on http://{} (routes /<route>/v1/orders)",
             server.addr
@@ -258,10 +296,10 @@ fn main() {
         return;
     }
 
-    let server = server_rt.block_on(start_server("127.0.0.1:0", &routes));
+    let server = server_rt.block_on(start_server("127.0.0.1:0", &routes, &handler_kind));
     println!("# load: {}", machine_line());
     println!(
-        "server threads {}, client threads {}, {} s per cell, {}-byte JSON body, routes {:?}",
+        "handler {handler_kind}, server threads {}, client threads {}, {} s per cell, {}-byte JSON body, routes {:?}",
         env_or("SERVER_THREADS", 1),
         env_or("CLIENT_THREADS", 1),
         secs.as_secs_f64(),

@@ -17,6 +17,8 @@ use std::time::Duration;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
 
+pub mod realistic;
+
 /// The route every app serves.
 pub const ORDERS: &str = "/v1/orders";
 /// The tenant every request is authenticated as.
@@ -49,6 +51,11 @@ impl Handler {
     /// How many times the handler ran.
     pub fn runs(&self) -> u64 {
         self.runs.load(Ordering::Relaxed)
+    }
+
+    /// Counts one run (for handlers other than [`create_order`]); returns its number.
+    pub fn count_run(&self) -> u64 {
+        self.runs.fetch_add(1, Ordering::Relaxed) + 1
     }
 }
 
