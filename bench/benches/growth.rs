@@ -13,14 +13,22 @@
 //! worst case for caches) and of the batch of keys just completed (retries soon
 //! after the first attempt, as clients send them).
 //!
+//! The same app is also served over loopback HTTP (one server thread, one
+//! keep-alive connection, requests one at a time): the server thread's CPU per
+//! request and the median latency, for fresh keys and replays of random
+//! retained keys, i.e. the per-request cost as a client sees it.
+//!
 //! Environment: `GROWTH_SIZES` (1000,100000,1000000), `GROWTH_BATCH` (20000),
-//! `GROWTH_ROUNDS` (7).
+//! `GROWTH_ROUNDS` (7), `GROWTH_HTTP_BATCH` (5000 requests per round and kind).
 
 use axum::http::StatusCode;
 use axum::Router;
 use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tower_idempotency::{
@@ -105,6 +113,66 @@ fn record_key(prefix: &str, i: u64) -> RecordKey {
     )
 }
 
+/// Serves `app` on a loopback port from its own one-thread runtime (threads
+/// named `server`), behind the layer that sets the tenant, as the load
+/// harness does.
+fn serve(app: Router) -> (SocketAddr, tokio::runtime::Runtime) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("server")
+        .enable_all()
+        .build()
+        .expect("server runtime");
+    let scope = Scope::new(TENANT);
+    let app = app.layer(tower::util::MapRequestLayer::new(
+        move |mut req: axum::extract::Request| {
+            req.extensions_mut().insert(scope.clone());
+            req
+        },
+    ));
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    rt.spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    (addr, rt)
+}
+
+/// Sends `keys` one at a time on one keep-alive connection: the server
+/// threads' CPU per request (µs) and the median latency (µs).
+async fn http_cost(addr: SocketAddr, body: &Bytes, keys: &[String], replayed: bool) -> (f64, f64) {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let mut latencies = Vec::with_capacity(keys.len());
+    let cpu = threads_cpu_ns("server");
+    for key in keys {
+        let req = http::Request::post(ORDERS)
+            .header("content-type", "application/json")
+            .header("idempotency-key", key.as_str())
+            .body(Full::new(body.clone()))
+            .expect("request");
+        let start = Instant::now();
+        let response = sender.send_request(req).await.expect("response");
+        assert_eq!(response.status(), StatusCode::CREATED);
+        assert_eq!(
+            response.headers().contains_key("idempotent-replayed"),
+            replayed
+        );
+        response.into_body().collect().await.expect("body");
+        latencies.push(start.elapsed().as_nanos() as u64);
+    }
+    let cpu = threads_cpu_ns("server") - cpu;
+    latencies.sort_unstable();
+    (
+        cpu as f64 / 1000.0 / keys.len() as f64,
+        quantile_us(&latencies, 0.5),
+    )
+}
+
 fn main() {
     let sizes: Vec<u64> = std::env::var("GROWTH_SIZES")
         .unwrap_or_else(|_| "1000,100000,1000000".into())
@@ -117,6 +185,7 @@ fn main() {
     // even after completion; a short one shows the steady state, where only the
     // retention deadline remains per record.
     let lock_ms: u64 = env_or("GROWTH_LOCK_MS", 60_000);
+    let http_batch: u64 = env_or("GROWTH_HTTP_BATCH", 5_000);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -128,8 +197,8 @@ fn main() {
     println!();
     println!("lock timeout {lock_ms} ms");
     println!();
-    println!("| retained records | allocator bytes/record (filled) | allocator bytes/record (after the rounds) | allocations/request | RSS bytes/record | layer fresh ns | layer replay ns (random retained key) | layer replay ns (key of the batch just completed) | store begin+complete ns | store begin (replay) ns |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| retained records | allocator bytes/record (filled) | allocator bytes/record (after the rounds) | allocations/request | RSS bytes/record | layer fresh ns | layer replay ns (random retained key) | layer replay ns (key of the batch just completed) | store begin+complete ns | store begin (replay) ns | HTTP fresh: server µs / p50 µs | HTTP replay (random retained key): server µs / p50 µs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     let body = json_body(100);
     let template = RequestTemplate::new(body.clone());
     let fp = RequestFingerprint::from(Fingerprint([3; 32]));
@@ -142,7 +211,7 @@ fn main() {
         body: Bytes::from(vec![b'x'; 100]),
     };
     for &n in &sizes {
-        let capacity = (n + batch * rounds as u64 * 2 + 10_000) as usize;
+        let capacity = (n + (batch * 2 + http_batch) * rounds as u64 + 10_000) as usize;
         let store = MemoryStore::new()
             .with_capacity(capacity)
             .with_lock_timeout(Duration::from_millis(lock_ms));
@@ -237,13 +306,37 @@ fn main() {
         // due deadlines): live bytes per record held now.
         let held = store.len() as f64 - 100.0;
         let after = (live() - b_filled) as f64 / held;
+        // The same app over loopback HTTP.
+        let (addr, server_rt) = serve(app.clone());
+        let (mut http_fresh, mut http_replay) = (Vec::new(), Vec::new());
+        rt.block_on(async {
+            let warm: Vec<String> = (0..200).map(|i| key("httpwarm", i)).collect();
+            http_cost(addr, &body, &warm, false).await;
+            for round in 0..rounds as u64 {
+                let fresh: Vec<String> = (0..http_batch)
+                    .map(|i| key(&format!("http{round}"), i))
+                    .collect();
+                http_fresh.push(http_cost(addr, &body, &fresh, false).await);
+                let replays: Vec<String> = (0..http_batch)
+                    .map(|i| key("fill", spread(i + round * http_batch + 13, n)))
+                    .collect();
+                http_replay.push(http_cost(addr, &body, &replays, true).await);
+            }
+        });
+        drop(server_rt);
+        let split = |v: Vec<(f64, f64)>| {
+            let (cpu, p50): (Vec<f64>, Vec<f64>) = v.into_iter().unzip();
+            format!("{:.1} / {:.1}", median(cpu), median(p50))
+        };
         println!(
-            "| {n} | {bytes:.0} | {after:.0} | {allocations:.1} | {rss:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} |",
+            "| {n} | {bytes:.0} | {after:.0} | {allocations:.1} | {rss:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
             median(layer_fresh),
             median(layer_replay),
             median(layer_retry),
             median(store_fresh),
             median(store_replay),
+            split(http_fresh),
+            split(http_replay),
         );
         drop(app);
         drop(store);

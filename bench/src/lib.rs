@@ -384,3 +384,27 @@ pub async fn concurrent_duplicates(
         wait_window,
     }
 }
+
+/// CPU time (ns) of this process's threads whose name starts with `prefix`
+/// (Linux `/proc/self/task/*/schedstat`): the server's work per request,
+/// whatever else the machine runs.
+pub fn threads_cpu_ns(prefix: &str) -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| t.ok())
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm"))
+                .is_ok_and(|c| c.trim_end().starts_with(prefix))
+        })
+        .filter_map(|t| {
+            std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
