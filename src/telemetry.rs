@@ -85,8 +85,15 @@ where
     Observed {
         decision,
         layer,
-        started: tokio::time::Instant::now(),
+        started: timed().then(tokio::time::Instant::now),
     }
+}
+
+/// Whether anyone can receive a duration: the `metrics` feature, or a tracing
+/// subscriber at `WARN` or below (store errors are warned with theirs). Without
+/// one, the two clock reads per request are skipped.
+fn timed() -> bool {
+    cfg!(feature = "metrics") || tracing::level_enabled!(tracing::Level::WARN)
 }
 
 pin_project_lite::pin_project! {
@@ -96,7 +103,8 @@ pin_project_lite::pin_project! {
         #[pin]
         decision: F,
         layer: &'static str,
-        started: tokio::time::Instant,
+        // `None` when nobody receives durations (see `timed`).
+        started: Option<tokio::time::Instant>,
     }
 }
 
@@ -109,7 +117,10 @@ where
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
         let this = self.project();
         let (answer, outcome) = std::task::ready!(this.decision.poll(cx));
-        finish(this.layer, outcome, this.started.elapsed());
+        let elapsed = this
+            .started
+            .map_or(Duration::ZERO, |started| started.elapsed());
+        finish(this.layer, outcome, elapsed);
         std::task::Poll::Ready(answer)
     }
 }

@@ -143,7 +143,8 @@ where
     let store = &config.store;
 
     // Every pass, including the ones after a wait, compares fingerprints in `begin`.
-    let wait_until = Instant::now() + config.wait_timeout;
+    // The wait is timed from the first "in progress" (most requests never wait).
+    let mut wait_until = None;
     let token = loop {
         match store.begin(&record, &fingerprint).await {
             Ok(Begin::Claimed(token)) => break token,
@@ -151,10 +152,11 @@ where
             Ok(Begin::Mismatch) => return refuse(Refusal::KeyReuse),
             Ok(Begin::InProgress) => {
                 let now = Instant::now();
-                if now >= wait_until {
+                let until = *wait_until.get_or_insert(now + config.wait_timeout);
+                if now >= until {
                     return refuse(Refusal::InProgress);
                 }
-                if store.wait(&record, wait_until - now).await.is_err() {
+                if store.wait(&record, until - now).await.is_err() {
                     return refuse(Refusal::StoreUnavailable);
                 }
             }
