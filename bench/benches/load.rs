@@ -15,6 +15,10 @@
 //! (fresh,replay,hot), `LOAD_ROUTES` (plain,memory,pg), `SERVER_THREADS` (1),
 //! `CLIENT_THREADS` (1), `PG_POOL` (16), `LOAD_BODY` (1024 bytes of JSON),
 //! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk), `DATABASE_URL`,
+//! `LOAD_ROUNDS` (1): the whole grid is run this many times, the routes in
+//! alternating order, and each ratio is taken within a round (the bare route
+//! measured seconds before or after the layered one) and reported as the
+//! median over rounds, since the machine's speed drifts between cells;
 //! `LOAD_HANDLER`: `trivial` (default: reads the body, answers a small JSON),
 //! `json` (deserialises the order into typed structs, answers a serialised
 //! one), `insert` (`json` plus one `INSERT` into PostgreSQL, as `POST /orders`
@@ -227,6 +231,7 @@ async fn connection(
 }
 
 struct Row {
+    round: usize,
     route: String,
     scenario: &'static str,
     conns: u64,
@@ -287,83 +292,92 @@ fn main() {
         .map_or(0, |d| d.as_secs() % 100_000);
     let mut rows: Vec<Row> = Vec::new();
     let mut run = 0u64;
-    for &n in &conns {
-        for scenario_name in &scenarios {
-            let scenario = match scenario_name.as_str() {
-                "fresh" => Scenario::Fresh,
-                "replay" => Scenario::Replay,
-                "hot" => Scenario::Hot,
-                other => panic!("unknown scenario {other}"),
-            };
-            for (route, handler) in &server.handlers {
-                // Without the layer the key is ignored: one scenario is enough.
-                if route == "plain" && scenario != Scenario::Fresh {
-                    continue;
-                }
-                run += 1;
-                let runs_before = handler.runs();
-                let server_cpu = threads_cpu_ns("server");
-                let rt_before = server.pg.as_ref().map(|p| p.round_trips());
-                let path = format!("/{route}{ORDERS}");
-                let start = Arc::new(tokio::sync::Barrier::new(n as usize + 1));
-                let hot = Arc::new(AtomicU64::new(0));
-                let begun = client_rt.block_on(async {
-                    let tasks: Vec<_> = (0..n)
-                        .map(|c| {
-                            tokio::spawn(connection(
-                                server.addr,
-                                path.clone(),
-                                scenario,
-                                run_id * 1000 + run,
-                                c,
-                                body.clone(),
-                                hot.clone(),
-                                start.clone(),
-                                secs,
-                            ))
-                        })
-                        .collect();
-                    start.wait().await;
-                    let begun = Instant::now();
-                    let mut total = Tally::default();
-                    for t in tasks {
-                        let t = t.await.expect("connection");
-                        total.latencies_ns.extend(t.latencies_ns);
-                        total.created += t.created;
-                        total.replayed += t.replayed;
-                        total.other += t.other;
+    let rounds: usize = env_or("LOAD_ROUNDS", 1);
+    for round in 0..rounds {
+        for &n in &conns {
+            for scenario_name in &scenarios {
+                let scenario = match scenario_name.as_str() {
+                    "fresh" => Scenario::Fresh,
+                    "replay" => Scenario::Replay,
+                    "hot" => Scenario::Hot,
+                    other => panic!("unknown scenario {other}"),
+                };
+                // Alternating order, so that neither route always runs first.
+                let ordered: Vec<_> = if round % 2 == 0 {
+                    server.handlers.iter().collect()
+                } else {
+                    server.handlers.iter().rev().collect()
+                };
+                for (route, handler) in ordered {
+                    // Without the layer the key is ignored: one scenario is enough.
+                    if route == "plain" && scenario != Scenario::Fresh {
+                        continue;
                     }
-                    (total, begun.elapsed())
-                });
-                let (mut tally, elapsed) = begun;
-                let server_cpu = threads_cpu_ns("server") - server_cpu;
-                tally.latencies_ns.sort_unstable();
-                let count = tally.latencies_ns.len() as f64;
-                let row = Row {
-                    route: route.clone(),
-                    scenario: match scenario {
-                        Scenario::Fresh => "fresh",
-                        Scenario::Replay => "replay",
-                        Scenario::Hot => "hot",
-                    },
-                    conns: n,
-                    rps: count / elapsed.as_secs_f64(),
-                    p50: quantile_us(&tally.latencies_ns, 0.5),
-                    p99: quantile_us(&tally.latencies_ns, 0.99),
-                    handler_runs: handler.runs() - runs_before,
-                    server_cpu_us: server_cpu as f64
-                        / 1000.0
-                        / (tally.latencies_ns.len().max(1) as f64),
-                    tally,
-                };
-                let pg_note = match (rt_before, server.pg.as_ref()) {
-                    (Some(before), Some(pg)) if route == "pg" => format!(
-                        " pg round trips/request {:.2}",
-                        (pg.round_trips() - before) as f64 / count.max(1.0)
-                    ),
-                    _ => String::new(),
-                };
-                println!(
+                    run += 1;
+                    let runs_before = handler.runs();
+                    let server_cpu = threads_cpu_ns("server");
+                    let rt_before = server.pg.as_ref().map(|p| p.round_trips());
+                    let path = format!("/{route}{ORDERS}");
+                    let start = Arc::new(tokio::sync::Barrier::new(n as usize + 1));
+                    let hot = Arc::new(AtomicU64::new(0));
+                    let begun = client_rt.block_on(async {
+                        let tasks: Vec<_> = (0..n)
+                            .map(|c| {
+                                tokio::spawn(connection(
+                                    server.addr,
+                                    path.clone(),
+                                    scenario,
+                                    run_id * 1000 + run,
+                                    c,
+                                    body.clone(),
+                                    hot.clone(),
+                                    start.clone(),
+                                    secs,
+                                ))
+                            })
+                            .collect();
+                        start.wait().await;
+                        let begun = Instant::now();
+                        let mut total = Tally::default();
+                        for t in tasks {
+                            let t = t.await.expect("connection");
+                            total.latencies_ns.extend(t.latencies_ns);
+                            total.created += t.created;
+                            total.replayed += t.replayed;
+                            total.other += t.other;
+                        }
+                        (total, begun.elapsed())
+                    });
+                    let (mut tally, elapsed) = begun;
+                    let server_cpu = threads_cpu_ns("server") - server_cpu;
+                    tally.latencies_ns.sort_unstable();
+                    let count = tally.latencies_ns.len() as f64;
+                    let row = Row {
+                        round,
+                        route: route.clone(),
+                        scenario: match scenario {
+                            Scenario::Fresh => "fresh",
+                            Scenario::Replay => "replay",
+                            Scenario::Hot => "hot",
+                        },
+                        conns: n,
+                        rps: count / elapsed.as_secs_f64(),
+                        p50: quantile_us(&tally.latencies_ns, 0.5),
+                        p99: quantile_us(&tally.latencies_ns, 0.99),
+                        handler_runs: handler.runs() - runs_before,
+                        server_cpu_us: server_cpu as f64
+                            / 1000.0
+                            / (tally.latencies_ns.len().max(1) as f64),
+                        tally,
+                    };
+                    let pg_note = match (rt_before, server.pg.as_ref()) {
+                        (Some(before), Some(pg)) if route == "pg" => format!(
+                            " pg round trips/request {:.2}",
+                            (pg.round_trips() - before) as f64 / count.max(1.0)
+                        ),
+                        _ => String::new(),
+                    };
+                    println!(
                     "{:>6} {:>6} conns={:<3} {:>9.0} req/s  p50 {:>8.1} µs  p99 {:>8.1} µs  server CPU {:>5.1} µs/req  201 {} replayed {} other {} handler runs {}{pg_note}",
                     row.route,
                     row.scenario,
@@ -377,16 +391,18 @@ fn main() {
                     row.tally.other,
                     row.handler_runs,
                 );
-                rows.push(row);
+                    rows.push(row);
+                }
             }
         }
     }
     println!();
-    println!("| route | scenario | connections | requests/s | p50 µs | p99 µs | server CPU µs/request | answers (new / replayed / other) | handler runs |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| round | route | scenario | connections | requests/s | p50 µs | p99 µs | server CPU µs/request | answers (new / replayed / other) | handler runs |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {} / {} / {} | {} |",
+            "| {} | {} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} | {} / {} / {} | {} |",
+            r.round + 1,
             r.route,
             r.scenario,
             r.conns,
@@ -402,23 +418,44 @@ fn main() {
     }
     println!();
     for &n in &conns {
-        let cell = |route: &str, scenario: &str| {
-            rows.iter()
-                .find(|r| r.route == route && r.scenario == scenario && r.conns == n)
-        };
-        if let Some(plain) = cell("plain", "fresh") {
-            for route in ["memory", "pg"] {
-                for scenario in ["fresh", "replay", "hot"] {
-                    if let Some(v) = cell(route, scenario) {
-                        println!(
-                            "{n} conns: {route} {scenario} = {:.1}% of the no-layer route's requests/s; server CPU per request {:.1} vs {:.1} µs (capacity {:.1}%)",
-                            100.0 * v.rps / plain.rps,
-                            v.server_cpu_us,
-                            plain.server_cpu_us,
-                            100.0 * plain.server_cpu_us / v.server_cpu_us,
-                        );
+        for route in ["memory", "pg"] {
+            for scenario in ["fresh", "replay", "hot"] {
+                // (requests/s ratio, server CPU of the route, of the bare route) per round.
+                let mut paired: Vec<(f64, f64, f64)> = Vec::new();
+                for round in 0..rounds {
+                    let cell = |route: &str, scenario: &str| {
+                        rows.iter().find(|r| {
+                            r.round == round
+                                && r.route == route
+                                && r.scenario == scenario
+                                && r.conns == n
+                        })
+                    };
+                    if let (Some(plain), Some(v)) = (cell("plain", "fresh"), cell(route, scenario))
+                    {
+                        paired.push((v.rps / plain.rps, v.server_cpu_us, plain.server_cpu_us));
                     }
                 }
+                if paired.is_empty() {
+                    continue;
+                }
+                let median = |mut v: Vec<f64>| {
+                    v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+                    v[v.len() / 2]
+                };
+                let ratios: Vec<f64> = paired.iter().map(|p| 100.0 * p.0).collect();
+                let listed = ratios
+                    .iter()
+                    .map(|r| format!("{r:.1}%"))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                println!(
+                    "{n} conns: {route} {scenario} = {:.1}% of the no-layer route's requests/s (median of {} rounds: {listed}); server CPU per request {:.1} vs {:.1} µs (medians)",
+                    median(ratios.clone()),
+                    paired.len(),
+                    median(paired.iter().map(|p| p.1).collect()),
+                    median(paired.iter().map(|p| p.2).collect()),
+                );
             }
         }
     }
