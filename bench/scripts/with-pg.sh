@@ -42,9 +42,19 @@ cleanup() {
   rm -rf "$pg_dir"
 }
 trap cleanup EXIT
-as_db_owner "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
-  -o "-p $port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off -c synchronous_commit=off -c shared_preload_libraries=pg_stat_statements" \
-  start >/dev/null
+# A port found free can be taken before the server binds it: a few tries,
+# each on a new port, with the server's log shown when one fails.
+for attempt in 1 2 3; do
+  if as_db_owner "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
+    -o "-p $port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off -c synchronous_commit=off -c shared_preload_libraries=pg_stat_statements" \
+    start >/dev/null; then
+    break
+  fi
+  echo "$(basename "$0"): PostgreSQL did not start on port $port (attempt $attempt); its log:" >&2
+  tail -n 20 "$pg_dir/server.log" >&2 || true
+  [ "$attempt" = 3 ] && exit 1
+  port=$(free_port)
+done
 export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
 export PG_BIN="$pg_bin"
 echo "with-pg.sh: PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on port $port (fsync=off, synchronous_commit=off)"
