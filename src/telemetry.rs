@@ -117,10 +117,11 @@ where
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<T> {
         let this = self.project();
         let (answer, outcome) = std::task::ready!(this.decision.poll(cx));
-        let elapsed = this
-            .started
-            .map_or(Duration::ZERO, |started| started.elapsed());
-        finish(this.layer, outcome, elapsed);
+        finish(
+            this.layer,
+            outcome,
+            this.started.map(|started| started.elapsed()),
+        );
         std::task::Poll::Ready(answer)
     }
 }
@@ -133,11 +134,13 @@ pub(crate) fn key_hash(key: &str) -> String {
         .collect()
 }
 
-/// Emits the request's closing event and metrics.
-pub(crate) fn finish(layer: &'static str, outcome: Outcome, elapsed: Duration) {
+/// Emits the request's closing event and metrics. `elapsed` is `None` when the
+/// decision was not timed: the event then has no `micros` field rather than a
+/// false zero (for example, events forwarded to `log` without a subscriber).
+pub(crate) fn finish(layer: &'static str, outcome: Outcome, elapsed: Option<Duration>) {
     let span = tracing::Span::current();
     span.record("outcome", outcome.as_str());
-    let micros = elapsed.as_micros() as u64;
+    let micros = elapsed.map(|elapsed| elapsed.as_micros() as u64);
     if outcome == Outcome::StoreError {
         tracing::warn!(
             layer,
@@ -152,8 +155,10 @@ pub(crate) fn finish(layer: &'static str, outcome: Outcome, elapsed: Duration) {
     {
         let labels = [("layer", layer), ("outcome", outcome.as_str())];
         metrics::counter!("tower_idempotency_requests_total", &labels).increment(1);
-        metrics::histogram!("tower_idempotency_request_duration_seconds", &labels)
-            .record(elapsed.as_secs_f64());
+        if let Some(elapsed) = elapsed {
+            metrics::histogram!("tower_idempotency_request_duration_seconds", &labels)
+                .record(elapsed.as_secs_f64());
+        }
     }
 }
 

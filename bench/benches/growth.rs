@@ -18,6 +18,11 @@
 //! request and the median latency, for fresh keys and replays of random
 //! retained keys, i.e. the per-request cost as a client sees it.
 //!
+//! Every record a measurement adds (fresh keys, the store-alone claims) is in
+//! a scope of its own and purged after each round, so each size is measured
+//! with its retained records plus at most one round's additions; the table
+//! prints the range of records held while measuring.
+//!
 //! Environment: `GROWTH_SIZES` (1000,100000,1000000), `GROWTH_BATCH` (20000),
 //! `GROWTH_ROUNDS` (7), `GROWTH_HTTP_BATCH` (5000 requests per round and kind).
 
@@ -106,9 +111,12 @@ async fn layer_ns(app: &Router, template: &RequestTemplate, keys: Vec<String>) -
     start.elapsed().as_nanos() as f64 / n
 }
 
+/// The scope of the records a measurement adds (purged after each round).
+const ADDED: &str = "growth-added";
+
 fn record_key(prefix: &str, i: u64) -> RecordKey {
     RecordKey::new(
-        Scope::new(TENANT),
+        Scope::new(ADDED),
         IdempotencyKey::parse(key(prefix, i).as_bytes()).expect("key"),
     )
 }
@@ -123,10 +131,15 @@ fn serve(app: Router) -> (SocketAddr, tokio::runtime::Runtime) {
         .enable_all()
         .build()
         .expect("server runtime");
-    let scope = Scope::new(TENANT);
+    let (tenant, added) = (Scope::new(TENANT), Scope::new(ADDED));
     let app = app.layer(tower::util::MapRequestLayer::new(
         move |mut req: axum::extract::Request| {
-            req.extensions_mut().insert(scope.clone());
+            let scope = if req.headers().contains_key("x-added") {
+                added.clone()
+            } else {
+                tenant.clone()
+            };
+            req.extensions_mut().insert(scope);
             req
         },
     ));
@@ -150,11 +163,16 @@ async fn http_cost(addr: SocketAddr, body: &Bytes, keys: &[String], replayed: bo
     let mut latencies = Vec::with_capacity(keys.len());
     let cpu = threads_cpu_ns("server");
     for key in keys {
-        let req = http::Request::post(ORDERS)
+        let mut req = http::Request::post(ORDERS)
             .header("content-type", "application/json")
             .header("idempotency-key", key.as_str())
             .body(Full::new(body.clone()))
             .expect("request");
+        if !replayed {
+            // Fresh keys go to the purged scope.
+            req.headers_mut()
+                .insert("x-added", http::HeaderValue::from_static("1"));
+        }
         let start = Instant::now();
         let response = sender.send_request(req).await.expect("response");
         assert_eq!(response.status(), StatusCode::CREATED);
@@ -197,10 +215,12 @@ fn main() {
     println!();
     println!("lock timeout {lock_ms} ms");
     println!();
-    println!("| retained records | allocator bytes/record (filled) | allocator bytes/record (after the rounds) | allocations/request | RSS bytes/record | layer fresh ns | layer replay ns (random retained key) | layer replay ns (key of the batch just completed) | store begin+complete ns | store begin (replay) ns | HTTP fresh: server µs / p50 µs | HTTP replay (random retained key): server µs / p50 µs |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| retained records | allocator bytes/record (filled) | allocator bytes/record (after the rounds) | allocations/request | RSS bytes/record | layer fresh ns | layer replay ns (random retained key) | layer replay ns (key of the batch just completed) | store begin+complete ns | store begin (replay) ns | HTTP fresh: server µs / p50 µs | HTTP replay (random retained key): server µs / p50 µs | records held while measuring |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let body = json_body(100);
     let template = RequestTemplate::new(body.clone());
+    let mut added_template = RequestTemplate::new(body.clone());
+    added_template.scope = Scope::new(ADDED);
     let fp = RequestFingerprint::from(Fingerprint([3; 32]));
     let response = StoredResponse {
         status: StatusCode::CREATED,
@@ -248,13 +268,19 @@ fn main() {
         let mut layer_retry = Vec::new();
         let mut store_fresh = Vec::new();
         let mut store_replay = Vec::new();
+        let (mut held_min, mut held_max) = (usize::MAX, 0);
+        let mut note_held = |store: &MemoryStore| {
+            held_min = held_min.min(store.len());
+            held_max = held_max.max(store.len());
+        };
         for round in 0..rounds as u64 {
             rt.block_on(async {
+                note_held(&store);
                 let fresh: Vec<String> =
                     (0..batch).map(|i| key(&format!("new{round}"), i)).collect();
-                layer_fresh.push(layer_ns(&app, &template, fresh.clone()).await);
+                layer_fresh.push(layer_ns(&app, &added_template, fresh.clone()).await);
                 // Retries soon after the first attempt: the batch just completed.
-                layer_retry.push(layer_ns(&app, &template, fresh).await);
+                layer_retry.push(layer_ns(&app, &added_template, fresh).await);
                 let replays: Vec<String> = (0..batch)
                     .map(|i| key("fill", spread(i + round * batch, n)))
                     .collect();
@@ -300,6 +326,8 @@ fn main() {
                     black_box(r);
                 }
                 store_replay.push(start.elapsed().as_nanos() as f64 / batch as f64);
+                note_held(&store);
+                store.purge_scope(&Scope::new(ADDED)).await.expect("purge");
             });
         }
         // After the rounds (which added records and, through `begin`, evicted
@@ -316,11 +344,14 @@ fn main() {
                 let fresh: Vec<String> = (0..http_batch)
                     .map(|i| key(&format!("http{round}"), i))
                     .collect();
+                note_held(&store);
                 http_fresh.push(http_cost(addr, &body, &fresh, false).await);
                 let replays: Vec<String> = (0..http_batch)
                     .map(|i| key("fill", spread(i + round * http_batch + 13, n)))
                     .collect();
                 http_replay.push(http_cost(addr, &body, &replays, true).await);
+                note_held(&store);
+                store.purge_scope(&Scope::new(ADDED)).await.expect("purge");
             }
         });
         drop(server_rt);
@@ -329,7 +360,7 @@ fn main() {
             format!("{:.1} / {:.1}", median(cpu), median(p50))
         };
         println!(
-            "| {n} | {bytes:.0} | {after:.0} | {allocations:.1} | {rss:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} |",
+            "| {n} | {bytes:.0} | {after:.0} | {allocations:.1} | {rss:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {:.0} | {} | {} | {held_min}–{held_max} |",
             median(layer_fresh),
             median(layer_replay),
             median(layer_retry),

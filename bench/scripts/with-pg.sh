@@ -53,6 +53,8 @@ for attempt in 1 2 3; do
   echo "$(basename "$0"): PostgreSQL did not start on port $port (attempt $attempt); its log:" >&2
   tail -n 20 "$pg_dir/server.log" >&2 || true
   [ "$attempt" = 3 ] && exit 1
+  # A server that is still starting would hold the data directory.
+  as_db_owner "$pg_bin/pg_ctl" -D "$pg_dir/data" -m immediate stop >/dev/null 2>&1 || true
   port=$(free_port)
 done
 export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"

@@ -683,3 +683,29 @@ fn whitespace_and_separators_at_every_width_and_cut() {
         }
     }
 }
+
+/// Keys where UTF-8 byte order and UTF-16 code unit order disagree, at the
+/// same position: U+FB33 (UTF-16 0xFB33) sorts after U+1F600 (0xD83D 0xDE00),
+/// though its UTF-8 bytes (EF ...) sort before (F0 ...).
+#[test]
+fn keys_above_the_surrogates_sort_after_non_bmp_keys() {
+    let expected = "{\"\u{1f600}\":2,\"\u{fb33}\":1}";
+    for doc in [
+        "{\"\u{fb33}\":1,\"\u{1f600}\":2}",
+        "{\"\u{1f600}\":2,\"\u{fb33}\":1}",
+    ] {
+        assert_eq!(
+            canonicalize_json(doc.as_bytes()).unwrap(),
+            expected.as_bytes(),
+            "{doc}"
+        );
+        assert_fast_agrees(doc);
+    }
+    // Same 8-byte prefix, the difference after it.
+    let doc = "{\"prefix__\u{fb33}\":1,\"prefix__\u{1f600}\":2}";
+    assert_eq!(
+        canonicalize_json(doc.as_bytes()).unwrap(),
+        "{\"prefix__\u{1f600}\":2,\"prefix__\u{fb33}\":1}".as_bytes()
+    );
+    assert_fast_agrees(doc);
+}

@@ -127,7 +127,8 @@ impl<E, P> IdempotencyLayer<E, P> {
     }
 
     /// How long a duplicate waits for the first request to finish before it gets
-    /// `409 idempotency_in_progress` (default 5 s; zero answers at once).
+    /// `409 idempotency_in_progress` (default 5 s, timed from the store's first
+    /// "in progress" answer; zero answers at once).
     pub fn with_wait_timeout(mut self, timeout: Duration) -> Self {
         self.config.wait_timeout = timeout;
         self

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 /// A record's map key: a 128-bit HighwayHash of `(scope, key)` under a random
 /// 256-bit key chosen per store.
 ///
-/// Nobody without the keys can build two identities with one id, and by chance
+/// Nobody without the key can build two identities with one id, and by chance
 /// two of them share one with probability 2^-128 per pair. The store still
 /// compares the identity stored with the record before answering, so a shared
 /// id can never replay one tenant's response to another: the second identity
