@@ -30,7 +30,6 @@ use axum::http::StatusCode;
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::net::SocketAddr;
@@ -154,12 +153,7 @@ fn serve(app: Router) -> (SocketAddr, tokio::runtime::Runtime) {
 /// Sends `keys` one at a time on one keep-alive connection: the server
 /// threads' CPU per request (µs) and the median latency (µs).
 async fn http_cost(addr: SocketAddr, body: &Bytes, keys: &[String], replayed: bool) -> (f64, f64) {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    stream.set_nodelay(true).expect("nodelay");
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn);
+    let mut sender = connect_http1(addr).await;
     let mut latencies = Vec::with_capacity(keys.len());
     let cpu = threads_cpu_ns("server");
     for key in keys {

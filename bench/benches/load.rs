@@ -28,7 +28,6 @@ use axum::extract::Request;
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -178,12 +177,7 @@ async fn connection(
     start: Arc<tokio::sync::Barrier>,
     secs: Duration,
 ) -> Tally {
-    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    stream.set_nodelay(true).expect("nodelay");
-    let (mut sender, conn_task) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .expect("handshake");
-    tokio::spawn(conn_task);
+    let mut sender = connect_http1(addr).await;
     let mut tally = Tally::default();
     let mut send = |key: String| {
         let req = http::Request::post(&path)

@@ -408,3 +408,18 @@ pub fn threads_cpu_ns(prefix: &str) -> u64 {
         })
         .sum()
 }
+
+/// One keep-alive HTTP/1 connection to `addr` (no Nagle delay), its
+/// connection task spawned on the current runtime.
+pub async fn connect_http1(
+    addr: std::net::SocketAddr,
+) -> hyper::client::conn::http1::SendRequest<http_body_util::Full<Bytes>> {
+    let stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    stream.set_nodelay(true).expect("nodelay");
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .expect("handshake");
+    tokio::spawn(connection);
+    sender
+}
