@@ -17,6 +17,7 @@ mod tests;
 
 use self::fast::*;
 pub(crate) use self::number::*;
+pub(crate) use self::request::random_key;
 pub use self::request::{ExactDigest, RequestFingerprint};
 use self::serde_path::*;
 

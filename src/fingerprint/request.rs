@@ -177,15 +177,18 @@ impl fmt::Debug for ExactDigest {
     }
 }
 
-/// A 256-bit key drawn once per process: four outputs of the standard
-/// library's `RandomState`, itself seeded with 128 bits from the operating
-/// system's generator (the key's entropy).
+/// The key of [`RequestFingerprint::exact`], drawn once per process.
 fn process_key() -> &'static Key {
     static KEY: OnceLock<Key> = OnceLock::new();
-    KEY.get_or_init(|| {
-        let random = RandomState::new();
-        Key(std::array::from_fn(|lane| random.hash_one(lane)))
-    })
+    KEY.get_or_init(random_key)
+}
+
+/// A random HighwayHash key: four outputs of a new standard-library
+/// `RandomState`, which is seeded with 128 bits from the operating system's
+/// generator (the key's entropy).
+pub(crate) fn random_key() -> Key {
+    let random = RandomState::new();
+    Key(std::array::from_fn(|lane| random.hash_one(lane)))
 }
 
 #[cfg(test)]

@@ -12,14 +12,14 @@ use crate::fingerprint::ExactDigest;
 use crate::store::{FencingToken, RecordKey, StoredResponse};
 use crate::{Fingerprint, Scope};
 use highway::{HighwayHash, HighwayHasher, Key};
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// A record's map key: a 128-bit HighwayHash of `(scope, key)` under a random
-/// 256-bit key chosen per store.
+/// key chosen per store.
 ///
 /// Nobody without the key can build two identities with one id, and by chance
 /// two of them share one with probability 2^-128 per pair. The store still
@@ -64,8 +64,7 @@ pub(super) struct Ids(Key);
 
 impl Ids {
     pub(super) fn new() -> Self {
-        let random = RandomState::new();
-        Self(Key(std::array::from_fn(|lane| random.hash_one(lane))))
+        Self(crate::fingerprint::random_key())
     }
 
     pub(super) fn of(&self, key: &RecordKey) -> Id {
