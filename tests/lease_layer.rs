@@ -40,9 +40,13 @@ async fn answer(
 const AUGUST: &str = r#"{"report_type":"customer_health","period":"2026-08"}"#;
 
 fn layer(store: &MemoryJobStore) -> LeaseLayer<JsonJobKey> {
-    LeaseLayer::new(store.clone(), JsonJobKey::new(["report_type", "period"]))
-        .with_location_prefix("/reports/")
-        .with_owner("test-worker")
+    LeaseLayer::new(
+        store.clone(),
+        "report",
+        JsonJobKey::new(["report_type", "period"]),
+    )
+    .with_location_prefix("/reports/")
+    .with_owner("test-worker")
 }
 
 async fn job_status(
@@ -151,9 +155,9 @@ async fn refusals_before_any_job_is_touched() {
 async fn a_body_claiming_another_tenant_is_403_and_tenants_never_share_a_job() {
     let store = MemoryJobStore::new();
     let key = JsonJobKey::new(["report_type", "period"]).with_claimed_tenant("claimed_tenant_id");
-    let svc = LeaseLayer::new(store.clone(), key).layer(service_fn(|_req: Request<Body>| async {
-        Ok::<_, Infallible>(Response::new(Body::empty()))
-    }));
+    let svc = LeaseLayer::new(store.clone(), "report", key).layer(service_fn(
+        |_req: Request<Body>| async { Ok::<_, Infallible>(Response::new(Body::empty())) },
+    ));
     let claims_acme =
         r#"{"report_type":"customer_health","period":"2026-08","claimed_tenant_id":"acme"}"#;
     let (status, json) = answer(
@@ -186,6 +190,120 @@ async fn a_body_claiming_another_tenant_is_403_and_tenants_never_share_a_job() {
         (Some(true), Some(true))
     );
     assert_ne!(acme["job_id"], globex["job_id"]);
+}
+
+/// Tenant `org:acme` keyed by period and tenant `org` keyed by report type and
+/// period would both be `org:acme:2026-08` as one joined string.
+#[tokio::test]
+async fn tenants_whose_joined_keys_coincide_get_their_own_jobs() {
+    let store = MemoryJobStore::new();
+    let ok = || {
+        service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::empty()))
+        })
+    };
+    let by_period =
+        LeaseLayer::new(store.clone(), "report", JsonJobKey::new(["period"])).layer(ok());
+    let by_type = layer(&store).layer(ok());
+    let with_closure = LeaseLayer::new(
+        store.clone(),
+        "report",
+        |_: &Scope, _: &http::request::Parts, _: &Bytes| Ok("acme:2026-08".to_owned()),
+    )
+    .layer(ok());
+    let start = |svc: tower::util::BoxCloneService<Request<Body>, _, Infallible>,
+                 tenant: &'static str,
+                 body: &'static str| async move {
+        answer(
+            svc.oneshot(start_request(Some(tenant), body))
+                .await
+                .unwrap(),
+        )
+        .await
+    };
+    let (status, first) = start(
+        tower::util::BoxCloneService::new(by_period),
+        "org:acme",
+        r#"{"period":"2026-08"}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, first["created"].as_bool()),
+        (StatusCode::ACCEPTED, Some(true))
+    );
+    let mut own_job = None;
+    for svc in [
+        tower::util::BoxCloneService::new(by_type),
+        tower::util::BoxCloneService::new(with_closure),
+    ] {
+        let (status, other) =
+            start(svc, "org", r#"{"report_type":"acme","period":"2026-08"}"#).await;
+        assert!(status.is_success(), "{other}");
+        assert_ne!(
+            other["job_id"], first["job_id"],
+            "another tenant joined org:acme's job"
+        );
+        // The closure's key is the same as the fields' within "org": it joins org's job.
+        let job_id = other["job_id"].as_str().unwrap().to_owned();
+        assert_eq!(*own_job.get_or_insert_with(|| job_id.clone()), job_id);
+        let job = store.job("org", &job_id).await.unwrap().unwrap();
+        assert_eq!(
+            (job.tenant.as_str(), job.key.as_str()),
+            ("org", "acme:2026-08")
+        );
+        let first_id = first["job_id"].as_str().unwrap();
+        assert_eq!(store.job("org", first_id).await.unwrap(), None);
+    }
+}
+
+/// Two layers on one store, keyed by the same fields, on two routes.
+#[tokio::test]
+async fn two_layers_of_different_kinds_never_join_each_other() {
+    let store = MemoryJobStore::new();
+    let month = || JsonJobKey::new(["month"]);
+    let ok = || {
+        service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::empty()))
+        })
+    };
+    let exports = LeaseLayer::new(store.clone(), "export", month())
+        .with_location_prefix("/exports/")
+        .layer(ok());
+    let imports = LeaseLayer::new(store.clone(), "import", month())
+        .with_location_prefix("/imports/")
+        .layer(ok());
+    let body = r#"{"month":"2026-08"}"#;
+    let export = exports
+        .clone()
+        .oneshot(start_request(Some("acme"), body))
+        .await
+        .unwrap();
+    let import = imports
+        .clone()
+        .oneshot(start_request(Some("acme"), body))
+        .await
+        .unwrap();
+    let location = |res: &Response<_>| res.headers()["location"].to_str().unwrap().to_owned();
+    assert!(location(&export).starts_with("/exports/job_"));
+    assert!(location(&import).starts_with("/imports/job_"));
+    let (export, import) = (answer(export).await, answer(import).await);
+    assert_eq!(
+        (export.0, import.0),
+        (StatusCode::ACCEPTED, StatusCode::ACCEPTED)
+    );
+    assert_ne!(export.1["job_id"], import.1["job_id"]);
+    let again = exports
+        .oneshot(start_request(Some("acme"), body))
+        .await
+        .unwrap();
+    assert!(location(&again).starts_with("/exports/job_"));
+    assert_eq!(answer(again).await.1["job_id"], export.1["job_id"]);
+}
+
+#[test]
+#[should_panic(expected = "non-empty job kind")]
+fn a_layer_needs_a_kind() {
+    let _ = LeaseLayer::new(MemoryJobStore::new(), "", JsonJobKey::new(["month"]));
 }
 
 #[tokio::test]

@@ -51,6 +51,96 @@ async fn migrate_is_idempotent_and_concurrent() {
     store.migrate().await.expect("again");
 }
 
+/// The jobs table as the first release created it: one joined `natural_key`.
+const FIRST_RELEASE_SCHEMA: &str = r#"
+CREATE SEQUENCE "public"."{t}_token_seq" AS bigint;
+CREATE TABLE "public"."{t}" (
+    job_id            text        PRIMARY KEY
+                      DEFAULT 'job_' || replace(gen_random_uuid()::text, '-', ''),
+    tenant            text        NOT NULL,
+    natural_key       text        NOT NULL,
+    status            text        NOT NULL
+                      CHECK (status IN ('queued', 'running', 'complete', 'failed')),
+    lease_owner       text,
+    lease_token       bigint      NOT NULL,
+    lease_expires_at  timestamptz NOT NULL,
+    attempt           bigint      NOT NULL DEFAULT 1,
+    next_seq          bigint      NOT NULL DEFAULT 0,
+    cursor_len        bigint      NOT NULL DEFAULT 0,
+    artifact_id       text,
+    artifact          bytea,
+    error_code        text,
+    budget_reset      boolean     NOT NULL DEFAULT false,
+    period_started_at timestamptz NOT NULL DEFAULT now(),
+    created_at        timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+CREATE UNIQUE INDEX "{t}_live_key_idx" ON "public"."{t}" (natural_key) WHERE status <> 'failed';
+CREATE INDEX "{t}_tenant_idx" ON "public"."{t}" (tenant, period_started_at);
+CREATE TABLE "public"."{t}_chunks" (
+    job_id text   NOT NULL REFERENCES "public"."{t}" (job_id) ON DELETE CASCADE,
+    seq    bigint NOT NULL,
+    data   bytea  NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
+INSERT INTO "public"."{t}" (job_id, tenant, natural_key, status, lease_owner, lease_token,
+                            lease_expires_at, artifact_id, artifact)
+VALUES ('job_done', 'org:acme', 'org:acme:2026-08', 'complete', 'w', 1, now(), 'art_done', 'old report'),
+       ('job_live', 'org', 'org:acme:2026-09', 'running', 'w', 2, now() + interval '1 hour', NULL, NULL);
+"#;
+
+#[tokio::test]
+async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
+    let Some(url) = pg::database_url("migrate_upgrades_a_table_keyed_by_a_joined_string") else {
+        return;
+    };
+    let table = pg::unique_table("jobs_upgrade");
+    let client = pg::connect(&url).await;
+    client
+        .batch_execute(&FIRST_RELEASE_SCHEMA.replace("{t}", &table))
+        .await
+        .expect("first release schema");
+    let store = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 4)).with_table(&table);
+    store.migrate().await.expect("upgrade");
+    store.migrate().await.expect("upgrade is idempotent");
+
+    // Old jobs keep their tenant and get their key back without the tenant prefix.
+    let done = store.job("org:acme", "job_done").await.unwrap().unwrap();
+    assert_eq!((done.kind.as_str(), done.key.as_str()), ("", "2026-08"));
+    let live = store.job("org", "job_live").await.unwrap().unwrap();
+    assert_eq!(
+        (live.kind.as_str(), live.key.as_str()),
+        ("", "acme:2026-09")
+    );
+    assert_eq!(
+        store.artifact("org:acme", "job_done").await.unwrap(),
+        tower_idempotency::store::jobs::ArtifactLookup::Found(Bytes::from_static(b"old report"))
+    );
+    assert_eq!(store.job("org", "job_done").await.unwrap(), None);
+    // The joined column and its index are gone; the new start creates its own job.
+    let columns: i64 = client
+        .query_one(
+            "SELECT count(*) FROM information_schema.columns \
+             WHERE table_name = $1 AND column_name = 'natural_key'",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(columns, 0);
+    let start = StartJob {
+        tenant: "org",
+        kind: "report",
+        key: "acme:2026-09",
+        owner: "w2",
+        budget: None,
+    };
+    match store.start(&start).await.unwrap() {
+        StartOutcome::Created(job, _) => assert_ne!(job.id, "job_live"),
+        other => panic!("expected a new job after the upgrade, got {other:?}"),
+    }
+}
+
 #[test]
 #[should_panic(expected = "not a plain identifier")]
 fn table_names_are_validated() {
@@ -135,7 +225,8 @@ async fn child_starts(store: PostgresJobStore) {
                 store
                     .start(&StartJob {
                         tenant: "acme",
-                        natural_key: "acme:customer_health:2026-08",
+                        kind: "report",
+                        key: "customer_health:2026-08",
                         owner: &owner,
                         budget: None,
                     })
@@ -160,7 +251,8 @@ async fn child_worker(store: PostgresJobStore) {
     let StartOutcome::Created(job, grant) = store
         .start(&StartJob {
             tenant: "acme",
-            natural_key: "acme:customer_health:2026-09",
+            kind: "report",
+            key: "customer_health:2026-09",
             owner: "doomed-worker",
             budget: None,
         })
@@ -205,7 +297,8 @@ async fn an_expired_lease_is_stolen_once_by_50_concurrent_starts_across_two_proc
     let StartOutcome::Created(job, dead) = store
         .start(&StartJob {
             tenant: "acme",
-            natural_key: "acme:customer_health:2026-08",
+            kind: "report",
+            key: "customer_health:2026-08",
             owner: "dead-worker",
             budget: None,
         })
@@ -272,7 +365,8 @@ async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() 
     child.0.wait().unwrap();
     let natural = StartJob {
         tenant: "acme",
-        natural_key: "acme:customer_health:2026-09",
+        kind: "report",
+        key: "customer_health:2026-09",
         owner: "rescuer",
         budget: None,
     };

@@ -442,7 +442,8 @@ async fn check_6_the_http_path_behaves_as_the_in_process_one(backend: Backend) {
     let store = backend.store(LONG_LEASE).await;
     let start = StartJob {
         tenant: "acme",
-        natural_key: "acme:customer_health:2026-08",
+        kind: "report",
+        key: "customer_health:2026-08",
         owner: "reports-api",
         budget: None,
     };

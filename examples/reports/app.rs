@@ -128,7 +128,7 @@ pub fn lease_layer(
     store: Arc<dyn JobStore>,
     budget: Option<Budget>,
 ) -> LeaseLayer<impl JobKeyExtractor> {
-    let layer = LeaseLayer::new(store, report_key()).with_location_prefix("/reports/");
+    let layer = LeaseLayer::new(store, "report", report_key()).with_location_prefix("/reports/");
     match budget {
         Some(budget) => layer.with_budget(budget),
         None => layer,

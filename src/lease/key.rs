@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 /// Builds the natural job key of a start request, after the tenant.
 ///
-/// The layer prefixes the returned key with the tenant (`tenant:<key>`), so two
-/// tenants never share a job, whatever a body says. Closures
+/// The store identifies a job by the tenant, the layer's kind and this key as
+/// three separate fields, so two tenants never share a job, whatever a body
+/// or a key says. Closures
 /// `Fn(&Scope, &http::request::Parts, &Bytes) -> Result<String, JobKeyRejection>`
 /// implement this trait.
 pub trait JobKeyExtractor: Clone + Send + Sync + 'static {

@@ -18,6 +18,7 @@ pub struct LeaseLayer<K, E = FromExtension<Scope>> {
 #[derive(Clone)]
 pub(crate) struct LeaseConfig<K, E> {
     pub(crate) store: Arc<dyn JobStore>,
+    pub(crate) kind: Arc<str>,
     pub(crate) key: K,
     pub(crate) scope: E,
     pub(crate) owner: Arc<str>,
@@ -29,14 +30,26 @@ pub(crate) struct LeaseConfig<K, E> {
 }
 
 impl<K: JobKeyExtractor> LeaseLayer<K> {
-    /// A layer over `store`, keying jobs with `key` after the tenant from a
-    /// [`Scope`] request extension. Leases are granted to `"{hostname}-{pid}"`
+    /// A layer over `store` for jobs of one `kind`, keyed by `key` within the
+    /// tenant from a [`Scope`] request extension.
+    ///
+    /// A job is identified by `(tenant, kind, key)`, three separate fields. The
+    /// kind keeps two layers apart that share a store (say `/exports` and
+    /// `/imports`, both keyed by a month): give each route its own, e.g.
+    /// `"export"` and `"import"`. Leases are granted to `"{hostname}-{pid}"`
     /// unless [`with_owner`](Self::with_owner) names the worker; job locations
     /// are `/jobs/{job_id}` unless [`with_location_prefix`](Self::with_location_prefix).
-    pub fn new(store: impl JobStore, key: K) -> Self {
+    ///
+    /// # Panics
+    ///
+    /// If `kind` is empty: a kind that cannot be told apart is the mistake it prevents.
+    pub fn new(store: impl JobStore, kind: impl Into<Arc<str>>, key: K) -> Self {
+        let kind = kind.into();
+        assert!(!kind.is_empty(), "a LeaseLayer needs a non-empty job kind");
         Self {
             config: LeaseConfig {
                 store: Arc::new(store),
+                kind,
                 key,
                 scope: FromExtension::new(),
                 owner: default_owner().into(),
@@ -62,6 +75,7 @@ impl<K, E> LeaseLayer<K, E> {
         LeaseLayer {
             config: LeaseConfig {
                 store: c.store,
+                kind: c.kind,
                 key: c.key,
                 scope,
                 owner: c.owner,
@@ -124,6 +138,7 @@ impl<S, K: Clone, E: Clone> Layer<S> for LeaseLayer<K, E> {
 impl<K, E> std::fmt::Debug for LeaseLayer<K, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LeaseLayer")
+            .field("kind", &self.config.kind)
             .field("owner", &self.config.owner)
             .field("budget", &self.config.budget)
             .field("location_prefix", &self.config.location_prefix)

@@ -43,7 +43,7 @@
 //! let app: Router = Router::new().route(
 //!     "/reports/start",
 //!     post(start_report).layer(
-//!         LeaseLayer::new(jobs, JsonJobKey::new(["report_type", "period"]))
+//!         LeaseLayer::new(jobs, "report", JsonJobKey::new(["report_type", "period"]))
 //!             .with_location_prefix("/reports/"),
 //!     ),
 //! );

@@ -122,12 +122,12 @@ where
             return (Ok(answer), Outcome::Rejected);
         }
     };
-    // The tenant is part of the key by construction: tenants never share a job.
-    let natural_key = format!("{}:{key}", scope.as_str());
-    telemetry::identify(scope.as_str(), &natural_key);
+    // Tenant, kind and key travel as separate fields: tenants never share a job.
+    telemetry::identify(scope.as_str(), &key);
     let request = StartJob {
         tenant: scope.as_str(),
-        natural_key: &natural_key,
+        kind: &config.kind,
+        key: &key,
         owner: &config.owner,
         budget: config.budget,
     };

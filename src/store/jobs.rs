@@ -59,8 +59,10 @@ pub struct Job {
     pub id: String,
     /// The tenant that owns the job.
     pub tenant: String,
-    /// The natural key, e.g. `acme:customer_health:2026-08`.
-    pub natural_key: String,
+    /// The kind of job (one per [`LeaseLayer`](crate::LeaseLayer)), e.g. `health_report`.
+    pub kind: String,
+    /// The natural key within the tenant and kind, e.g. `2026-08`.
+    pub key: String,
     /// Where the job is in its life.
     pub status: JobStatus,
     /// The identity of the worker holding the lease, if any.
@@ -130,12 +132,19 @@ impl Budget {
 }
 
 /// A request to start (or join) the job for a natural key.
+///
+/// A job is identified by `(tenant, kind, key)` as three separate fields: every
+/// store compares them one by one, never a string joined from them, so no
+/// choice of separators in a tenant or a key can make two tenants (or two
+/// kinds) meet on one job.
 #[derive(Clone, Debug)]
 pub struct StartJob<'a> {
     /// The tenant, from authentication.
     pub tenant: &'a str,
-    /// The natural key; it must begin with the tenant.
-    pub natural_key: &'a str,
+    /// The kind of job, fixed per layer (see [`LeaseLayer::new`](crate::LeaseLayer::new)).
+    pub kind: &'a str,
+    /// The natural key within the tenant and kind.
+    pub key: &'a str,
     /// The identity the new lease is granted to.
     pub owner: &'a str,
     /// An optional budget checked, atomically, before a job is created.

@@ -35,8 +35,9 @@ struct Shared {
 #[derive(Default)]
 struct State {
     jobs: HashMap<String, Entry>,
-    /// Natural key → the job that is not failed (at most one).
-    live_by_key: HashMap<String, String>,
+    /// `(tenant, kind, key)` → the job that is not failed (at most one). The
+    /// parts stay separate fields: no joined string can make two tenants meet.
+    live_by_key: HashMap<JobIdentity, String>,
     next_token: i64,
     next_job: u64,
 }
@@ -49,6 +50,24 @@ struct Entry {
     chunks: Vec<Bytes>,
     artifact: Option<Bytes>,
     budget_reset: bool,
+}
+
+/// A job's identity: tenant, kind and natural key, compared field by field.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct JobIdentity {
+    tenant: String,
+    kind: String,
+    key: String,
+}
+
+impl JobIdentity {
+    fn of(job: &Job) -> Self {
+        Self {
+            tenant: job.tenant.clone(),
+            kind: job.kind.clone(),
+            key: job.key.clone(),
+        }
+    }
 }
 
 /// The UTC day and month a job was created in, as days since the epoch.
@@ -208,13 +227,18 @@ impl JobStore for MemoryJobStore {
         let now = Instant::now();
         let today = period_starts(SystemTime::now());
         let expires = now + self.shared.lease;
+        let identity = JobIdentity {
+            tenant: request.tenant.to_owned(),
+            kind: request.kind.to_owned(),
+            key: request.key.to_owned(),
+        };
         let mut state = self.state();
         let over_budget = |state: &State| {
             request
                 .budget
                 .is_some_and(|b| state.counted(request.tenant, b, now, today) >= b.allowance)
         };
-        if let Some(id) = state.live_by_key.get(request.natural_key).cloned() {
+        if let Some(id) = state.live_by_key.get(&identity).cloned() {
             let entry = &state.jobs[&id];
             match entry.job.status {
                 JobStatus::Complete => return Ok(StartOutcome::Completed(entry.job.clone())),
@@ -245,8 +269,9 @@ impl JobStore for MemoryJobStore {
         let id = new_job_id(state.next_job);
         let job = Job {
             id: id.clone(),
-            tenant: request.tenant.to_owned(),
-            natural_key: request.natural_key.to_owned(),
+            tenant: identity.tenant.clone(),
+            kind: identity.kind.clone(),
+            key: identity.key.clone(),
             status: JobStatus::Queued,
             lease_owner: None,
             attempt: 1,
@@ -267,9 +292,7 @@ impl JobStore for MemoryJobStore {
                 budget_reset: false,
             },
         );
-        state
-            .live_by_key
-            .insert(request.natural_key.to_owned(), id.clone());
+        state.live_by_key.insert(identity, id.clone());
         let grant = state.grant(&id, request.owner, expires);
         Ok(StartOutcome::Created(state.jobs[&id].job.clone(), grant))
     }
@@ -369,8 +392,8 @@ impl JobStore for MemoryJobStore {
         }
         entry.job.status = JobStatus::Failed;
         entry.job.error_code = Some(code.to_owned());
-        let key = entry.job.natural_key.clone();
-        state.live_by_key.remove(&key);
+        let identity = JobIdentity::of(&entry.job);
+        state.live_by_key.remove(&identity);
         Ok(())
     }
 
@@ -428,11 +451,11 @@ impl JobStore for MemoryJobStore {
             if !entry.job.status.is_terminal() && entry.lease_expires <= now {
                 entry.job.status = JobStatus::Failed;
                 entry.job.error_code = Some("stale".to_owned());
-                swept.push(entry.job.natural_key.clone());
+                swept.push(JobIdentity::of(&entry.job));
             }
         }
-        for key in &swept {
-            state.live_by_key.remove(key);
+        for identity in &swept {
+            state.live_by_key.remove(identity);
         }
         Ok(swept.len() as u64)
     }

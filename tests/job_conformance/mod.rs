@@ -35,16 +35,131 @@ pub async fn start<S: JobStore + ?Sized>(
     owner: &str,
     budget: Option<Budget>,
 ) -> StartOutcome {
-    let natural_key = format!("{tenant}:{key}");
+    start_kind(store, tenant, "report", key, owner, budget).await
+}
+
+pub async fn start_kind<S: JobStore + ?Sized>(
+    store: &S,
+    tenant: &str,
+    kind: &str,
+    key: &str,
+    owner: &str,
+    budget: Option<Budget>,
+) -> StartOutcome {
     store
         .start(&StartJob {
             tenant,
-            natural_key: &natural_key,
+            kind,
+            key,
             owner,
             budget,
         })
         .await
         .expect("start")
+}
+
+/// Pairs of `(tenant, key)` that a store keyed by `tenant + sep + key` would
+/// merge, for every separator a tenant or a key might contain (not NUL, which
+/// PostgreSQL text cannot hold).
+fn colliding_identities(base: &str) -> Vec<[(String, String); 2]> {
+    ["：", ":", "/", "|", "\u{1f}", " ", ".", "::", "", "\n"]
+        .iter()
+        .map(|sep| {
+            [
+                (format!("{base}{sep}acme"), "2026-08".to_owned()),
+                (base.to_owned(), format!("acme{sep}2026-08")),
+            ]
+        })
+        .collect()
+}
+
+/// A job belongs to exactly one `(tenant, kind, key)`: no choice of separators
+/// makes a second tenant join, steal, read or finalize the first one's job.
+pub async fn tenants_never_share_a_job_whatever_the_separators<S: JobStore>(store: S) {
+    let base = unique("org");
+    for [(tenant_a, key_a), (tenant_b, key_b)] in colliding_identities(&base) {
+        let first = created(&store, &tenant_a, &key_a).await;
+        let second = match start(&store, &tenant_b, &key_b, "worker-b", None).await {
+            StartOutcome::Created(job, grant) => {
+                assert_eq!(
+                    (job.tenant.as_str(), job.key.as_str()),
+                    (&*tenant_b, &*key_b)
+                );
+                grant
+            }
+            other => panic!("{tenant_b:?}/{key_b:?} met {tenant_a:?}/{key_a:?}: {other:?}"),
+        };
+        assert_ne!(first.job_id, second.job_id);
+        store
+            .finalize(&first, Bytes::from_static(b"a's report"))
+            .await
+            .unwrap();
+        // The other tenant sees nothing of the first one's job...
+        assert_eq!(store.job(&tenant_b, &first.job_id).await.unwrap(), None);
+        assert_eq!(
+            store.artifact(&tenant_b, &first.job_id).await.unwrap(),
+            ArtifactLookup::OtherTenant
+        );
+        // ...and its own start still joins its own job, not the completed one.
+        match start(&store, &tenant_b, &key_b, "worker-c", None).await {
+            StartOutcome::Joined(job) => assert_eq!(job.id, second.job_id),
+            other => panic!("expected to join its own job, got {other:?}"),
+        }
+    }
+}
+
+/// An expired lease is taken over only by a start of the same tenant, kind and key.
+pub async fn an_expired_job_is_never_stolen_by_another_tenant<S: JobStore>(store: S) {
+    let lease = store.lease_duration();
+    let base = unique("org");
+    let pairs = colliding_identities(&base);
+    let mut firsts = Vec::new();
+    for [(tenant_a, key_a), _] in &pairs {
+        firsts.push(created(&store, tenant_a, key_a).await);
+    }
+    expire(lease).await;
+    for ([_, (tenant_b, key_b)], first) in pairs.iter().zip(&firsts) {
+        match start(&store, tenant_b, key_b, "thief", None).await {
+            StartOutcome::Created(job, grant) => {
+                assert_ne!(job.id, first.job_id);
+                assert_eq!(job.attempt, 1);
+                assert_eq!(grant.owner, "thief");
+            }
+            other => panic!("{tenant_b:?}/{key_b:?} took over another tenant's job: {other:?}"),
+        }
+    }
+    // The first tenant's own retry is the one that takes its job over.
+    let [(tenant_a, key_a), _] = &pairs[0];
+    match start(&store, tenant_a, key_a, "rescuer", None).await {
+        StartOutcome::Stolen(job, _) => assert_eq!(job.id, firsts[0].job_id),
+        other => panic!("expected Stolen, got {other:?}"),
+    }
+}
+
+/// Two kinds (two layers on one store) with the same key are two jobs.
+pub async fn kinds_are_separate_jobs<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let export = match start_kind(&store, &tenant, "export", "2026-08", "w", None).await {
+        StartOutcome::Created(job, _) => job,
+        other => panic!("expected Created, got {other:?}"),
+    };
+    assert_eq!(export.kind, "export");
+    match start_kind(&store, &tenant, "import", "2026-08", "w", None).await {
+        StartOutcome::Created(job, _) => {
+            assert_ne!(job.id, export.id);
+            assert_eq!(job.kind, "import");
+        }
+        other => panic!("a second kind joined the first one's job: {other:?}"),
+    }
+    // A kind and key whose concatenations coincide are still separate.
+    match start_kind(&store, &tenant, "exp", "ort:2026-08", "w", None).await {
+        StartOutcome::Created(job, _) => assert_ne!(job.id, export.id),
+        other => panic!("expected Created, got {other:?}"),
+    }
+    match start_kind(&store, &tenant, "export", "2026-08", "w", None).await {
+        StartOutcome::Joined(job) => assert_eq!(job.id, export.id),
+        other => panic!("expected Joined, got {other:?}"),
+    }
 }
 
 pub async fn created<S: JobStore + ?Sized>(store: &S, tenant: &str, key: &str) -> LeaseGrant {
@@ -556,6 +671,8 @@ macro_rules! job_store_conformance_tests {
             acquire_hands_over_queued_jobs_only,
             failed_jobs_end_and_a_new_start_creates_a_new_job,
             concurrent_starts_cannot_overshoot_the_budget,
+            tenants_never_share_a_job_whatever_the_separators,
+            kinds_are_separate_jobs,
         );
         $crate::job_store_conformance_tests!(@tests $factory, SHORT:
             heartbeat_keeps_a_lease_alive,
@@ -564,6 +681,7 @@ macro_rules! job_store_conformance_tests {
             a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry,
             stale_sweep_fails_abandoned_jobs_only,
             budget_counts_delivered_and_live_jobs_only,
+            an_expired_job_is_never_stolen_by_another_tenant,
         );
     };
     (@tests $factory:path, $lease:ident: $($name:ident),* $(,)?) => {

@@ -16,8 +16,9 @@ use tokio_postgres::Row;
 
 /// A [`JobStore`] in PostgreSQL tables, shared by every instance of an application.
 ///
-/// - **One live job per natural key**: a unique index over the natural key of
-///   jobs that have not failed, and `start` serialised per key by a
+/// - **One live job per `(tenant, kind, key)`**: a unique index over the three
+///   columns (never a string joined from them) of jobs that have not failed,
+///   and `start` serialised per job by a
 ///   transaction-scoped advisory lock (per tenant too when a budget applies, so
 ///   concurrent starts cannot overshoot it).
 /// - **Database clock only**: leases expire at `now() + interval`; every liveness
@@ -62,7 +63,7 @@ impl std::fmt::Debug for PostgresJobStore {
 /// Advisory lock of `migrate` (ASCII "tower_jb").
 const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6a62;
 
-const JOB_COLUMNS: &str = "job_id, tenant, natural_key, status, lease_owner, attempt, \
+const JOB_COLUMNS: &str = "job_id, tenant, kind, key, status, lease_owner, attempt, \
                            next_seq, cursor_len, artifact_id, error_code";
 
 impl PostgresJobStore {
@@ -161,7 +162,8 @@ fn decode_job(row: &Row) -> Result<Job, StoreError> {
     Ok(Job {
         id: row.try_get("job_id").map_err(backend)?,
         tenant: row.try_get("tenant").map_err(backend)?,
-        natural_key: row.try_get("natural_key").map_err(backend)?,
+        kind: row.try_get("kind").map_err(backend)?,
+        key: row.try_get("key").map_err(backend)?,
         status: JobStatus::parse(&status)
             .ok_or_else(|| backend(format!("unknown job status {status:?}")))?,
         lease_owner: row.try_get("lease_owner").map_err(backend)?,
@@ -198,15 +200,19 @@ impl JobStore for PostgresJobStore {
         let sql = &self.inner.sql;
         let mut client = self.client().await?;
         let tx = client.transaction().await.map_err(backend)?;
+        let identity: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+            [&request.tenant, &request.kind, &request.key];
         if request.budget.is_some() {
             // Serialise a tenant's starts so the count and the insert are one decision.
-            let lock_key = format!("tower_idempotency.budget:{}", request.tenant);
-            tx.execute(&sql.lock, &[&lock_key]).await.map_err(backend)?;
+            tx.execute(&sql.budget_lock, &[&request.tenant])
+                .await
+                .map_err(backend)?;
         }
-        let lock_key = format!("tower_idempotency.job:{}", request.natural_key);
-        tx.execute(&sql.lock, &[&lock_key]).await.map_err(backend)?;
+        tx.execute(&sql.job_lock, &identity)
+            .await
+            .map_err(backend)?;
         let current = tx
-            .query_opt(&sql.current, &[&request.natural_key])
+            .query_opt(&sql.current, &identity)
             .await
             .map_err(backend)?;
         if let Some(row) = &current {
@@ -246,7 +252,7 @@ impl JobStore for PostgresJobStore {
                 let created = tx
                     .query_one(
                         &sql.create,
-                        &[&request.tenant, &request.natural_key, &request.owner],
+                        &[&request.tenant, &request.kind, &request.key, &request.owner],
                     )
                     .await
                     .map_err(backend)?;
@@ -411,7 +417,8 @@ impl JobStore for PostgresJobStore {
 /// Statement texts of one job store, built from its validated names.
 struct JobSql {
     migrate: String,
-    lock: String,
+    budget_lock: String,
+    job_lock: String,
     current: String,
     budget_count: String,
     create: String,
@@ -434,7 +441,7 @@ impl JobSql {
         let t = format!(r#""{schema}"."{table}""#);
         let chunks_table = format!(r#""{schema}"."{}""#, derived_name(table, "chunks"));
         let seq = format!(r#""{schema}"."{}""#, derived_name(table, "token_seq"));
-        let live_idx = derived_name(table, "live_key_idx");
+        let live_idx = derived_name(table, "live_identity_idx");
         let tenant_idx = derived_name(table, "tenant_idx");
         let lease_ms = lease.as_millis().min(i64::MAX as u128 / 1000);
         let expires = format!("now() + interval '{lease_ms} milliseconds'");
@@ -454,7 +461,8 @@ CREATE TABLE IF NOT EXISTS {t} (
     job_id            text        PRIMARY KEY
                       DEFAULT 'job_' || replace(gen_random_uuid()::text, '-', ''),
     tenant            text        NOT NULL,
-    natural_key       text        NOT NULL,
+    kind              text        NOT NULL,
+    key               text        NOT NULL,
     status            text        NOT NULL
                       CHECK (status IN ('queued', 'running', 'complete', 'failed')),
     lease_owner       text,
@@ -471,7 +479,25 @@ CREATE TABLE IF NOT EXISTS {t} (
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now()
 );
-CREATE UNIQUE INDEX IF NOT EXISTS "{live_idx}" ON {t} (natural_key) WHERE status <> 'failed';
+-- Tables from before jobs had a kind were keyed by one joined string
+-- "tenant:key" (which two tenants could share). Split it back into the key
+-- within the tenant; those jobs get the empty kind, which no layer uses, so
+-- later starts create new jobs and never join one across the upgrade.
+DO $$ BEGIN
+    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{schema}'
+               AND table_name = '{table}' AND column_name = 'natural_key') THEN
+        ALTER TABLE {t} ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT '';
+        ALTER TABLE {t} ALTER COLUMN kind DROP DEFAULT;
+        ALTER TABLE {t} ADD COLUMN IF NOT EXISTS key text;
+        UPDATE {t} SET key = CASE WHEN starts_with(natural_key, tenant || ':')
+                                  THEN substr(natural_key, length(tenant) + 2)
+                                  ELSE natural_key END;
+        ALTER TABLE {t} ALTER COLUMN key SET NOT NULL;
+        ALTER TABLE {t} DROP COLUMN natural_key;
+    END IF;
+END $$;
+CREATE UNIQUE INDEX IF NOT EXISTS "{live_idx}" ON {t} (tenant, kind, key)
+    WHERE status <> 'failed';
 CREATE INDEX IF NOT EXISTS "{tenant_idx}" ON {t} (tenant, period_started_at);
 CREATE TABLE IF NOT EXISTS {chunks_table} (
     job_id text   NOT NULL REFERENCES {t} (job_id) ON DELETE CASCADE,
@@ -480,10 +506,15 @@ CREATE TABLE IF NOT EXISTS {chunks_table} (
     PRIMARY KEY (job_id, seq)
 );"#
             ),
-            lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))".to_owned(),
+            // Lock keys are hashes, chained over the separate fields; a collision
+            // only serialises two starts, the job itself is found column by column.
+            budget_lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 1))".to_owned(),
+            job_lock: "SELECT pg_advisory_xact_lock(hashtextextended($3, \
+                       hashtextextended($2, hashtextextended($1, 2))))"
+                .to_owned(),
             current: format!(
-                "SELECT {JOB_COLUMNS}, lease_token, ({live}) AS live \
-                 FROM {t} WHERE natural_key = $1 AND status <> 'failed'"
+                "SELECT {JOB_COLUMNS}, lease_token, ({live}) AS live FROM {t} \
+                 WHERE tenant = $1 AND kind = $2 AND key = $3 AND status <> 'failed'"
             ),
             budget_count: format!(
                 "SELECT count(*) FROM {t} WHERE tenant = $1 AND NOT budget_reset \
@@ -491,8 +522,8 @@ CREATE TABLE IF NOT EXISTS {chunks_table} (
                  AND (status = 'complete' OR ({live}))"
             ),
             create: format!(
-                "INSERT INTO {t} (tenant, natural_key, status, lease_owner, lease_token, \
-                 lease_expires_at) VALUES ($1, $2, 'queued', $3, nextval('{seq}'), {expires}) \
+                "INSERT INTO {t} (tenant, kind, key, status, lease_owner, lease_token, \
+                 lease_expires_at) VALUES ($1, $2, $3, 'queued', $4, nextval('{seq}'), {expires}) \
                  RETURNING {JOB_COLUMNS}, lease_token"
             ),
             // The dead worker's partial cursor is dropped with its lease.
