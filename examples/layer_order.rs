@@ -5,10 +5,10 @@
 //!  request ──► TraceLayer ──► RequestBodyLimitLayer ──► CompressionLayer ──►
 //!              (outermost)    (refuse before buffering)  (encode per client)
 //!
-//!          ──► IdempotencyLayer ──► TimeoutLayer ──► handler
-//!              (route_layer:        (handler budget,
-//!               stores identity      below the store's
-//!               bytes)               lock timeout)
+//!          ──► TimeoutLayer ──► IdempotencyLayer ──► handler
+//!              (the caller's     (route_layer: stores identity
+//!               wait budget)      bytes, runs a claimed handler
+//!                                 to completion)
 //! ```
 //!
 //! 1. **`TraceLayer` outermost**, so its span and latency cover everything,
@@ -31,23 +31,20 @@
 //!    another (or none) would get bytes it cannot read (`Content-Encoding` is
 //!    not a replayed header, nor should it be). Same for any layer that
 //!    rewrites bodies per request (ETag, range requests).
-//! 4. **`TimeoutLayer` inside the idempotency layer, around the handler.**
-//!    A timeout there is an ordinary answer (`504` here), not recorded, so
-//!    the layer releases the key before answering and a retry runs again at
-//!    once. Keep it below the store's lock timeout (`MemoryStore` and
-//!    `PostgresStore` default to 60 s): a handler still running when its
-//!    lock expires can be taken over by a retry and run twice. An outer
-//!    timeout (around the idempotency layer) also works but drops the
-//!    layer's future: the key is then released from a spawned task, an
-//!    immediate retry may briefly see `409 idempotency_in_progress`, and a
-//!    duplicate waiting for the first request (`with_wait_timeout`, 5 s) is
-//!    cut off too — if you use one, make it longer than the handler timeout
-//!    plus the wait timeout.
+//! 4. **`TimeoutLayer` outside the idempotency layer.** It bounds how long
+//!    the caller waits, not the handler: when it fires, the caller gets its
+//!    `504`, while a handler that already claimed its key runs to completion
+//!    in a task of its own and its `201` is recorded. The retry then waits for
+//!    it (or finds it done) and gets that `201` replayed: one order, one
+//!    charge. A duplicate that is still waiting when the timeout fires gets
+//!    the `504` too and retries like the first caller.
 //!
-//! A timeout cancels the handler wherever it is. If it had already charged a
-//! card, the key is released all the same and a retry charges again — pass
-//! the idempotency key on to the payment provider, or give the handler a
-//! budget it always finishes in.
+//!    Not inside, around the handler: a timeout there cuts the handler
+//!    wherever it is awaiting. If it had already charged a card, its `504` is
+//!    not recorded, the key is released, and the retry charges again. Bound
+//!    a handler that might hang by its own calls instead (the payment
+//!    client's request timeout), so it always ends with an answer; its claim
+//!    is kept alive while it runs, so a slow handler is never taken over.
 //!
 //! ```sh
 //! cargo run --example layer_order
@@ -83,15 +80,15 @@ use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
 pub struct Limits {
     /// Largest request body, outer limit and the layer's (default 64 KiB).
     pub body_limit: usize,
-    /// The handler's budget (default 10 s); keep it below the store's lock timeout.
-    pub handler_timeout: Duration,
+    /// How long a caller waits for its answer (default 10 s).
+    pub request_timeout: Duration,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Self {
             body_limit: 64 * 1024,
-            handler_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -99,15 +96,7 @@ impl Default for Limits {
 /// The stack; `orders` counts handler runs.
 pub fn app(store: Arc<dyn Store>, limits: Limits, orders: Arc<AtomicU64>) -> Router {
     Router::new()
-        .route(
-            "/v1/orders",
-            // Innermost: the handler's time budget. A timeout is a 504, which
-            // the layer does not record, so it frees the key.
-            post(create_order).layer(TimeoutLayer::with_status_code(
-                StatusCode::GATEWAY_TIMEOUT,
-                limits.handler_timeout,
-            )),
-        )
+        .route("/v1/orders", post(create_order))
         // The same limit as the outer one (the layer's default is 1 MiB).
         .route_layer(IdempotencyLayer::new(store).with_body_limit(limits.body_limit))
         .with_state(orders)
@@ -118,7 +107,12 @@ pub fn app(store: Arc<dyn Store>, limits: Limits, orders: Arc<AtomicU64>) -> Rou
             ServiceBuilder::new()
                 .layer(TraceLayer::new_for_http())
                 .layer(RequestBodyLimitLayer::new(limits.body_limit))
-                .layer(CompressionLayer::new()),
+                .layer(CompressionLayer::new())
+                // The caller's budget; a claimed handler finishes regardless.
+                .layer(TimeoutLayer::with_status_code(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    limits.request_timeout,
+                )),
         )
 }
 

@@ -132,7 +132,7 @@
 //!
 //! let store = MemoryStore::new()
 //!     .with_retention(Duration::from_secs(24 * 3600)) // how long a response replays
-//!     .with_lock_timeout(Duration::from_secs(60));    // above your slowest handler
+//!     .with_lock_timeout(Duration::from_secs(10));    // how long a dead owner blocks
 //! let layer = IdempotencyLayer::new(store)
 //!     .with_cache_policy(CacheSuccess)                // record every 2xx, not only 201
 //!     .with_body_limit(256 * 1024)
@@ -219,7 +219,7 @@ pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
 pub use fingerprint::{Fingerprint, RequestFingerprint};
-pub use idempotency::{IdempotencyLayer, IdempotencyService};
+pub use idempotency::{IdempotencyLayer, IdempotencyService, InFlight};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 pub use lease::{Lease, LeaseLayer};
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};

@@ -26,6 +26,9 @@ pub enum Refusal {
     InProgress,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
+    /// `500 internal_error`: the handler panicked (or its runtime shut down)
+    /// before it answered; its claim was released, so a retry runs it again.
+    HandlerFailed,
     /// `503 job_store_unavailable`: the job store failed; nothing was started.
     JobStoreUnavailable,
     /// `403 tenant_mismatch`: the body names another tenant than the caller's.
@@ -46,6 +49,7 @@ impl Refusal {
             Self::KeyReuse => "idempotency_key_reuse",
             Self::InProgress => "idempotency_in_progress",
             Self::StoreUnavailable => "idempotency_store_unavailable",
+            Self::HandlerFailed => "internal_error",
             Self::JobStoreUnavailable => "job_store_unavailable",
             Self::TenantMismatch => "tenant_mismatch",
             Self::BudgetExhausted => "budget_exhausted",
@@ -69,6 +73,7 @@ impl Refusal {
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
             }
+            Self::HandlerFailed => "the request failed before it completed; it was not recorded",
             Self::JobStoreUnavailable => "the job store is unavailable; nothing was started",
             Self::TenantMismatch => "the request names another tenant than the authenticated one",
             Self::BudgetExhausted => "the job allowance for this period is spent",
@@ -84,6 +89,7 @@ impl Refusal {
             Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
             Self::StoreUnavailable | Self::JobStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::TenantMismatch => StatusCode::FORBIDDEN,
+            Self::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
             Self::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
         }
     }

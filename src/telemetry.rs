@@ -72,6 +72,7 @@ impl From<crate::Refusal> for Outcome {
             Refusal::InProgress => Self::InProgress,
             Refusal::StoreUnavailable | Refusal::JobStoreUnavailable => Self::StoreError,
             Refusal::BudgetExhausted => Self::BudgetExhausted,
+            Refusal::HandlerFailed => Self::Released,
             _ => Self::Rejected,
         }
     }

@@ -352,13 +352,11 @@ async fn same_key_different_bodies_concurrently_one_201_rest_409() {
 }
 
 #[tokio::test]
-async fn client_disconnect_mid_handler_frees_the_key() {
+async fn a_client_that_hangs_up_mid_handler_gets_the_first_order_replayed() {
     use tokio::io::AsyncWriteExt;
-    let app = checkout_with(
-        IdempotencyLayer::new(MemoryStore::new()),
-        Duration::from_millis(600),
-    )
-    .await;
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let in_flight = layer.in_flight();
+    let app = checkout_with(layer, Duration::from_millis(600)).await;
     let key = unique_key();
     let request = format!(
         "POST {ORDERS} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer merchant_a\r\n\
@@ -370,15 +368,17 @@ async fn client_disconnect_mid_handler_frees_the_key() {
     tokio::time::sleep(Duration::from_millis(150)).await;
     drop(socket); // the client gives up while the payment is still running
     tokio::time::sleep(Duration::from_millis(100)).await;
-    // The dropped request released its claim: the retry runs, not waits or replays.
+    assert_eq!(in_flight.count(), 1, "the handler kept running");
+    // The retry waits for the first run and gets its answer: one order.
     let retry = app.order("merchant_a", &key, BODY).await;
     assert_eq!(retry.status, 201);
-    assert!(!retry.replayed());
+    assert!(retry.replayed());
     assert_eq!(
         app.orders.total(),
         1,
-        "the abandoned request created nothing"
+        "the hung-up request created the order"
     );
+    in_flight.idle().await;
 }
 
 // The same contract in-process, through `oneshot`.

@@ -423,7 +423,11 @@ async fn handler_error_panic_and_dropped_future_release_the_row() {
     };
     let (table, store, sql) = setup(&url, "faults_release", |s| s).await;
     let handler = Handler::default();
-    let svc = IdempotencyLayer::new(store).layer(handler.service());
+    // With the opt-out, a dropped future cuts the handler (run to completion,
+    // the default, is in `exactly_once`).
+    let svc = IdempotencyLayer::new(store)
+        .with_cancel_on_drop(true)
+        .layer(handler.service());
 
     // An error: released before the error is returned.
     let error = svc
@@ -501,7 +505,9 @@ async fn dropped_while_recording_keeps_the_claim_until_its_lock_expires_never_lo
     };
     let (table, store, sql) = setup(&url, "faults_recording", |s| s).await;
     let handler = Handler::default();
+    // With the opt-out, the dropped future stops buffering (and extending).
     let svc = IdempotencyLayer::new(store)
+        .with_cancel_on_drop(true)
         .with_wait_timeout(Duration::ZERO)
         .layer(handler.service());
     let key = "order-record-01";

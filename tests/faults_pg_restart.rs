@@ -190,6 +190,12 @@ impl Store for Acknowledging {
         result
     }
 
+    fn lock_timeout(&self) -> Duration {
+        self.inner.lock_timeout()
+    }
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        self.inner.extend(key, token).await
+    }
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
     }

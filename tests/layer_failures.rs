@@ -1,5 +1,5 @@
 //! `IdempotencyLayer` in process when things go wrong or race: release paths
-//! (inner error, panic, dropped future, failing response body), request body
+//! (inner error, panic, a future dropped with `with_cancel_on_drop`, failing response body), request body
 //! limits and timeouts, hostile JSON, concurrent duplicates and waiters.
 //!
 //! Test names cite the rule from `shared/lessons-from-peers.md` they defend.
@@ -135,19 +135,29 @@ async fn inner_error_frees_the_key_so_a_retry_runs() {
 
 #[tokio::test]
 async fn handler_panic_frees_the_key_claims_never_stuck_in_progress() {
-    let (store, runs) = (MemoryStore::new(), Runs::default());
-    let svc = IdempotencyLayer::new(store.clone()).layer(handler(&runs, |_req, run| async move {
-        if run == 1 {
-            panic!("handler bug (expected by this test)");
+    for cancel_on_drop in [false, true] {
+        let (store, runs) = (MemoryStore::new(), Runs::default());
+        let layer = IdempotencyLayer::new(store.clone()).with_cancel_on_drop(cancel_on_drop);
+        let svc = layer.layer(handler(&runs, |_req, run| async move {
+            if run == 1 {
+                panic!("handler bug (expected by this test)");
+            }
+            Ok::<_, Infallible>(created(run))
+        }));
+        let joined = tokio::spawn(svc.clone().oneshot(post(KEY, ORDER))).await;
+        if cancel_on_drop {
+            // Run in the caller's task, the panic reaches the caller.
+            assert!(joined.unwrap_err().is_panic());
+        } else {
+            // Run in a task of its own, the caller is answered 500.
+            let res = joined.unwrap().unwrap();
+            assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
         }
-        Ok::<_, Infallible>(created(run))
-    }));
-    let joined = tokio::spawn(svc.clone().oneshot(post(KEY, ORDER))).await;
-    assert!(joined.unwrap_err().is_panic());
-    // The store's lock timeout is 60 s: only the release empties it within 30 s.
-    until_released(&store, 0).await;
-    send(&svc, post(KEY, ORDER)).await.assert_order(2, false);
-    assert_eq!(runs.get(), 2);
+        // The store's lock timeout is far longer: only the release empties it in time.
+        until_released(&store, 0).await;
+        send(&svc, post(KEY, ORDER)).await.assert_order(2, false);
+        assert_eq!(runs.get(), 2);
+    }
 }
 
 /// A handler that, for requests carrying `x-hang`, signals `started` and never answers.
@@ -174,10 +184,14 @@ fn hanging(
     })
 }
 
+/// The opt-out: with `with_cancel_on_drop(true)` a dropped future cuts the
+/// handler and frees the key, so the retry runs it again.
 #[tokio::test]
-async fn dropped_request_future_frees_the_key_client_went_away() {
+async fn with_cancel_on_drop_a_dropped_request_future_frees_the_key() {
     let (store, runs, started) = (MemoryStore::new(), Runs::default(), Arc::new(Notify::new()));
-    let svc = IdempotencyLayer::new(store.clone()).layer(hanging(&runs, started.clone()));
+    let svc = IdempotencyLayer::new(store.clone())
+        .with_cancel_on_drop(true)
+        .layer(hanging(&runs, started.clone()));
     let hang = |key| with_header(post(key, ORDER), "x-hang", "1");
 
     // The task serving the request is aborted mid-handler.

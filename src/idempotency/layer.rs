@@ -1,3 +1,4 @@
+use super::claimed::InFlight;
 use super::service::IdempotencyService;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, Responder};
@@ -35,6 +36,8 @@ pub(crate) struct Config<E, P> {
     pub(crate) wait_timeout: Duration,
     pub(crate) replayed_headers: Vec<HeaderName>,
     pub(crate) responder: Responder,
+    pub(crate) cancel_on_drop: bool,
+    pub(crate) in_flight: InFlight,
 }
 
 impl IdempotencyLayer {
@@ -55,6 +58,8 @@ impl IdempotencyLayer {
                 wait_timeout: Duration::from_secs(5),
                 replayed_headers: vec![CONTENT_TYPE, LOCATION, ETAG, LINK],
                 responder: Responder::default(),
+                cancel_on_drop: false,
+                in_flight: InFlight::new(),
             },
         }
     }
@@ -95,6 +100,8 @@ impl<E, P> IdempotencyLayer<E, P> {
             wait_timeout,
             replayed_headers,
             responder,
+            cancel_on_drop,
+            in_flight,
         } = self.config;
         let (scope, policy) = f(scope, policy);
         IdempotencyLayer {
@@ -109,6 +116,8 @@ impl<E, P> IdempotencyLayer<E, P> {
                 wait_timeout,
                 replayed_headers,
                 responder,
+                cancel_on_drop,
+                in_flight,
             },
         }
     }
@@ -139,6 +148,40 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// a replay may reach another session of the same tenant.
     pub fn with_replayed_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
         self.config.replayed_headers = headers.into_iter().filter(|h| h != SET_COOKIE).collect();
+        self
+    }
+
+    /// Whether dropping the response future cancels a claimed handler
+    /// (default `false`).
+    ///
+    /// By default, once a key is claimed the handler runs to completion in a
+    /// task of its own (spawned on the current tokio runtime): a client that
+    /// hangs up, a proxy that times out or an outer `TimeoutLayer` stops
+    /// waiting for the answer, not the handler. Its response is recorded as
+    /// usual, and the retry waits for it and replays it. Refusals, replays and
+    /// requests the layer does not apply to never spawn.
+    ///
+    /// `true` restores plain tower semantics, where dropping the future drops
+    /// the handler wherever it is awaiting, and the claim is released so that a
+    /// retry runs it again. Choose it only for handlers that are safe to cut
+    /// between any two awaits (a handler with a single effect at its very end,
+    /// or one whose effects are all in a transaction that a cut rolls back),
+    /// or that must not outlive their caller.
+    pub fn with_cancel_on_drop(mut self, cancel: bool) -> Self {
+        self.config.cancel_on_drop = cancel;
+        self
+    }
+
+    /// The claimed handlers running now, as a handle to wait for at shutdown.
+    /// Every service this layer builds counts into it.
+    pub fn in_flight(&self) -> InFlight {
+        self.config.in_flight.clone()
+    }
+
+    /// Counts this layer's claimed handlers into `in_flight` (shared with other
+    /// layers, so one handle waits for all of them).
+    pub fn with_in_flight(mut self, in_flight: InFlight) -> Self {
+        self.config.in_flight = in_flight;
         self
     }
 

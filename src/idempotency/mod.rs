@@ -79,10 +79,12 @@
 //! # }
 //! ```
 
+mod claimed;
 mod future;
 mod layer;
 mod service;
 
+pub use claimed::InFlight;
 pub use future::ResponseFuture;
 pub use layer::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 pub use service::IdempotencyService;

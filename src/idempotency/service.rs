@@ -1,3 +1,4 @@
+use super::claimed::kept_alive;
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use crate::body::{BoxError, ResponseBody};
@@ -57,8 +58,8 @@ impl<S: std::fmt::Debug, E, P> std::fmt::Debug for IdempotencyService<S, E, P> {
 impl<S, E, P, ReqBody, ResBody> Service<Request<ReqBody>> for IdempotencyService<S, E, P>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
-    S::Future: Send,
-    S::Error: Send,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     E: ScopeExtractor,
     P: CachePolicy,
     ReqBody: Body + From<Bytes> + Send + 'static,
@@ -103,12 +104,15 @@ async fn handle<S, E, P, ReqBody, ResBody>(
     req: Request<ReqBody>,
 ) -> (Result<Answer<ResBody>, S::Error>, Outcome)
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     E: ScopeExtractor,
     P: CachePolicy,
-    ReqBody: Body + From<Bytes>,
+    ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Send,
     ResBody::Error: Into<BoxError>,
 {
     let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
@@ -165,7 +169,32 @@ where
     };
 
     drop(fingerprint); // it borrows `parts`
-    run_claimed(config, inner, parts, bytes, record, token).await
+    let running = config.in_flight.enter();
+    let heartbeat = (config.store.clone(), record.clone(), token);
+    let claimed = run_claimed(config.clone(), inner, parts, bytes, record, token);
+    let claimed = kept_alive(claimed, heartbeat.0, heartbeat.1, heartbeat.2);
+    let runtime = tokio::runtime::Handle::try_current();
+    let (Ok(runtime), false) = (runtime, config.cancel_on_drop) else {
+        let answer = claimed.await;
+        drop(running);
+        return answer;
+    };
+    // From here the handler's effects may begin: it runs to completion in a task
+    // of its own, whether or not this caller is still there to hear the answer.
+    let task = runtime.spawn(
+        async move {
+            let answer = claimed.await;
+            drop(running);
+            answer
+        }
+        .instrument(tracing::Span::current()),
+    );
+    match task.await {
+        Ok(answer) => answer,
+        // It panicked (its claim guard released the key while unwinding), or the
+        // runtime is shutting down.
+        Err(_) => refuse(Refusal::HandlerFailed),
+    }
 }
 
 /// Runs the inner service for a claimed key and records its response.

@@ -94,12 +94,12 @@ impl std::fmt::Debug for MemoryStore {
 }
 
 impl MemoryStore {
-    /// A store retaining records for 24 hours, locking claims for 60 seconds,
+    /// A store retaining records for 24 hours, locking claims for 10 seconds (extended while their handler runs),
     /// holding at most one million records.
     pub fn new() -> Self {
         Self::build(
             Duration::from_secs(24 * 3600),
-            Duration::from_secs(60),
+            Duration::from_secs(10),
             1_000_000,
         )
     }
@@ -137,10 +137,11 @@ impl MemoryStore {
         self.reconfigure(|c| c.0 = retention)
     }
 
-    /// How long a claim holds its key before a retry may take it over (default 60 s).
+    /// How long a claim holds its key unless it is extended (default 10 s).
     ///
-    /// Set it above the slowest handler's latency (for example your `TimeoutLayer`):
-    /// a claim older than this is presumed dead, and a retry runs the request again.
+    /// The layer extends a claim every third of this while its handler runs,
+    /// so it bounds how long a *dead* owner blocks its key (a claim left behind
+    /// by a process that stopped), not how long a handler may take.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
         self.reconfigure(|c| c.1 = lock_timeout)
     }
@@ -368,6 +369,23 @@ impl Store for MemoryStore {
         }
         lock(&self.shared.retention_deadlines).push_back(Deadline { at: deadline, id });
         Ok(())
+    }
+
+    fn lock_timeout(&self) -> Duration {
+        self.shared.lock_timeout
+    }
+
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let now = self.now();
+        let id = self.shared.ids.of(key);
+        match self.shared.records.get_mut(&id) {
+            // Still this claim's token: nobody took it over, even if its lock ran out.
+            Some(mut r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => {
+                r.deadline = now.saturating_add(record::saturate(self.shared.lock_timeout));
+                Ok(())
+            }
+            _ => Err(StoreError::ClaimLost),
+        }
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {

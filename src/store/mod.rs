@@ -145,6 +145,16 @@ pub trait Store: Send + Sync + 'static {
         response: StoredResponse,
     ) -> Result<(), StoreError>;
 
+    /// How long a claim holds its key unless it is extended: the longest a dead
+    /// owner blocks its key. The layer extends live claims at a third of it.
+    fn lock_timeout(&self) -> Duration;
+
+    /// Extends a claim's lock to [`lock_timeout`](Store::lock_timeout) from now
+    /// (on the store's clock), if `token` still owns the claim; otherwise fails
+    /// with [`StoreError::ClaimLost`] and changes nothing. The layer calls it
+    /// while the handler runs, so a healthy slow handler is never taken over.
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
+
     /// Frees a claimed key so a later request may run, if `token` still owns it.
     /// Releasing a claim that is already gone is not an error.
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
@@ -182,6 +192,14 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         response: StoredResponse,
     ) -> Result<(), StoreError> {
         (**self).complete(key, token, response).await
+    }
+
+    fn lock_timeout(&self) -> Duration {
+        (**self).lock_timeout()
+    }
+
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        (**self).extend(key, token).await
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {

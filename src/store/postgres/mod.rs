@@ -158,7 +158,7 @@ impl fmt::Debug for PostgresStore {
 
 impl PostgresStore {
     /// A store on `pool` in table `public.idempotency_records`, retaining records
-    /// for 24 hours, locking claims for 60 seconds, failing operations that take
+    /// for 24 hours, locking claims for 10 seconds (extended while their handler runs), failing operations that take
     /// longer than 5 seconds, without a listener (waiters re-check on a backoff).
     pub fn new(pool: Pool) -> Self {
         Self::build(
@@ -167,7 +167,7 @@ impl PostgresStore {
                 schema: "public".to_owned(),
                 table: "idempotency_records".to_owned(),
                 retention: Duration::from_secs(24 * 3600),
-                lock_timeout: Duration::from_secs(60),
+                lock_timeout: Duration::from_secs(10),
                 operation_timeout: Duration::from_secs(5),
                 listener: None,
             },
@@ -232,11 +232,13 @@ impl PostgresStore {
         self.reconfigure(|c| c.retention = retention)
     }
 
-    /// How long a claim holds its key before a retry may take it over (default 60 s),
-    /// on the database's clock.
+    /// How long a claim holds its key unless it is extended (default 10 s), on
+    /// the database's clock.
     ///
-    /// Set it above the slowest handler's latency: a claim older than this is
-    /// presumed dead (its process crashed), and a retry runs the request again.
+    /// The layer extends a claim every third of this while its handler runs
+    /// (one `UPDATE` each time), so it bounds how long a *dead* owner (a
+    /// crashed process, a lost network) blocks its key, not how long a handler
+    /// may take. Give it room for two slow extensions in a row.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
         self.reconfigure(|c| c.lock_timeout = lock_timeout)
     }

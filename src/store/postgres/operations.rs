@@ -81,6 +81,27 @@ impl Store for PostgresStore {
             .await
     }
 
+    fn lock_timeout(&self) -> Duration {
+        self.inner.config.lock_timeout
+    }
+
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        inner
+            .timed(async {
+                let client = inner.client().await?;
+                let rows = inner
+                    .query(&client, &inner.sql.extend, &[&scope, &k, &token.0])
+                    .await?;
+                if rows.is_empty() {
+                    return Err(StoreError::ClaimLost);
+                }
+                Ok(())
+            })
+            .await
+    }
+
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());

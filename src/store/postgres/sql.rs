@@ -48,6 +48,7 @@ pub(super) struct Sql {
     pub(super) migrate: String,
     pub(super) begin: String,
     pub(super) complete: String,
+    pub(super) extend: String,
     pub(super) release: String,
     pub(super) lock_remaining: String,
     pub(super) purge: String,
@@ -143,6 +144,13 @@ FROM live"#
 SELECT pg_notify('{channel}', $7) FROM done"#
         );
 
+        let extend = format!(
+            r#"UPDATE {t}
+SET expires_at = now() + interval '{lock_ms} milliseconds'
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+RETURNING 1"#
+        );
+
         let release = format!(
             r#"WITH gone AS (
     DELETE FROM {t}
@@ -187,6 +195,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             migrate,
             begin,
             complete,
+            extend,
             release,
             lock_remaining,
             purge,
