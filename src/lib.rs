@@ -225,6 +225,9 @@ pub use lease::{Lease, LeaseLayer};
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
+pub use store::{
+    Begin, FencingToken, MemoryStore, RecordKey, RecordTransaction, Store, StoreError,
+    StoredResponse, TransactionalStore,
+};
 #[cfg(feature = "postgres")]
-pub use store::PostgresStore;
-pub use store::{Begin, FencingToken, MemoryStore, RecordKey, Store, StoreError, StoredResponse};
+pub use store::{PostgresStore, PostgresTransaction};

@@ -81,12 +81,61 @@ async fn with_database_url_the_demo_serves_from_postgres_across_restarts() {
     );
     assert_eq!(replay.body, first.body, "byte-identical after a restart");
     assert_eq!(replay.headers["location"], first.headers["location"]);
-    let listed = client
-        .get("/v1/orders", &[("authorization", "Bearer acme")])
-        .await;
-    assert_eq!(
-        listed.json()["orders"].as_array().unwrap().len(),
-        0,
-        "the new process created no order: the handler did not run"
+    // Orders and charges live in PostgreSQL too: the new process lists the one
+    // the first process created, and the replay created nothing more.
+    let merchant = [("authorization", "Bearer acme")];
+    let orders = client.get("/v1/orders", &merchant).await.json();
+    let charges = client.get("/v1/charges", &merchant).await.json();
+    let order = serde_json::from_slice::<serde_json::Value>(&first.body).unwrap();
+    let mine = |list: &serde_json::Value, field: &str, id: &serde_json::Value| {
+        list[field]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|row| &row["id"] == id)
+            .count()
+    };
+    assert_eq!(mine(&orders, "orders", &order["id"]), 1);
+    assert_eq!(mine(&charges, "charges", &order["charge"]), 1);
+}
+
+/// SIGTERM while a handler whose client hung up is still running: the demo
+/// stops accepting, waits for the handler, and only then exits.
+#[tokio::test]
+async fn on_sigterm_the_demo_waits_for_claimed_handlers() {
+    use tokio::io::AsyncWriteExt;
+    let mut running = RunningExample::start(
+        "checkout",
+        &[("DATABASE_URL", None), ("CHECKOUT_DELAY_MS", Some("800"))],
     );
+    let body = r#"{"sku":"SKU-1","qty":2,"currency":"USD"}"#;
+    let request = format!(
+        "POST /v1/orders HTTP/1.1\r\nhost: x\r\nauthorization: Bearer acme\r\n\
+         idempotency-key: order-sigterm-1\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let sent = std::time::Instant::now();
+    let mut socket = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+    socket.write_all(request.as_bytes()).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drop(socket); // the client hangs up mid-handler
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    running.terminate();
+    let status = running
+        .exited_within(std::time::Duration::from_secs(10))
+        .await;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        sent.elapsed() >= std::time::Duration::from_millis(800),
+        "exited before the handler finished"
+    );
+    let lines = running.lines();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l == "waiting for 1 claimed handler(s)"),
+        "{lines:?}"
+    );
+    assert_eq!(lines.last().map(String::as_str), Some("stopped"));
 }

@@ -6,7 +6,7 @@
 mod app;
 mod http;
 
-use app::Orders;
+use app::{Ledger, MemoryLedger};
 use http::{serve, HttpClient, Reply};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,16 +17,21 @@ const BODY: &str = r#"{"sku":"SKU-1","qty":2,"currency":"USD"}"#;
 
 struct Checkout {
     client: HttpClient,
-    orders: Arc<Orders>,
+    ledger: Arc<MemoryLedger>,
     addr: std::net::SocketAddr,
 }
 
 async fn checkout_with(layer: IdempotencyLayer, delay: Duration) -> Checkout {
-    let orders = Arc::new(Orders::default());
-    let addr = serve(app::router_with(layer, orders.clone(), delay)).await;
+    let ledger = Arc::new(MemoryLedger::default());
+    let addr = serve(app::router_with(
+        layer,
+        Ledger::Memory(ledger.clone()),
+        delay,
+    ))
+    .await;
     Checkout {
         client: HttpClient::new(addr),
-        orders,
+        ledger,
         addr,
     }
 }
@@ -73,7 +78,7 @@ async fn test_missing_key_is_400() {
     let res = app.client.post_json(ORDERS, &auth, BODY).await;
     assert_eq!(res.status, 400);
     assert_eq!(res.code(), "idempotency_key_required");
-    assert_eq!(app.orders.total(), 0);
+    assert_eq!(app.ledger.orders_total(), 0);
 }
 
 #[tokio::test]
@@ -112,7 +117,7 @@ async fn test_same_key_different_body_is_409() {
     assert_eq!(first.status, 201);
     assert_eq!(conflict.status, 409);
     assert_eq!(conflict.code(), "idempotency_key_reuse");
-    assert_eq!(app.orders.total(), 1);
+    assert_eq!(app.ledger.orders_total(), 1);
 }
 
 #[tokio::test]
@@ -150,7 +155,7 @@ async fn row1_malformed_keys_are_400() {
         assert_eq!(res.status, 400, "key {key:?}");
         assert_eq!(res.code(), "idempotency_key_required");
     }
-    assert_eq!(app.orders.total(), 0);
+    assert_eq!(app.ledger.orders_total(), 0);
 }
 
 #[tokio::test]
@@ -173,7 +178,7 @@ async fn row2_unknown_merchant_token_is_401() {
         assert_eq!(res.status, 401, "authorization {auth:?}");
         assert_eq!(res.code(), "unauthorized");
     }
-    assert_eq!(app.orders.total(), 0);
+    assert_eq!(app.ledger.orders_total(), 0);
 }
 
 #[tokio::test]
@@ -191,7 +196,7 @@ async fn row5_in_flight_duplicate_waits_then_replays() {
     assert_eq!((first.status.as_u16(), second.status.as_u16()), (201, 201));
     assert_eq!(first.body, second.body);
     assert!(second.replayed());
-    assert_eq!(app.orders.total(), 1);
+    assert_eq!(app.ledger.orders_total(), 1);
 }
 
 #[tokio::test]
@@ -212,7 +217,7 @@ async fn row5_in_flight_past_the_wait_is_409_in_progress_with_retry_after() {
     let retry = app.order("merchant_a", &key, BODY).await;
     assert!(retry.replayed());
     assert_eq!(retry.body, first.body);
-    assert_eq!(app.orders.total(), 1);
+    assert_eq!(app.ledger.orders_total(), 1);
 }
 
 #[tokio::test]
@@ -250,7 +255,7 @@ async fn invalid_body_is_400_and_frees_the_key_for_a_corrected_request() {
     let fixed = app.order("merchant_a", &key, BODY).await;
     assert_eq!(fixed.status, 201);
     assert!(!fixed.replayed());
-    assert_eq!(app.orders.total(), 1);
+    assert_eq!(app.ledger.orders_total(), 1);
 }
 
 #[tokio::test]
@@ -268,7 +273,7 @@ async fn key_order_and_whitespace_do_not_change_the_fingerprint() {
     assert_eq!(reordered.status, 201);
     assert!(reordered.replayed());
     assert_eq!(first.body, reordered.body);
-    assert_eq!(app.orders.total(), 1);
+    assert_eq!(app.ledger.orders_total(), 1);
 }
 
 // Races.
@@ -297,7 +302,7 @@ async fn two_hundred_concurrent_identical_requests_create_one_order() {
         })
     }))
     .await;
-    assert_eq!(app.orders.total(), 1, "the handler ran exactly once");
+    assert_eq!(app.ledger.orders_total(), 1, "the handler ran exactly once");
     let created = replies
         .iter()
         .find(|r| r.status == 201 && !r.replayed())
@@ -348,7 +353,7 @@ async fn same_key_different_bodies_concurrently_one_201_rest_409() {
         assert_eq!(reply.status, 409);
         assert_eq!(reply.code(), "idempotency_key_reuse");
     }
-    assert_eq!(app.orders.total(), 1);
+    assert_eq!(app.ledger.orders_total(), 1);
 }
 
 #[tokio::test]
@@ -374,7 +379,7 @@ async fn a_client_that_hangs_up_mid_handler_gets_the_first_order_replayed() {
     assert_eq!(retry.status, 201);
     assert!(retry.replayed());
     assert_eq!(
-        app.orders.total(),
+        app.ledger.orders_total(),
         1,
         "the hung-up request created the order"
     );
@@ -389,8 +394,12 @@ async fn oneshot_contract_rows() {
     use http_body_util::BodyExt;
     use tower::ServiceExt;
 
-    let orders = Arc::new(Orders::default());
-    let router = app::router(MemoryStore::new(), orders.clone(), Duration::ZERO);
+    let ledger = Arc::new(MemoryLedger::default());
+    let router = app::router(
+        MemoryStore::new(),
+        Ledger::Memory(ledger.clone()),
+        Duration::ZERO,
+    );
     let call = |merchant: &str, key: Option<&str>, body: &str| {
         let mut req = ::http::Request::post(ORDERS)
             .header("content-type", "application/json")
@@ -434,7 +443,7 @@ async fn oneshot_contract_rows() {
     let (status, other) = call("m2", Some("oneshot-key-1"), BODY).await;
     assert_eq!(status, 201);
     assert_ne!(other["id"], first["id"]);
-    assert_eq!(orders.total(), 2);
+    assert_eq!(ledger.orders_total(), 2);
 }
 
 async fn futures_join_all<T: Send + 'static>(

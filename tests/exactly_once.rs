@@ -5,8 +5,6 @@
 //! Every handler here has two effects, A and B, with awaits around and between
 //! them; the tests cut the caller at each of those awaits.
 
-mod support;
-
 use axum::body::Body;
 use axum::routing::post;
 use axum::Router;

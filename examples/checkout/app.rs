@@ -1,61 +1,57 @@
 //! The checkout service of the contract: `POST /v1/orders` behind demo bearer
-//! auth and the idempotency layer, `GET /v1/orders` to count what was created.
-//! Shared by `main.rs` and the tests, which mount the same router.
+//! auth and the idempotency layer; `GET /v1/orders` and `GET /v1/charges` list
+//! what was created. Shared by `main.rs` and the tests, which mount the same
+//! router.
+//!
+//! The handler first charges the customer (the simulated payment network),
+//! waits `delay` (the network being slow), then writes the order. Both are
+//! effects a retry must never repeat: the layer runs the handler to completion
+//! even if the client hangs up, and on PostgreSQL both rows are written inside
+//! the layer's transaction, so they commit with the recorded response or not
+//! at all.
+
+// `main.rs` and the tests each use part of it.
+#[allow(dead_code)]
+#[path = "ledger.rs"]
+mod ledger;
 
 use axum::body::Body;
-use axum::extract::{Extension, State};
-use axum::http::{header, HeaderValue, Request, Response, StatusCode};
+use axum::extract::{Extension, Request, State};
+use axum::http::{header, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::post;
+use axum::routing::{get, post};
 use axum::{Json, Router};
+pub use ledger::Ledger;
+#[allow(unused_imports)] // the tests count rows with it
+pub use ledger::MemoryLedger;
+use ledger::Writer;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 use std::future::{ready, Ready};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower_http::auth::{AsyncAuthorizeRequest, AsyncRequireAuthorizationLayer};
 use tower_idempotency::{IdempotencyLayer, Scope, Store};
 
-/// Orders created, per merchant.
-#[derive(Default)]
-pub struct Orders {
-    next_id: AtomicU64,
-    by_merchant: Mutex<HashMap<String, Vec<Value>>>,
-}
-
-impl Orders {
-    /// Every order created so far, across merchants (the tests count with it).
-    #[allow(dead_code)]
-    pub fn total(&self) -> usize {
-        self.by_merchant
-            .lock()
-            .unwrap()
-            .values()
-            .map(Vec::len)
-            .sum()
-    }
-}
-
 #[derive(Clone)]
 struct AppState {
-    orders: Arc<Orders>,
+    ledger: Ledger,
     delay: Duration,
 }
 
-/// The whole service: auth outside, idempotency on `POST /v1/orders` only.
-pub fn router(store: impl Store, orders: Arc<Orders>, delay: Duration) -> Router {
-    router_with(IdempotencyLayer::new(store), orders, delay)
+/// The whole service on the memory store and an in-process ledger.
+#[allow(dead_code)]
+pub fn router(store: impl Store, ledger: Ledger, delay: Duration) -> Router {
+    router_with(IdempotencyLayer::new(store), ledger, delay)
 }
 
-/// [`router`] with a configured idempotency layer.
-pub fn router_with(idempotency: IdempotencyLayer, orders: Arc<Orders>, delay: Duration) -> Router {
+/// The whole service: auth outside, idempotency on `POST /v1/orders` only.
+pub fn router_with(idempotency: IdempotencyLayer, ledger: Ledger, delay: Duration) -> Router {
     Router::new()
         .route(
             "/v1/orders",
             post(create_order).layer(idempotency).get(list_orders),
         )
-        .with_state(AppState { orders, delay })
+        .route("/v1/charges", get(list_charges))
+        .with_state(AppState { ledger, delay })
         .layer(AsyncRequireAuthorizationLayer::new(BearerMerchant))
 }
 
@@ -98,36 +94,39 @@ fn is_merchant_token(token: &str) -> bool {
 fn error(status: StatusCode, code: &str) -> (StatusCode, Json<Value>) {
     let message = match code {
         "unauthorized" => "send Authorization: Bearer <merchant token>",
+        "ledger_unavailable" => "the order could not be written; nothing was charged",
         _ => "send {sku: non-empty string, qty: integer 1..99, currency: \"USD\"}",
     };
     (status, Json(json!({ "code": code, "message": message })))
 }
 
-async fn create_order(
-    State(state): State<AppState>,
-    Extension(merchant): Extension<Scope>,
-    body: axum::body::Bytes,
-) -> axum::response::Response {
+async fn create_order(State(state): State<AppState>, request: Request) -> axum::response::Response {
+    let (parts, body) = request.into_parts();
+    let (Some(merchant), Some(writer)) = (
+        parts.extensions.get::<Scope>().cloned(),
+        Writer::of(&state.ledger, &parts.extensions),
+    ) else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable").into_response();
+    };
+    let Ok(body) = axum::body::to_bytes(body, 64 * 1024).await else {
+        return error(StatusCode::BAD_REQUEST, "invalid_body").into_response();
+    };
     let Some((sku, qty)) = validate(&body) else {
         return error(StatusCode::BAD_REQUEST, "invalid_body").into_response();
     };
-    // A slow payment network: the window in which retries race the first request.
+    let ledger = &state.ledger;
+    let merchant = merchant.as_str();
+    let Ok(charge) = ledger.charge(&writer, merchant, &sku, qty).await else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable").into_response();
+    };
+    // A slow payment network: the window in which clients hang up and retry.
     if !state.delay.is_zero() {
         tokio::time::sleep(state.delay).await;
     }
-    let id = format!(
-        "ord_{:06}",
-        state.orders.next_id.fetch_add(1, Ordering::SeqCst) + 1
-    );
-    let order = json!({ "id": id, "sku": sku, "qty": qty, "currency": "USD" });
-    state
-        .orders
-        .by_merchant
-        .lock()
-        .unwrap()
-        .entry(merchant.as_str().to_owned())
-        .or_default()
-        .push(order.clone());
+    let Ok(order) = ledger.order(&writer, merchant, &charge, &sku, qty).await else {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable").into_response();
+    };
+    let id = order["id"].as_str().unwrap_or_default();
     let location = HeaderValue::try_from(format!("/v1/orders/{id}")).expect("ids are ASCII");
     (
         StatusCode::CREATED,
@@ -151,8 +150,19 @@ fn validate(body: &[u8]) -> Option<(String, u64)> {
 async fn list_orders(
     State(state): State<AppState>,
     Extension(merchant): Extension<Scope>,
-) -> Json<Value> {
-    let orders = state.orders.by_merchant.lock().unwrap();
-    let mine = orders.get(merchant.as_str()).cloned().unwrap_or_default();
-    Json(json!({ "orders": mine }))
+) -> axum::response::Response {
+    match state.ledger.orders(merchant.as_str()).await {
+        Ok(orders) => Json(json!({ "orders": orders })).into_response(),
+        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "ledger_unavailable").into_response(),
+    }
+}
+
+async fn list_charges(
+    State(state): State<AppState>,
+    Extension(merchant): Extension<Scope>,
+) -> axum::response::Response {
+    match state.ledger.charges(merchant.as_str()).await {
+        Ok(charges) => Json(json!({ "charges": charges })).into_response(),
+        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "ledger_unavailable").into_response(),
+    }
 }

@@ -10,14 +10,19 @@
 //! ```
 //!
 //! Env: `BIND` (default `127.0.0.1:3000`), `CHECKOUT_DELAY_MS` (default 0: a
-//! slow payment network inside the handler), `DATABASE_URL` with
-//! `--features postgres` to share records in PostgreSQL.
+//! slow payment network between the charge and the order), `DATABASE_URL`
+//! with `--features postgres` to keep records, charges and orders in
+//! PostgreSQL (the handler writes them inside the layer's transaction).
+//!
+//! On ctrl-c or SIGTERM the server stops accepting connections, then waits
+//! for claimed handlers still running (a client may have hung up on them)
+//! before it exits.
 
 mod app;
 
-use std::sync::Arc;
+use app::Ledger;
 use std::time::Duration;
-use tower_idempotency::{MemoryStore, Store};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -28,34 +33,65 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .map_err(|_| "CHECKOUT_DELAY_MS must be milliseconds")?,
         Err(_) => 0,
     };
-    let (store, store_name) = store_from_env().await?;
-    let app = app::router(
-        store,
-        Arc::new(app::Orders::default()),
-        Duration::from_millis(delay_ms),
-    );
+    let (layer, ledger, store_name) = from_env().await?;
+    let in_flight = layer.in_flight();
+    let app = app::router_with(layer, ledger, Duration::from_millis(delay_ms));
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("idempotency store: {store_name}");
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await?;
+    // Connections are closed; handlers whose clients hung up may still run.
+    println!("waiting for {} claimed handler(s)", in_flight.count());
+    in_flight.idle().await;
+    println!("stopped");
     Ok(())
 }
 
-/// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set;
-/// the in-memory store otherwise.
-async fn store_from_env() -> Result<(Arc<dyn Store>, &'static str), Box<dyn std::error::Error>> {
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+}
+
+/// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set
+/// (records, charges and orders in one transaction); memory otherwise.
+async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn std::error::Error>>
+{
     #[cfg(feature = "postgres")]
     if let Ok(url) = std::env::var("DATABASE_URL") {
-        return Ok((Arc::new(postgres_store(&url).await?), "postgres"));
+        let (store, pool) = postgres_store(&url).await?;
+        Ledger::migrate(&pool).await?;
+        let layer = IdempotencyLayer::transactional(store);
+        return Ok((layer, Ledger::Postgres(pool), "postgres"));
     }
-    Ok((Arc::new(MemoryStore::new()), "memory"))
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    Ok((layer, Ledger::memory(), "memory"))
 }
 
 /// A migrated PostgreSQL store whose pool fails fast when the database is down.
 #[cfg(feature = "postgres")]
 async fn postgres_store(
     url: &str,
-) -> Result<tower_idempotency::PostgresStore, Box<dyn std::error::Error>> {
+) -> Result<(tower_idempotency::PostgresStore, deadpool_postgres::Pool), Box<dyn std::error::Error>>
+{
     use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
     let mut config: tokio_postgres::Config = url.parse()?;
     config.connect_timeout(Duration::from_secs(3));
@@ -72,7 +108,11 @@ async fn postgres_store(
         .wait_timeout(Some(Duration::from_secs(2)))
         .create_timeout(Some(Duration::from_secs(3)))
         .build()?;
-    let store = tower_idempotency::PostgresStore::new(pool).with_listener(config);
+    // In transactional mode the row lock keeps a live handler's claim, so the
+    // lock timeout only decides how soon a crashed instance's key is free.
+    let store = tower_idempotency::PostgresStore::new(pool.clone())
+        .with_lock_timeout(Duration::from_secs(2))
+        .with_listener(config);
     store.migrate().await?;
-    Ok(store)
+    Ok((store, pool))
 }

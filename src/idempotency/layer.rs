@@ -3,7 +3,7 @@ use super::service::IdempotencyService;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
-use crate::store::Store;
+use crate::store::{Store, TransactionalStore};
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
 use http::{Method, StatusCode};
 use std::sync::Arc;
@@ -38,6 +38,8 @@ pub(crate) struct Config<E, P> {
     pub(crate) responder: Responder,
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
+    /// Set by [`IdempotencyLayer::transactional`]: the same store as `store`.
+    pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
 }
 
 impl IdempotencyLayer {
@@ -46,9 +48,31 @@ impl IdempotencyLayer {
     /// `201` responses recorded, 1 MiB body limit, 5 s wait for a request in
     /// progress, and `content-type`, `location`, `etag`, `link` replayed.
     pub fn new(store: impl Store) -> Self {
+        Self::with_store(Arc::new(store), None)
+    }
+
+    /// Like [`new`](Self::new), and each claimed handler runs inside a
+    /// transaction of `store` that also records its response: the handler's
+    /// writes and the record commit together or not at all.
+    ///
+    /// With `PostgresStore` (feature `postgres`) the handler finds a
+    /// `PostgresTransaction` in its request extensions (`Extension<PostgresTransaction>`
+    /// in axum). A response the cache policy does not record, an error, a
+    /// panic, a process killed before the commit: each rolls the handler's
+    /// writes back and frees the key, so the retry runs once on a clean slate.
+    /// See `docs/idempotency.md` for the guarantees and their limits.
+    pub fn transactional(store: impl TransactionalStore) -> Self {
+        let store: Arc<dyn TransactionalStore> = Arc::new(store);
+        Self::with_store(store.clone(), Some(store))
+    }
+
+    fn with_store(
+        store: Arc<dyn Store>,
+        transactions: Option<Arc<dyn TransactionalStore>>,
+    ) -> Self {
         Self {
             config: Config {
-                store: Arc::new(store),
+                store,
                 header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
                 scope: FromExtension::new(),
@@ -60,6 +84,7 @@ impl IdempotencyLayer {
                 responder: Responder::default(),
                 cancel_on_drop: false,
                 in_flight: InFlight::new(),
+                transactions,
             },
         }
     }
@@ -102,6 +127,7 @@ impl<E, P> IdempotencyLayer<E, P> {
             responder,
             cancel_on_drop,
             in_flight,
+            transactions,
         } = self.config;
         let (scope, policy) = f(scope, policy);
         IdempotencyLayer {
@@ -118,6 +144,7 @@ impl<E, P> IdempotencyLayer<E, P> {
                 responder,
                 cancel_on_drop,
                 in_flight,
+                transactions,
             },
         }
     }

@@ -6,7 +6,9 @@ use crate::buffer::{buffer_body, collect};
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
-use crate::store::{Begin, FencingToken, RecordKey, Store, StoredResponse};
+use crate::store::{
+    Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse, TransactionalStore,
+};
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
 use bytes::Bytes;
@@ -170,9 +172,21 @@ where
 
     drop(fingerprint); // it borrows `parts`
     let running = config.in_flight.enter();
-    let heartbeat = (config.store.clone(), record.clone(), token);
-    let claimed = run_claimed(config.clone(), inner, parts, bytes, record, token);
-    let claimed = kept_alive(claimed, heartbeat.0, heartbeat.1, heartbeat.2);
+    let shared = config.clone();
+    let claimed = async move {
+        let config = shared;
+        match config.transactions.clone() {
+            // The transaction's row lock keeps the claim: no heartbeat.
+            Some(transactions) => {
+                run_in_transaction(config, &*transactions, inner, parts, bytes, record, token).await
+            }
+            None => {
+                let (store, heartbeat_key) = (config.store.clone(), record.clone());
+                let claimed = run_claimed(config.clone(), inner, parts, bytes, record, token);
+                kept_alive(claimed, store, heartbeat_key, token).await
+            }
+        }
+    };
     let runtime = tokio::runtime::Handle::try_current();
     let (Ok(runtime), false) = (runtime, config.cancel_on_drop) else {
         let answer = claimed.await;
@@ -248,22 +262,7 @@ where
             return (Ok(response), Outcome::Released);
         }
     };
-    let headers = config
-        .replayed_headers
-        .iter()
-        .flat_map(|name| {
-            res_parts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(move |value| (name.clone(), value.clone()))
-        })
-        .collect();
-    let stored = StoredResponse {
-        status: res_parts.status,
-        headers,
-        body: body.clone(),
-    };
+    let stored = to_record(&config.replayed_headers, &res_parts, &body);
     // If recording fails the handler has still run: answer with its response and
     // keep the claim, so no retry runs it again before the lock expires.
     let outcome = match store.complete(&record, token, stored).await {
@@ -275,6 +274,113 @@ where
     };
     let response = Response::from_parts(res_parts, ResponseBody::full(body));
     (Ok(response), outcome)
+}
+
+/// Runs the inner service for a claimed key inside the store's transaction,
+/// and records its response in the same transaction.
+async fn run_in_transaction<S, E, P, ReqBody, ResBody>(
+    config: Arc<Config<E, P>>,
+    transactions: &dyn TransactionalStore,
+    mut inner: S,
+    mut parts: http::request::Parts,
+    bytes: Bytes,
+    record: RecordKey,
+    token: FencingToken,
+) -> (Result<Answer<ResBody>, S::Error>, Outcome)
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    P: CachePolicy,
+    ReqBody: From<Bytes>,
+    ResBody: Body,
+    ResBody::Error: Into<BoxError>,
+{
+    let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
+    let claim = ClaimGuard {
+        store: config.store.clone(),
+        armed: Some((record, token)),
+    };
+    let (record, _) = claim.armed.as_ref().expect("armed");
+    let transaction = match transactions.open(record, token).await {
+        Ok(transaction) => transaction,
+        // Taken over before the handler ran: the new owner runs it.
+        Err(StoreError::ClaimLost) => {
+            let _ = claim.keep();
+            return refuse(Refusal::InProgress);
+        }
+        Err(_) => {
+            claim.release().await;
+            return refuse(Refusal::StoreUnavailable);
+        }
+    };
+    transaction.share(&mut parts.extensions);
+    // Until the commit, nothing the handler wrote exists for anyone else: every
+    // path that does not record rolls it back and frees the key, and so does a
+    // panic or a dropped future (the transaction and the guard are dropped).
+    let response = match inner
+        .call(Request::from_parts(parts, ReqBody::from(bytes)))
+        .await
+    {
+        Ok(response) => response,
+        Err(error) => {
+            transaction.rollback().await;
+            claim.release().await;
+            return (Err(error), Outcome::Released);
+        }
+    };
+    let (res_parts, res_body) = response.into_parts();
+    if !config.policy.should_record(&res_parts) {
+        transaction.rollback().await;
+        claim.release().await;
+        let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
+        return (Ok(response), Outcome::Released);
+    }
+    let body = match collect(res_body).await {
+        Ok(body) => body,
+        Err(error) => {
+            transaction.rollback().await;
+            claim.release().await;
+            let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+            return (Ok(response), Outcome::Released);
+        }
+    };
+    let stored = to_record(&config.replayed_headers, &res_parts, &body);
+    match transaction.commit(stored).await {
+        Ok(()) => {
+            let _ = claim.keep();
+            let response = Response::from_parts(res_parts, ResponseBody::full(body));
+            (Ok(response), Outcome::Claimed)
+        }
+        // Rolled back (or, if the connection died during COMMIT, unknown: then
+        // the record committed with the writes, and the release is refused).
+        Err(error) => {
+            tracing::warn!(%error, "the handler's transaction did not commit");
+            claim.release().await;
+            refuse(Refusal::StoreUnavailable)
+        }
+    }
+}
+
+/// What is recorded of a response: its status, allow-listed headers and body.
+fn to_record(
+    replayed_headers: &[http::HeaderName],
+    parts: &http::response::Parts,
+    body: &Bytes,
+) -> StoredResponse {
+    let headers = replayed_headers
+        .iter()
+        .flat_map(|name| {
+            parts
+                .headers
+                .get_all(name)
+                .iter()
+                .map(move |value| (name.clone(), value.clone()))
+        })
+        .collect();
+    StoredResponse {
+        status: parts.status,
+        headers,
+        body: body.clone(),
+    }
 }
 
 fn replay<B>(stored: &StoredResponse) -> Answer<B> {

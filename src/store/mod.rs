@@ -15,7 +15,7 @@ pub use jobs::JobStore;
 pub use memory::MemoryStore;
 pub use memory_jobs::MemoryJobStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresJobStore, PostgresStore};
+pub use postgres::{PostgresJobStore, PostgresStore, PostgresTransaction, TransactionClient};
 
 use crate::body::BoxError;
 use crate::{IdempotencyKey, RequestFingerprint, Scope};
@@ -172,6 +172,41 @@ pub trait Store: Send + Sync + 'static {
     /// erased). Returns how many were deleted. A request of that scope still
     /// running afterwards cannot complete: its claim is gone.
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError>;
+}
+
+/// A store that can run a claimed request's handler inside a transaction of
+/// its own, so that the handler's writes and the recorded response commit
+/// together or not at all. Used by [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional).
+#[async_trait]
+pub trait TransactionalStore: Store {
+    /// Opens the transaction of a claimed request and locks its record under
+    /// `token`. A token that no longer owns the record fails with
+    /// [`StoreError::ClaimLost`] before the handler runs.
+    async fn open(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<Box<dyn RecordTransaction>, StoreError>;
+}
+
+/// The open transaction of one claimed request.
+///
+/// Dropped without [`commit`](Self::commit) or [`rollback`](Self::rollback)
+/// (a panic, a cancelled handler), it must end the transaction without
+/// committing it.
+#[async_trait]
+pub trait RecordTransaction: Send {
+    /// Puts the handle the handler writes through into its request extensions.
+    fn share(&self, extensions: &mut http::Extensions);
+
+    /// Records `response` (fenced by the claim's token) and commits it with
+    /// everything the handler wrote. On error nothing of it is committed, unless
+    /// the connection was lost during the commit itself, when the outcome is
+    /// unknown: either both are committed or neither.
+    async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError>;
+
+    /// Discards everything the handler wrote.
+    async fn rollback(self: Box<Self>);
 }
 
 /// Shares one store between layers (or keeps a handle for `purge_expired`).

@@ -193,6 +193,27 @@ impl RunningExample {
         }
     }
 
+    /// Sends SIGTERM, as a process manager does to stop a service.
+    pub fn terminate(&self) {
+        let status = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success());
+    }
+
+    /// Waits (up to `limit`) for the process to exit by itself.
+    pub async fn exited_within(&mut self, limit: std::time::Duration) -> std::process::ExitStatus {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(start.elapsed() < limit, "still running after {limit:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     /// The lines printed after `listening on` so far.
     pub fn lines(&self) -> Vec<String> {
         self.lines.lock().unwrap().clone()

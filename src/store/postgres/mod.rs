@@ -37,9 +37,11 @@ mod jobs;
 mod operations;
 mod single_flight;
 mod sql;
+mod transaction;
 mod wait;
 
 pub use jobs::PostgresJobStore;
+pub use transaction::{PostgresTransaction, TransactionClient};
 
 use self::single_flight::{Flights, Leader};
 use self::sql::{is_identifier, Sql};
@@ -453,6 +455,10 @@ impl Inner {
 
     async fn client(&self) -> Result<Object, StoreError> {
         self.pool.get().await.map_err(backend)
+    }
+
+    fn count_round_trips(&self, n: u64) {
+        self.stats.round_trips.fetch_add(n, Ordering::Relaxed);
     }
 
     /// Prepares through the connection's cache, counting a round trip on a miss.

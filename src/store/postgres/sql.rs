@@ -51,6 +51,8 @@ pub(super) struct Sql {
     pub(super) extend: String,
     pub(super) release: String,
     pub(super) lock_remaining: String,
+    pub(super) lock_claim: String,
+    pub(super) complete_locked: String,
     pub(super) purge: String,
     pub(super) purge_scope: String,
     pub(super) listen: String,
@@ -71,6 +73,7 @@ impl Sql {
         let index = derived_name(table, "expires_at_idx");
         let lock_ms = millis(lock);
         let retention_ms = millis(retention);
+        let held_recheck_ms = super::wait::RECHECK_FIRST.as_millis();
 
         let migrate = format!(
             r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
@@ -101,19 +104,28 @@ CREATE INDEX IF NOT EXISTS "{index}" ON {t} (expires_at);"#
         // snapshot; only when there is none does the INSERT produce a row (so a replay,
         // a mismatch or an in-progress answer writes nothing, takes no row lock and
         // draws no token). The upsert takes over a row that expired, judged on the
-        // row's latest committed version. Zero rows come back only when a concurrent
-        // transaction committed a live row after this statement's snapshot; the
-        // caller then runs the statement again.
+        // row's latest committed version, and only if no transaction holds that row
+        // (`free`, which skips a locked row instead of waiting for it): a handler
+        // running in transactional mode holds its row, so it stays in progress past
+        // its lock's expiry, and no pooled connection ever waits behind it. Zero rows
+        // come back only when a concurrent transaction committed a live row after this
+        // statement's snapshot; the caller then runs the statement again.
         let begin = format!(
             r#"WITH live AS (
     SELECT fingerprint = $3 AS same, state = 'completed' AS done, status, headers, body
     FROM {t}
     WHERE scope = $1 AND key = $2 AND expires_at > now()
+), expired AS (
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+), free AS (
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at)
     SELECT $1, $2, $3, nextval('{seq}'), 'in_progress', now(),
            now() + interval '{lock_ms} milliseconds'
     WHERE NOT EXISTS (SELECT 1 FROM live)
+      AND (EXISTS (SELECT 1 FROM free) OR NOT EXISTS (SELECT 1 FROM expired))
     ON CONFLICT (scope, key) DO UPDATE
     SET fingerprint = excluded.fingerprint, token = excluded.token, state = 'in_progress',
         created_at = excluded.created_at, expires_at = excluded.expires_at,
@@ -130,7 +142,11 @@ SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay' ELSE 'in_progr
        CASE WHEN same AND done THEN status END,
        CASE WHEN same AND done THEN headers END,
        CASE WHEN same AND done THEN body END
-FROM live"#
+FROM live
+UNION ALL
+SELECT 'in_progress', NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM free)
+  AND NOT EXISTS (SELECT 1 FROM live)"#
         );
 
         let complete = format!(
@@ -160,10 +176,40 @@ RETURNING 1"#
 SELECT pg_notify('{channel}', $4) FROM gone"#
         );
 
+        // A claim past its lock whose row a transaction still holds is in progress
+        // too; its waiters re-check on their backoff (or are woken by the commit).
         let lock_remaining = format!(
-            r#"SELECT ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint
-FROM {t}
-WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND expires_at > now()"#
+            r#"WITH claim AS (
+    SELECT expires_at FROM {t} WHERE scope = $1 AND key = $2 AND state = 'in_progress'
+), free AS (
+    SELECT 1 FROM {t}
+    WHERE scope = $1 AND key = $2 AND state = 'in_progress' AND expires_at <= now()
+    FOR UPDATE SKIP LOCKED
+)
+SELECT CASE WHEN expires_at > now()
+            THEN ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint
+            ELSE {held_recheck_ms} END
+FROM claim
+WHERE expires_at > now() OR NOT EXISTS (SELECT 1 FROM free)"#
+        );
+
+        let lock_claim = format!(
+            r#"SELECT 1 FROM {t}
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+FOR UPDATE"#
+        );
+
+        // Inside the handler's transaction: fails unless it completed the claim
+        // (a division by zero), so that the COMMIT pipelined after it rolls back.
+        let complete_locked = format!(
+            r#"WITH done AS (
+    UPDATE {t}
+    SET state = 'completed', status = $4, headers = $5, body = $6,
+        expires_at = now() + interval '{retention_ms} milliseconds'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM done), pg_notify('{channel}', $7)"#
         );
 
         let purge = format!(
@@ -198,6 +244,8 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             extend,
             release,
             lock_remaining,
+            lock_claim,
+            complete_locked,
             purge,
             purge_scope,
             listen,

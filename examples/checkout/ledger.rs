@@ -1,0 +1,248 @@
+//! Where the checkout demo keeps its charges and orders: in the process with
+//! the memory store, in PostgreSQL (written inside the idempotency layer's
+//! transaction) with the PostgreSQL store, so that every instance, and a
+//! restarted one, sees the same rows.
+
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The demo's charges and orders.
+#[derive(Clone)]
+pub enum Ledger {
+    /// In this process only.
+    Memory(Arc<MemoryLedger>),
+    /// In PostgreSQL tables `checkout_charges` and `checkout_orders`.
+    #[cfg(feature = "postgres")]
+    Postgres(deadpool_postgres::Pool),
+}
+
+/// Why a write failed (the handler answers `500`; nothing is recorded).
+#[derive(Debug)]
+pub struct LedgerError(#[allow(dead_code)] String);
+
+/// Where a handler writes: nowhere special in memory, the request's
+/// transaction on PostgreSQL.
+pub enum Writer {
+    Memory,
+    #[cfg(feature = "postgres")]
+    Transaction(tower_idempotency::PostgresTransaction),
+}
+
+impl Writer {
+    /// The writer the layer gave this request, if the ledger needs one.
+    pub fn of(ledger: &Ledger, extensions: &http::Extensions) -> Option<Self> {
+        let _ = extensions;
+        match ledger {
+            Ledger::Memory(_) => Some(Self::Memory),
+            #[cfg(feature = "postgres")]
+            Ledger::Postgres(_) => extensions
+                .get::<tower_idempotency::PostgresTransaction>()
+                .cloned()
+                .map(Self::Transaction),
+        }
+    }
+}
+
+impl Ledger {
+    /// A ledger in this process.
+    pub fn memory() -> Self {
+        Self::Memory(Arc::default())
+    }
+
+    /// Records a charge of the payment network; returns its id.
+    pub async fn charge(
+        &self,
+        writer: &Writer,
+        merchant: &str,
+        sku: &str,
+        qty: u64,
+    ) -> Result<String, LedgerError> {
+        match (self, writer) {
+            (Self::Memory(ledger), Writer::Memory) => Ok(ledger.push(
+                Table::Charges,
+                merchant,
+                |id| json!({ "id": format!("ch_{id:06}"), "sku": sku, "qty": qty }),
+            )),
+            #[cfg(feature = "postgres")]
+            (Self::Postgres(_), Writer::Transaction(tx)) => {
+                let client = tx.client().await.map_err(|e| LedgerError(e.to_string()))?;
+                let row = client
+                    .query_one(
+                        "INSERT INTO checkout_charges (merchant, sku, qty) VALUES ($1, $2, $3) \
+                         RETURNING 'ch_' || lpad(id::text, 6, '0')",
+                        &[&merchant, &sku, &(qty as i32)],
+                    )
+                    .await
+                    .map_err(|e| LedgerError(e.to_string()))?;
+                Ok(row.get(0))
+            }
+            #[cfg(feature = "postgres")]
+            _ => Err(LedgerError("writer and ledger disagree".into())),
+        }
+    }
+
+    /// Writes the order paid by `charge`; returns it as JSON.
+    pub async fn order(
+        &self,
+        writer: &Writer,
+        merchant: &str,
+        charge: &str,
+        sku: &str,
+        qty: u64,
+    ) -> Result<Value, LedgerError> {
+        match (self, writer) {
+            (Self::Memory(ledger), Writer::Memory) => {
+                let mut order = Value::Null;
+                ledger.push(Table::Orders, merchant, |id| {
+                    order = json!({
+                        "id": format!("ord_{id:06}"), "charge": charge,
+                        "sku": sku, "qty": qty, "currency": "USD",
+                    });
+                    order.clone()
+                });
+                Ok(order)
+            }
+            #[cfg(feature = "postgres")]
+            (Self::Postgres(_), Writer::Transaction(tx)) => {
+                let client = tx.client().await.map_err(|e| LedgerError(e.to_string()))?;
+                let row = client
+                    .query_one(
+                        "INSERT INTO checkout_orders (merchant, charge, sku, qty) \
+                         VALUES ($1, $2, $3, $4) RETURNING 'ord_' || lpad(id::text, 6, '0')",
+                        &[&merchant, &charge, &sku, &(qty as i32)],
+                    )
+                    .await
+                    .map_err(|e| LedgerError(e.to_string()))?;
+                let id: String = row.get(0);
+                Ok(json!({
+                    "id": id, "charge": charge, "sku": sku, "qty": qty, "currency": "USD",
+                }))
+            }
+            #[cfg(feature = "postgres")]
+            _ => Err(LedgerError("writer and ledger disagree".into())),
+        }
+    }
+
+    /// The merchant's charges, oldest first.
+    pub async fn charges(&self, merchant: &str) -> Result<Vec<Value>, LedgerError> {
+        self.list(Table::Charges, merchant).await
+    }
+
+    /// The merchant's orders, oldest first.
+    pub async fn orders(&self, merchant: &str) -> Result<Vec<Value>, LedgerError> {
+        self.list(Table::Orders, merchant).await
+    }
+
+    async fn list(&self, table: Table, merchant: &str) -> Result<Vec<Value>, LedgerError> {
+        match self {
+            Self::Memory(ledger) => Ok(ledger.list(table, merchant)),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) => {
+                let client = pool.get().await.map_err(|e| LedgerError(e.to_string()))?;
+                let sql = match table {
+                    Table::Charges => {
+                        "SELECT json_build_object('id', 'ch_' || lpad(id::text, 6, '0'), \
+                         'sku', sku, 'qty', qty)::text FROM checkout_charges \
+                         WHERE merchant = $1 ORDER BY id"
+                    }
+                    Table::Orders => {
+                        "SELECT json_build_object('id', 'ord_' || lpad(id::text, 6, '0'), \
+                         'charge', charge, 'sku', sku, 'qty', qty, 'currency', 'USD')::text \
+                         FROM checkout_orders WHERE merchant = $1 ORDER BY id"
+                    }
+                };
+                let rows = client
+                    .query(sql, &[&merchant])
+                    .await
+                    .map_err(|e| LedgerError(e.to_string()))?;
+                Ok(rows
+                    .iter()
+                    .map(|row| serde_json::from_str(row.get(0)).expect("JSON from PostgreSQL"))
+                    .collect())
+            }
+        }
+    }
+
+    /// Creates the PostgreSQL tables if missing (safe from many instances at once).
+    #[cfg(feature = "postgres")]
+    pub async fn migrate(pool: &deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
+        let mut client = pool.get().await?;
+        let tx = client.transaction().await?;
+        tx.batch_execute(
+            "SELECT pg_advisory_xact_lock(7363); \
+             CREATE TABLE IF NOT EXISTS checkout_charges ( \
+                 id bigserial PRIMARY KEY, merchant text NOT NULL, sku text NOT NULL, \
+                 qty integer NOT NULL, created_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE TABLE IF NOT EXISTS checkout_orders ( \
+                 id bigserial PRIMARY KEY, merchant text NOT NULL, charge text NOT NULL, \
+                 sku text NOT NULL, qty integer NOT NULL, \
+                 created_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE INDEX IF NOT EXISTS checkout_charges_merchant ON checkout_charges (merchant); \
+             CREATE INDEX IF NOT EXISTS checkout_orders_merchant ON checkout_orders (merchant);",
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Table {
+    Charges,
+    Orders,
+}
+
+/// Charges and orders per merchant, in this process.
+#[derive(Default)]
+pub struct MemoryLedger {
+    tables: Mutex<[Rows; 2]>,
+}
+
+#[derive(Default)]
+struct Rows {
+    next_id: u64,
+    by_merchant: HashMap<String, Vec<Value>>,
+}
+
+impl MemoryLedger {
+    fn push(&self, table: Table, merchant: &str, row: impl FnOnce(u64) -> Value) -> String {
+        let mut tables = self.tables.lock().unwrap();
+        let rows = &mut tables[table as usize];
+        rows.next_id += 1;
+        let row = row(rows.next_id);
+        let id = row["id"].as_str().unwrap_or_default().to_owned();
+        rows.by_merchant
+            .entry(merchant.to_owned())
+            .or_default()
+            .push(row);
+        id
+    }
+
+    fn list(&self, table: Table, merchant: &str) -> Vec<Value> {
+        let tables = self.tables.lock().unwrap();
+        let rows = &tables[table as usize];
+        rows.by_merchant.get(merchant).cloned().unwrap_or_default()
+    }
+
+    fn total(&self, table: Table) -> usize {
+        let tables = self.tables.lock().unwrap();
+        tables[table as usize]
+            .by_merchant
+            .values()
+            .map(Vec::len)
+            .sum()
+    }
+
+    /// Charges made so far, across merchants (the tests count with it).
+    #[allow(dead_code)]
+    pub fn charges_total(&self) -> usize {
+        self.total(Table::Charges)
+    }
+
+    /// Orders written so far, across merchants (the tests count with it).
+    #[allow(dead_code)]
+    pub fn orders_total(&self) -> usize {
+        self.total(Table::Orders)
+    }
+}
