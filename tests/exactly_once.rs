@@ -5,6 +5,12 @@
 //! Every handler here has two effects, A and B, with awaits around and between
 //! them; the tests cut the caller at each of those awaits.
 
+#[cfg(feature = "postgres")]
+#[path = "exactly_once/postgres.rs"]
+mod postgres;
+#[cfg(feature = "postgres")]
+mod support;
+
 use axum::body::Body;
 use axum::routing::post;
 use axum::Router;
