@@ -9,6 +9,9 @@
 #[path = "exactly_once/postgres.rs"]
 mod postgres;
 #[cfg(feature = "postgres")]
+#[path = "exactly_once/processes.rs"]
+mod processes;
+#[cfg(feature = "postgres")]
 mod support;
 
 use axum::body::Body;

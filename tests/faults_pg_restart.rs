@@ -2,8 +2,7 @@
 //! restarted under load, with `IdempotencyLayer` over `PostgresStore`.
 //!
 //! This binary stops the database server that `./scripts/test` started
-//! (`TEST_PG_BIN`, `TEST_PGDATA`), so it holds one test only, serialised on a
-//! mutex anyway; cargo runs test binaries one after another, so no other test
+//! (`TEST_PG_BIN`, `TEST_PGDATA`), so its tests are serialised on a mutex; cargo runs test binaries one after another, so no other test
 //! binary sees the outage. A guard restarts the server even if the test fails.
 //! Without those variables (a database the test did not start) it skips loudly.
 //!
@@ -22,6 +21,8 @@
 #![cfg(feature = "postgres")]
 
 mod support;
+#[path = "faults_pg_restart/transactional.rs"]
+mod transactional;
 
 use async_trait::async_trait;
 use bytes::Bytes;

@@ -5,7 +5,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 /// A server process, killed (SIGKILL) when dropped.
@@ -13,6 +13,7 @@ pub struct ChildServer {
     child: Child,
     /// Where it listens.
     pub addr: SocketAddr,
+    lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl ChildServer {
@@ -31,7 +32,9 @@ impl ChildServer {
         let mut child = command.spawn().expect("spawn the server process");
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = mpsc::channel();
-        // Reads the address, then keeps draining so the child never blocks on output.
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        // Reads the address, then keeps every line so the child never blocks on output.
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines() {
                 let Ok(line) = line else { break };
@@ -39,6 +42,7 @@ impl ChildServer {
                 if let Some((_, addr)) = line.split_once("listening on http://") {
                     let _ = tx.send(addr.trim().to_owned());
                 }
+                sink.lock().unwrap().push(line);
             }
         });
         let addr = match rx.recv_timeout(Duration::from_secs(60)) {
@@ -48,7 +52,25 @@ impl ChildServer {
                 panic!("the server process did not start");
             }
         };
-        Self { child, addr }
+        Self { child, addr, lines }
+    }
+
+    /// Waits (up to `limit`) until the child printed a line containing `needle`.
+    pub async fn printed(&self, needle: &str, limit: Duration) {
+        let start = std::time::Instant::now();
+        while !self
+            .lines
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains(needle))
+        {
+            assert!(
+                start.elapsed() < limit,
+                "the child never printed {needle:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// `kill -9`: no destructor, no release, no completion runs.
