@@ -23,8 +23,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tower_idempotency::fingerprint::canonicalize_json;
 use tower_idempotency::{
-    Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint, Scope, Store,
-    StoredResponse,
+    Begin, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, RecordKey,
+    RequestFingerprint, Scope, Store, StoredResponse,
 };
 use tower_idempotency_bench::*;
 
@@ -42,6 +42,7 @@ fn current_thread() -> tokio::runtime::Runtime {
 enum Variant {
     NoLayer,
     OursFresh,
+    OursFreshInline,
     OursReplay,
     OursReuse409,
     IdempotentFresh,
@@ -52,9 +53,10 @@ enum Variant {
 }
 
 impl Variant {
-    const ALL: [Variant; 9] = [
+    const ALL: [Variant; 10] = [
         Variant::NoLayer,
         Variant::OursFresh,
+        Variant::OursFreshInline,
         Variant::OursReplay,
         Variant::OursReuse409,
         Variant::IdempotentFresh,
@@ -68,6 +70,7 @@ impl Variant {
         match self {
             Variant::NoLayer => "no_layer",
             Variant::OursFresh => "ours/fresh",
+            Variant::OursFreshInline => "ours/fresh_cancel_on_drop",
             Variant::OursReplay => "ours/replay",
             Variant::OursReuse409 => "ours/key_reuse_409",
             Variant::IdempotentFresh => "idempotent/fresh",
@@ -81,7 +84,10 @@ impl Variant {
     fn fresh(self) -> bool {
         matches!(
             self,
-            Variant::OursFresh | Variant::IdempotentFresh | Variant::AxumIdemFresh
+            Variant::OursFresh
+                | Variant::OursFreshInline
+                | Variant::IdempotentFresh
+                | Variant::AxumIdemFresh
         )
     }
 
@@ -104,6 +110,11 @@ async fn setup(variant: Variant, body: &Bytes) -> (Router, RequestTemplate) {
     let app = match variant {
         Variant::NoLayer => plain_app(h),
         Variant::OursFresh | Variant::OursReplay | Variant::OursReuse409 => ours_memory_app(h),
+        Variant::OursFreshInline => ours_app_with(
+            h,
+            IdempotencyLayer::new(MemoryStore::new().with_capacity(50_000_000))
+                .with_cancel_on_drop(true),
+        ),
         Variant::IdempotentFresh | Variant::IdempotentReplay => idempotent_app(h),
         Variant::AxumIdemFresh | Variant::AxumIdemReplay | Variant::SessionStackOnly => {
             let app = axum_idempotent_app(h, variant != Variant::SessionStackOnly);
@@ -352,6 +363,10 @@ fn side_by_side() {
             over(peer) / over(ours)
         );
     }
+    println!(
+        "- running the claimed handler in its own task (spawn per fresh request): {:+.0} ns",
+        at(Variant::OursFresh) - at(Variant::OursFreshInline)
+    );
     println!(
         "- axum-idempotent without its session stack (minus session-stack-only): fresh {:+.0} ns, replay {:+.0} ns",
         at(Variant::AxumIdemFresh) - at(Variant::SessionStackOnly),

@@ -5,8 +5,9 @@
 #   bench/scripts/with-pg.sh cargo bench -p tower-idempotency-bench --ignore-rust-version --bench pg
 #
 # Same server settings as scripts/test (fsync=off, synchronous_commit=off: the
-# numbers are CPU and round-trip bound, not disk bound). With DATABASE_URL
-# already set, the command runs against that database instead.
+# numbers are CPU and round-trip bound, not disk bound), unless PG_DURABLE=1
+# keeps the server's durable defaults (for benchmarks that count commits).
+# With DATABASE_URL already set, the command runs against that database instead.
 set -euo pipefail
 
 if [ -n "${DATABASE_URL:-}" ]; then
@@ -32,6 +33,9 @@ free_port() {
   done
 }
 
+durability="-c fsync=off -c synchronous_commit=off"
+[ "${PG_DURABLE:-0}" = 1 ] && durability=""
+
 pg_dir=$(mktemp -d /tmp/tower-idempotency-bench-pg.XXXXXX)
 chmod 755 "$pg_dir"
 [ "$(id -u)" = 0 ] && chown postgres: "$pg_dir"
@@ -46,7 +50,7 @@ trap cleanup EXIT
 # each on a new port, with the server's log shown when one fails.
 for attempt in 1 2 3; do
   if as_db_owner "$pg_bin/pg_ctl" -D "$pg_dir/data" -l "$pg_dir/server.log" -w \
-    -o "-p $port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=400 -c fsync=off -c synchronous_commit=off -c shared_preload_libraries=pg_stat_statements" \
+    -o "-p $port -k $pg_dir -c listen_addresses=127.0.0.1 -c max_connections=400 $durability -c shared_preload_libraries=pg_stat_statements" \
     start >/dev/null; then
     break
   fi

@@ -111,9 +111,14 @@ pub fn plain_app(h: Arc<Handler>) -> Router {
 
 /// Our layer over `store`, scope from the `Scope` extension (as an auth layer sets it).
 pub fn ours_app(h: Arc<Handler>, store: impl Store) -> Router {
+    ours_app_with(h, IdempotencyLayer::new(store))
+}
+
+/// The handler behind a configured layer of ours.
+pub fn ours_app_with(h: Arc<Handler>, layer: IdempotencyLayer) -> Router {
     Router::new()
         .route(ORDERS, post(create_order))
-        .route_layer(IdempotencyLayer::new(store))
+        .route_layer(layer)
         .with_state(h)
 }
 

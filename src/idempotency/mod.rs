@@ -17,16 +17,28 @@
 //!
 //! | Store holds for (scope, key)          | Answer                                              |
 //! |---------------------------------------|-----------------------------------------------------|
-//! | nothing, or an expired record/lock    | claim it, run the inner service                     |
+//! | nothing, or an expired record/lock    | claim it, run the inner service to completion       |
 //! | same fingerprint, completed           | replay status, allow-listed headers, body; `Idempotent-Replayed: true` |
 //! | other fingerprint                     | `409 idempotency_key_reuse` (or 422)                |
 //! | same fingerprint, in progress         | wait (5 s) to be woken, then decide again; else `409 idempotency_in_progress` + `Retry-After` |
 //! | store error                           | `503 idempotency_store_unavailable`, nothing runs   |
 //!
-//! 6. **Record**: a response the [`CachePolicy`](crate::CachePolicy) accepts
-//!    (`201` by default) is buffered and stored under the claim's fencing token.
-//!    Anything else — another status, an inner error, a panic, a dropped future,
-//!    a response body that fails — releases the key so a corrected request runs.
+//! 6. **Run**: the claimed inner future runs in a task of its own, so a caller
+//!    that hangs up (or an outer `TimeoutLayer`) stops waiting, not the handler
+//!    ([`with_cancel_on_drop`](crate::IdempotencyLayer::with_cancel_on_drop) to
+//!    opt out); its claim is extended while it runs, and
+//!    [`in_flight`](crate::IdempotencyLayer::in_flight) lets a server wait for
+//!    running handlers at shutdown.
+//! 7. **Record**: a response the [`CachePolicy`](crate::CachePolicy) accepts
+//!    (`201` by default) is buffered and stored under the claim's fencing token,
+//!    and the retry that waited for it replays it. Anything else (another
+//!    status, an inner error, a panic, a response body that fails) releases the
+//!    key so a corrected request runs.
+//!
+//! With [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)
+//! over `PostgresStore`, the handler writes through a `PostgresTransaction`
+//! from its request extensions, and its writes commit with the record or are
+//! rolled back with the key's release.
 //!
 //! Refusals are JSON `{"code","message"}` (or RFC 9457 problem details) and never
 //! change the inner service's error type.

@@ -366,3 +366,47 @@ async fn a_cut_transaction_is_rolled_back_and_its_connection_never_pooled() {
         .get(0);
     assert_eq!(idle_in_transaction, 0);
 }
+
+/// A caller that hangs up, on PostgreSQL, in both modes: at once (during the
+/// claim) or between the charge and the order. The retry replays the first
+/// run; one charge, one order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_hanging_up_never_repeats_an_effect() {
+    let Some(url) = pg::database_url("a_caller_hanging_up_never_repeats_an_effect") else {
+        return;
+    };
+    let step = Duration::from_millis(300);
+    for transactional in [false, true] {
+        let (store, table) = setup(&url, Duration::from_secs(2), 8).await;
+        let pool = (!transactional).then(|| pg::pool(pg::pg_config(&url), 4));
+        let effects = Effects {
+            pool,
+            table: table.clone(),
+            step,
+        };
+        let layer = match transactional {
+            true => IdempotencyLayer::transactional(store),
+            false => IdempotencyLayer::new(store),
+        };
+        let in_flight = layer.in_flight();
+        let app = app(layer, effects);
+        for (i, cut) in [Duration::from_millis(1), step / 2].into_iter().enumerate() {
+            let key = format!("order-hangup-{i}");
+            let cut_short = timeout(cut, send(&app, &key, None)).await;
+            assert!(cut_short.is_err(), "hung up before the answer");
+            let retry = send(&app, &key, None).await;
+            assert_eq!(retry.0, StatusCode::CREATED, "{}", retry.1);
+            timeout(PATIENCE, in_flight.idle()).await.unwrap();
+            let counts = (
+                count(&url, &table, &key, "charge").await,
+                count(&url, &table, &key, "order").await,
+            );
+            assert_eq!(
+                counts,
+                (1, 1),
+                "transactional={transactional}, cut at {cut:?}"
+            );
+            assert!(send(&app, &key, None).await.2, "replayed");
+        }
+    }
+}

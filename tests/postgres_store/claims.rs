@@ -111,7 +111,9 @@ async fn claim_is_one_atomic_insert_even_when_a_rival_commits_after_the_snapshot
     .unwrap();
     begin_decides_after_the_rival_commits(&store, &key, &observer, &table, tx).await;
 
-    // 2. The same with a takeover: the rival takes over an expired record.
+    // 2. A takeover: the rival takes over an expired record and holds its
+    // commit. `begin` skips the locked row instead of waiting behind it (a
+    // transactional owner holds its row the same way) and answers at once.
     let key2_str = "key-00000002";
     let key2 = record(&scope, key2_str);
     rival
@@ -135,5 +137,18 @@ async fn claim_is_one_atomic_insert_even_when_a_rival_commits_after_the_snapshot
     )
     .await
     .unwrap();
-    begin_decides_after_the_rival_commits(&store, &key2, &observer, &table, tx).await;
+    let started = Instant::now();
+    let decided = store.begin(&key2, &fingerprint("a")).await.expect("begin");
+    assert!(matches!(decided, Begin::InProgress), "got {decided:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    tx.commit().await.unwrap();
+    let decided = store.begin(&key2, &fingerprint("a")).await.expect("begin");
+    assert!(
+        matches!(decided, Begin::InProgress),
+        "the rival's live claim: {decided:?}"
+    );
 }

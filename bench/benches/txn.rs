@@ -1,0 +1,242 @@
+//! Transactional mode against plain mode on a durable PostgreSQL: a fresh
+//! request whose handler writes one order row, mounted as users mount it
+//! (axum `Router`, `route_layer`, a 1 KiB unsorted JSON body).
+//!
+//! - plain: `IdempotencyLayer::new(store)`, the handler commits its own INSERT
+//!   on the application's pool;
+//! - transactional: `IdempotencyLayer::transactional(store)`, the handler's
+//!   INSERT goes through the layer's transaction and commits with the record.
+//!
+//! ```sh
+//! PG_DURABLE=1 bench/scripts/with-pg.sh \
+//!   cargo bench -p tower-idempotency-bench --ignore-rust-version --bench txn
+//! ```
+//!
+//! `PG_DURABLE=1` keeps the server's defaults (`fsync` and `synchronous_commit`
+//! on), so a commit costs a WAL flush. Environment: `TXN_SECS` (5 per round),
+//! `TXN_ROUNDS` (3, alternating the modes), `TXN_CLIENTS` (16 concurrent tasks
+//! and the pool size).
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::Router;
+use deadpool_postgres::Pool;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_postgres::NoTls;
+use tower_idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction};
+use tower_idempotency_bench::*;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[derive(Clone)]
+struct Orders {
+    /// Plain mode: the application's own pool.
+    pool: Option<Pool>,
+}
+
+const INSERT: &str = "INSERT INTO bench_txn_orders (key, body) VALUES ($1, $2) RETURNING id";
+
+async fn create_order(State(orders): State<Orders>, req: Request) -> (StatusCode, String) {
+    let key = req.headers()["idempotency-key"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let tx = req.extensions().get::<PostgresTransaction>().cloned();
+    let body = axum::body::to_bytes(req.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let body = std::str::from_utf8(&body).unwrap();
+    let id: i64 = match (&tx, &orders.pool) {
+        (Some(tx), _) => {
+            tx.client()
+                .await
+                .unwrap()
+                .query_one(INSERT, &[&key, &body])
+                .await
+        }
+        (None, Some(pool)) => {
+            pool.get()
+                .await
+                .unwrap()
+                .query_one(INSERT, &[&key, &body])
+                .await
+        }
+        (None, None) => unreachable!(),
+    }
+    .unwrap()
+    .get(0);
+    (StatusCode::CREATED, format!(r#"{{"id":{id}}}"#))
+}
+
+fn pool(url: &str, size: usize) -> Pool {
+    let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
+    let manager = deadpool_postgres::Manager::new(config, NoTls);
+    Pool::builder(manager).max_size(size).build().unwrap()
+}
+
+/// Commits the server counted (`pg_stat_database`, flushed by the stats
+/// collector: read after a pause).
+async fn commits(sql: &tokio_postgres::Client) -> i64 {
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    sql.query_one(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+struct Run {
+    per_sec: f64,
+    round_trips: f64,
+    commits: f64,
+    p50_ms: f64,
+}
+
+async fn run(url: &str, transactional: bool, secs: u64, clients: usize, round: usize) -> Run {
+    let store = PostgresStore::new(pool(url, clients))
+        .with_table("bench_txn_records")
+        .with_lock_timeout(Duration::from_secs(2));
+    let (layer, orders) = if transactional {
+        (
+            IdempotencyLayer::transactional(store.clone()),
+            Orders { pool: None },
+        )
+    } else {
+        let orders = Orders {
+            pool: Some(pool(url, clients)),
+        };
+        (IdempotencyLayer::new(store.clone()), orders)
+    };
+    let app = Router::new()
+        .route(ORDERS, post(create_order))
+        .route_layer(layer)
+        .with_state(orders);
+    let template = RequestTemplate::new(json_body(1024));
+    let mode = if transactional { "tx" } else { "plain" };
+    // Warm every connection's statement cache.
+    for i in 0..(clients as u64 * 4) {
+        let (status, _) = send(
+            &app,
+            template.request(&key(&format!("warm{mode}{round}"), i)),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let (sql, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
+    tokio::spawn(connection);
+    let (trips_before, commits_before) = (store.round_trips(), commits(&sql).await);
+    let done = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (app, template, done) = (app.clone(), template.clone(), done.clone());
+            let prefix = format!("{mode}{round}c{c}");
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                let mut i = 0;
+                while Instant::now() < deadline {
+                    let start = Instant::now();
+                    let (status, _) = send(&app, template.request(&key(&prefix, i))).await;
+                    assert_eq!(status, StatusCode::CREATED);
+                    latencies.push(start.elapsed().as_nanos() as u64);
+                    i += 1;
+                }
+                done.fetch_add(i, Ordering::Relaxed);
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let n = done.load(Ordering::Relaxed) as f64;
+    // The handler's INSERT is one round trip the store does not count.
+    let handler_trips = 1.0;
+    let round_trips = (store.round_trips() - trips_before) as f64 / n + handler_trips;
+    // The reading connection's own statement commits too: subtract it.
+    let commits = (commits(&sql).await - commits_before - 1) as f64 / n;
+    latencies.sort_unstable();
+    Run {
+        per_sec: n / secs as f64,
+        round_trips,
+        commits,
+        p50_ms: quantile_us(&latencies, 0.5) / 1000.0,
+    }
+}
+
+fn main() {
+    let Ok(url) = std::env::var("DATABASE_URL") else {
+        eprintln!("txn bench: set DATABASE_URL (bench/scripts/with-pg.sh does)");
+        return;
+    };
+    let (secs, rounds, clients) = (
+        env_or("TXN_SECS", 5u64),
+        env_or("TXN_ROUNDS", 3usize),
+        env_or("TXN_CLIENTS", 16usize),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (sql, connection) = tokio_postgres::connect(&url, NoTls).await.unwrap();
+        tokio::spawn(connection);
+        let settings = sql
+            .query_one("SELECT current_setting('fsync'), current_setting('synchronous_commit')", &[])
+            .await
+            .unwrap();
+        let (fsync, sync): (String, String) = (settings.get(0), settings.get(1));
+        sql.batch_execute(
+            "DROP TABLE IF EXISTS bench_txn_orders; \
+             CREATE TABLE bench_txn_orders (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL)",
+        )
+        .await
+        .unwrap();
+        let store = PostgresStore::new(pool(&url, 2)).with_table("bench_txn_records");
+        store.migrate().await.unwrap();
+        println!("## Transactional vs plain mode: fresh requests whose handler inserts one row");
+        println!("{}", machine_line());
+        println!(
+            "fsync={fsync}, synchronous_commit={sync}; {clients} concurrent tasks, pools of {clients}; \
+             {rounds} rounds of {secs} s per mode, alternating"
+        );
+        println!();
+        println!("| round | mode | requests/s | p50 ms | round trips/request | commits/request |");
+        println!("|---|---|---|---|---|---|");
+        let mut ratios = Vec::new();
+        for round in 0..rounds {
+            // Alternate which mode goes first, so drift does not favour one.
+            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
+            let mut per_sec = [0.0; 2];
+            for transactional in order {
+                let r = run(&url, transactional, secs, clients, round).await;
+                let mode = if transactional { "transactional" } else { "plain" };
+                println!(
+                    "| {round} | {mode} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                    r.per_sec, r.p50_ms, r.round_trips, r.commits
+                );
+                per_sec[usize::from(transactional)] = r.per_sec;
+            }
+            ratios.push(per_sec[1] / per_sec[0]);
+        }
+        ratios.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        println!();
+        println!(
+            "transactional / plain throughput: median {:.2}x (rounds: {})",
+            ratios[ratios.len() / 2],
+            ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
+        );
+    });
+}
