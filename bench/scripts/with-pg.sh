@@ -63,5 +63,5 @@ for attempt in 1 2 3; do
 done
 export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
 export PG_BIN="$pg_bin"
-echo "with-pg.sh: PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on port $port (fsync=off, synchronous_commit=off)"
+echo "with-pg.sh: PostgreSQL $("$pg_bin/postgres" --version | awk '{print $3}') on port $port (${durability:-durable defaults})"
 "$@"

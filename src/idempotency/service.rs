@@ -7,7 +7,8 @@ use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::{
-    Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse, TransactionalStore,
+    Begin, FencingToken, RecordKey, RecordTransaction, Store, StoreError, StoredResponse,
+    TransactionalStore,
 };
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
@@ -151,8 +152,20 @@ where
     // Every pass, including the ones after a wait, compares fingerprints in `begin`.
     // The wait is timed from the first "in progress" (most requests never wait).
     let mut wait_until = None;
+    // Transactional mode: a claim may come with its transaction already open.
+    let mut opened = None;
     let token = loop {
-        match store.begin(&record, &fingerprint).await {
+        let begun = match &config.transactions {
+            Some(transactions) => transactions
+                .begin_in_transaction(&record, &fingerprint)
+                .await
+                .map(|(begun, transaction)| {
+                    opened = transaction;
+                    begun
+                }),
+            None => store.begin(&record, &fingerprint).await,
+        };
+        match begun {
             Ok(Begin::Claimed(token)) => break token,
             Ok(Begin::Replay(stored)) => return (Ok(replay(&stored)), Outcome::Replayed),
             Ok(Begin::Mismatch) => return refuse(Refusal::KeyReuse),
@@ -178,7 +191,8 @@ where
         match config.transactions.clone() {
             // The transaction's row lock keeps the claim: no heartbeat.
             Some(transactions) => {
-                run_in_transaction(config, &*transactions, inner, parts, bytes, record, token).await
+                let claim = (record, token, opened);
+                run_in_transaction(config, &*transactions, inner, parts, bytes, claim).await
             }
             None => {
                 let (store, heartbeat_key) = (config.store.clone(), record.clone());
@@ -284,8 +298,7 @@ async fn run_in_transaction<S, E, P, ReqBody, ResBody>(
     mut inner: S,
     mut parts: http::request::Parts,
     bytes: Bytes,
-    record: RecordKey,
-    token: FencingToken,
+    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
 ) -> (Result<Answer<ResBody>, S::Error>, Outcome)
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -300,7 +313,11 @@ where
         armed: Some((record, token)),
     };
     let (record, _) = claim.armed.as_ref().expect("armed");
-    let transaction = match transactions.open(record, token).await {
+    let opened = match opened {
+        Some(transaction) => Ok(transaction),
+        None => transactions.open(record, token).await,
+    };
+    let transaction = match opened {
         Ok(transaction) => transaction,
         // Taken over before the handler ran: the new owner runs it.
         Err(StoreError::ClaimLost) => {

@@ -179,6 +179,17 @@ pub trait Store: Send + Sync + 'static {
 /// together or not at all. Used by [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional).
 #[async_trait]
 pub trait TransactionalStore: Store {
+    /// [`Store::begin`], and for a claim, possibly its transaction already
+    /// open (a store that can do both in one round trip). A claim without a
+    /// transaction is opened with [`open`](Self::open). The default only begins.
+    async fn begin_in_transaction(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> Result<(Begin, Option<Box<dyn RecordTransaction>>), StoreError> {
+        Ok((self.begin(key, request).await?, None))
+    }
+
     /// Opens the transaction of a claimed request and locks its record under
     /// `token`. A token that no longer owns the record fails with
     /// [`StoreError::ClaimLost`] before the handler runs.

@@ -410,3 +410,45 @@ async fn a_caller_hanging_up_never_repeats_an_effect() {
         }
     }
 }
+
+/// Transactional mode's round trips on a warm connection: the claim and the
+/// transaction's lock in one, the completion and the commit in another, and
+/// the handler's own statements.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
+    let Some(url) = pg::database_url("transactional_round_trips") else {
+        return;
+    };
+    let (store, table) = setup(&url, Duration::from_secs(10), 1).await;
+    let effects = Effects {
+        pool: None,
+        table: table.clone(),
+        step: Duration::ZERO,
+    };
+    let app = app(IdempotencyLayer::transactional(store.clone()), effects);
+    for i in 0..2 {
+        send(&app, &format!("order-warm-{i}"), None).await; // prepares on the one connection
+    }
+    let before = store.round_trips();
+    assert_eq!(
+        send(&app, "order-trips-1", None).await.0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        store.round_trips() - before,
+        2,
+        "fresh: claim+BEGIN+lock, UPDATE+COMMIT"
+    );
+    let before = store.round_trips();
+    assert!(send(&app, "order-trips-1", None).await.2);
+    // The replay's answer needs one; the transaction opened for nothing is
+    // rolled back after it (one more, off the answer's path).
+    timeout(PATIENCE, async {
+        while store.round_trips() - before < 2 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(store.round_trips() - before, 2);
+}

@@ -52,6 +52,7 @@ pub(super) struct Sql {
     pub(super) release: String,
     pub(super) lock_remaining: String,
     pub(super) lock_claim: String,
+    pub(super) lock_fresh_claim: String,
     pub(super) complete_locked: String,
     pub(super) purge: String,
     pub(super) purge_scope: String,
@@ -193,6 +194,14 @@ FROM claim
 WHERE expires_at > now() OR NOT EXISTS (SELECT 1 FROM free)"#
         );
 
+        // Pipelined behind `begin` inside a new transaction: locks the claim
+        // `begin` may just have made (never waiting for someone else's).
+        let lock_fresh_claim = format!(
+            r#"SELECT token FROM {t}
+WHERE scope = $1 AND key = $2 AND state = 'in_progress'
+FOR UPDATE SKIP LOCKED"#
+        );
+
         let lock_claim = format!(
             r#"SELECT 1 FROM {t}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
@@ -245,6 +254,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             release,
             lock_remaining,
             lock_claim,
+            lock_fresh_claim,
             complete_locked,
             purge,
             purge_scope,

@@ -11,10 +11,13 @@
 //! transaction ended without a completion (the owner's process or connection
 //! died) is free as soon as its lock has expired.
 
+use super::single_flight::{Join, Landed, Leader};
 use super::{backend, Inner, PostgresStore};
 use crate::store::{
-    FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse, TransactionalStore,
+    Begin, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
+    TransactionalStore,
 };
+use crate::RequestFingerprint;
 use async_trait::async_trait;
 use deadpool_postgres::Object;
 use std::future::Future;
@@ -139,8 +142,131 @@ struct PgRecordTransaction {
     handle: PostgresTransaction,
 }
 
+/// A connection inside a transaction that nobody owns yet: closed if dropped
+/// (the future cancelled, an error), never pooled mid-transaction.
+struct Pending(Option<Object>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if let Some(connection) = self.0.take() {
+            discard(connection);
+        }
+    }
+}
+
+/// `begin`'s statement with `BEGIN` and a lock of the claim pipelined behind
+/// it, on one connection: a fresh request's claim and its transaction in one
+/// round trip. The connection, inside its transaction, is left in `pending`.
+async fn begin_and_lock(
+    inner: &Inner,
+    key: &RecordKey,
+    fp: &[u8; 32],
+    leader: &mut Leader<'_>,
+    pending: &mut Pending,
+) -> Result<Begin, StoreError> {
+    let (scope, k) = (key.scope().as_str(), key.key().as_str());
+    let fp = fp.as_slice();
+    let connection = inner.client().await?;
+    leader.close();
+    let begin = inner.prepare(&connection, &inner.sql.begin).await?;
+    let lock = inner
+        .prepare(&connection, &inner.sql.lock_fresh_claim)
+        .await?;
+    inner.count_round_trips(1);
+    let (begun, (opened, locked)) = pipelined(
+        connection.query(&begin, &[&scope, &k, &fp]),
+        pipelined(
+            connection.batch_execute("BEGIN"),
+            connection.query(&lock, &[&scope, &k]),
+        ),
+    )
+    .await;
+    if opened.is_err() {
+        discard(connection);
+    } else {
+        pending.0 = Some(connection);
+    }
+    let rows = begun.map_err(backend)?;
+    let Some(row) = rows.first() else {
+        // A rival committed after the snapshot: decide as `begin` does.
+        if let Some(connection) = pending.0.take() {
+            rollback(inner, connection).await;
+        }
+        return inner
+            .begin_query(key, fp.try_into().expect("32 bytes"), None)
+            .await;
+    };
+    let begun = super::decode_begin(row)?;
+    if let Begin::Claimed(token) = begun {
+        let ours = locked
+            .ok()
+            .and_then(|rows| rows.first().map(|row| row.get::<_, i64>(0)))
+            == Some(token.0);
+        if !ours {
+            // Not locked here: the layer opens the transaction by itself.
+            if let Some(connection) = pending.0.take() {
+                rollback(inner, connection).await;
+            }
+        }
+    }
+    Ok(begun)
+}
+
 #[async_trait]
 impl TransactionalStore for PostgresStore {
+    async fn begin_in_transaction(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> Result<(Begin, Option<Box<dyn RecordTransaction>>), StoreError> {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        let fp = request.fingerprint().as_bytes();
+        let mut pending = Pending(None);
+        // Coalesced as `begin` is: only a flight's leader opens a transaction.
+        let begun = inner
+            .timed(async {
+                loop {
+                    match inner.flights.join(key, fp) {
+                        Join::Lead(mut leader) => {
+                            let begun =
+                                begin_and_lock(inner, key, fp, &mut leader, &mut pending).await;
+                            leader.land(&begun);
+                            return begun;
+                        }
+                        Join::Follow(follower) => match follower.landing().await {
+                            Some(Landed::Shared(answer)) => return Ok(answer),
+                            Some(Landed::Claimed) => {}
+                            None => return inner.begin_query(key, fp, None).await,
+                        },
+                    }
+                }
+            })
+            .await?;
+        let connection = pending.0.take();
+        match (begun.clone(), connection) {
+            (Begin::Claimed(token), Some(connection)) => {
+                let transaction = PgRecordTransaction {
+                    inner: inner.clone(),
+                    key: key.clone(),
+                    token,
+                    handle: PostgresTransaction {
+                        connection: Arc::new(Mutex::new(Held(Some(connection)))),
+                    },
+                };
+                Ok((begun, Some(Box::new(transaction))))
+            }
+            (_, Some(connection)) => {
+                // A replay, a refusal or "in progress": the transaction was for
+                // nothing. Ended in the background so the answer is not delayed.
+                let inner = inner.clone();
+                tokio::spawn(async move { rollback(&inner, connection).await });
+                Ok((begun, None))
+            }
+            (_, None) => Ok((begun, None)),
+        }
+    }
+
     async fn open(
         &self,
         key: &RecordKey,
