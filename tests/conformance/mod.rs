@@ -312,6 +312,47 @@ pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(st
     }
 }
 
+/// Needs a store built with [`SHORT`] durations: its lock timeout is reported,
+/// and a claim extended every third of it outlives it several times over.
+pub async fn an_extended_claim_outlives_its_lock_and_only_its_token_extends<S: Store>(store: S) {
+    assert_eq!(store.lock_timeout(), SHORT.lock);
+    let key = record(&unique("scope"), "key-0000000e");
+    let fp = fingerprint("a");
+    let token = claim(&store, &key, &fp).await;
+    for _ in 0..6 {
+        tokio::time::sleep(SHORT.lock / 3).await;
+        store.extend(&key, token).await.expect("the owner extends");
+    }
+    // Twice the lock later, still the owner's.
+    assert!(matches!(
+        store.begin(&key, &fp).await.unwrap(),
+        Begin::InProgress
+    ));
+    assert!(matches!(
+        store.extend(&key, FencingToken(token.0 + 1_000_000)).await,
+        Err(StoreError::ClaimLost)
+    ));
+    store
+        .complete(&key, token, response(b"slow"))
+        .await
+        .unwrap();
+    // A completed record is nobody's claim to extend.
+    assert!(matches!(
+        store.extend(&key, token).await,
+        Err(StoreError::ClaimLost)
+    ));
+    // Not extended any more, a claim expires as usual and its token is fenced.
+    let other = record(&unique("scope"), "key-0000000f");
+    let stale = claim(&store, &other, &fp).await;
+    tokio::time::sleep(SHORT.lock + Duration::from_millis(200)).await;
+    let fresh = claim(&store, &other, &fp).await;
+    assert!(matches!(
+        store.extend(&other, stale).await,
+        Err(StoreError::ClaimLost)
+    ));
+    store.extend(&other, fresh).await.unwrap();
+}
+
 /// Needs a store built with [`SHORT`] durations.
 pub async fn expired_records_are_reusable_and_purged<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-0000000b");
@@ -405,6 +446,7 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_lock_is_taken_over_and_the_old_token_is_fenced,
             expired_records_are_reusable_and_purged,
+            an_extended_claim_outlives_its_lock_and_only_its_token_extends,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {
