@@ -192,9 +192,7 @@ async fn begin_and_lock(
         if let Some(connection) = pending.0.take() {
             rollback(inner, connection).await;
         }
-        return inner
-            .begin_query(key, fp.try_into().expect("32 bytes"), None)
-            .await;
+        return inner.begin_query(key, fp, None).await;
     };
     let begun = super::decode_begin(row)?;
     if let Begin::Claimed(token) = begun {
