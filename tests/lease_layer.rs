@@ -504,3 +504,44 @@ async fn a_worker_whose_job_ended_elsewhere_is_cancelled_and_writes_nothing() {
         (JobStatus::Failed, Some("operator_cancelled".into()))
     );
 }
+
+/// The layer starts jobs for POST only: on `get(read).post(start)`, a GET or
+/// HEAD reaches its handler without a lease and starts nothing.
+#[tokio::test]
+async fn get_and_head_never_start_jobs() {
+    use axum::routing::get;
+    use axum::Router;
+    let store = MemoryJobStore::new();
+    let started = Arc::new(AtomicUsize::new(0));
+    let handler = {
+        let started = started.clone();
+        move |lease: Option<axum::Extension<Lease>>| {
+            let started = started.clone();
+            async move {
+                if lease.is_some() {
+                    started.fetch_add(1, Ordering::SeqCst);
+                }
+                StatusCode::OK
+            }
+        }
+    };
+    let app = Router::new().route(
+        "/reports/start",
+        get(handler.clone()).post(handler).layer(layer(&store)),
+    );
+    for method in [http::Method::GET, http::Method::HEAD] {
+        let mut req = start_request(Some("acme"), AUGUST);
+        *req.method_mut() = method.clone();
+        let res = app.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{method}");
+        assert!(!res.headers().contains_key("location"), "{method}");
+    }
+    assert_eq!(started.load(Ordering::SeqCst), 0);
+    let res = app
+        .clone()
+        .oneshot(start_request(Some("acme"), AUGUST))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    assert_eq!(started.load(Ordering::SeqCst), 1);
+}

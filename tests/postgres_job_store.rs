@@ -128,6 +128,18 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
         .unwrap()
         .get(0);
     assert_eq!(columns, 0);
+    let versions: Vec<i32> = client
+        .query(
+            "SELECT version FROM public.tower_idempotency_migrations WHERE table_name = $1 \
+             ORDER BY version",
+            &[&table],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(versions, [1, 2], "adopted as version 1, upgraded by 2");
     let start = StartJob {
         tenant: "org",
         kind: "report",
@@ -411,4 +423,183 @@ async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() 
     let chunks = store.chunks("acme", &job_id, 0).await.unwrap().unwrap();
     assert_eq!(chunks.len(), 1);
     assert_eq!(chunks[0].data, Bytes::from_static(b"fresh "));
+}
+
+// ---------------------------------------------------------------------------
+// A hung database: 503 in bounded time, never a hang
+// ---------------------------------------------------------------------------
+
+fn start_period(period: &str) -> http::Request<axum::body::Body> {
+    let mut req = http::Request::post("/exports")
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(format!(
+            r#"{{"period":"{period}"}}"#
+        )))
+        .unwrap();
+    req.extensions_mut()
+        .insert(tower_idempotency::Scope::new("acme"));
+    req
+}
+
+/// Starts through a `LeaseLayer` over `store`: the status, the code and how long it took.
+async fn start_through_layer(store: &PostgresJobStore, period: &str) -> (u16, String, Duration) {
+    use tower::{Layer, ServiceExt};
+    let layer = tower_idempotency::LeaseLayer::new(
+        store.clone(),
+        "export",
+        tower_idempotency::lease::JsonJobKey::new(["period"]),
+    );
+    let svc = layer.layer(tower::service_fn(
+        |_req: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        },
+    ));
+    let started = std::time::Instant::now();
+    let res = svc.oneshot(start_period(period)).await.unwrap();
+    let status = res.status().as_u16();
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let code = json["code"].as_str().unwrap_or_default().to_owned();
+    (status, code, started.elapsed())
+}
+
+const OPERATION: Duration = Duration::from_secs(1);
+/// The operation timeout plus room for a loaded machine.
+const BOUND: Duration = Duration::from_millis(2500);
+
+async fn assert_unavailable_in_time(store: &PostgresJobStore, period: &str) {
+    let (status, code, took) = start_through_layer(store, period).await;
+    assert_eq!((status, code.as_str()), (503, "job_store_unavailable"));
+    assert!(took < BOUND, "start answered after {took:?}");
+    let started = std::time::Instant::now();
+    let error = store.job("acme", "job_any").await.unwrap_err();
+    assert!(
+        started.elapsed() < BOUND,
+        "a read answered after {:?}",
+        started.elapsed()
+    );
+    assert!(
+        error.to_string().starts_with("job store backend error"),
+        "{error}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_database_answers_503_within_the_operation_timeout_then_recovers() {
+    let Some(url) = pg::database_url("a_frozen_database_answers_503") else {
+        return;
+    };
+    let table = pg::unique_table("jobs_frozen");
+    job_store(&url, &table, job_conformance::LONG).await; // migrated directly
+    let proxy = pg::Proxy::start(pg::server_addr(&url).await).await;
+    let store = PostgresJobStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
+        .with_table(&table)
+        .with_operation_timeout(OPERATION);
+    assert_eq!(start_through_layer(&store, "2026-01").await.0, 202);
+    proxy.set_frozen(true);
+    assert_unavailable_in_time(&store, "2026-02").await;
+    proxy.set_frozen(false);
+    let recovered = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            if start_through_layer(&store, "2026-03").await.0 == 202 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
+    assert!(
+        recovered.is_ok(),
+        "no recovery once the database answers again"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_locked_elsewhere_answers_503_within_the_operation_timeout() {
+    let Some(url) = pg::database_url("a_table_locked_elsewhere_answers_503") else {
+        return;
+    };
+    let table = pg::unique_table("jobs_locked");
+    let store = job_store(&url, &table, job_conformance::LONG)
+        .await
+        .with_operation_timeout(OPERATION);
+    let mut locker = pg::connect(&url).await;
+    let tx = locker.transaction().await.unwrap();
+    tx.batch_execute(&format!(
+        "LOCK TABLE public.{table} IN ACCESS EXCLUSIVE MODE"
+    ))
+    .await
+    .unwrap();
+    assert_unavailable_in_time(&store, "2026-04").await;
+    tx.commit().await.unwrap();
+    assert_eq!(start_through_layer(&store, "2026-05").await.0, 202);
+}
+
+/// Both stores' first migration into one fresh schema, several instances of
+/// each at once: one lock, so none fails on `CREATE SCHEMA` or `CREATE TABLE`;
+/// each table's versions are recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_stores_migrate_a_fresh_schema_concurrently() {
+    let Some(url) = pg::database_url("both_stores_migrate_a_fresh_schema_concurrently") else {
+        return;
+    };
+    let schema = pg::unique_table("fresh_schema");
+    let pool = pg::pool(pg::pg_config(&url), 12);
+    let records = tower_idempotency::PostgresStore::new(pool.clone())
+        .with_schema(&schema)
+        .with_table("records");
+    let jobs = PostgresJobStore::new(pool)
+        .with_schema(&schema)
+        .with_table("jobs");
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let (records, jobs) = (records.clone(), jobs.clone());
+        runs.push(tokio::spawn(async move {
+            records.migrate().await.map_err(|e| e.to_string())
+        }));
+        runs.push(tokio::spawn(async move {
+            jobs.migrate().await.map_err(|e| e.to_string())
+        }));
+    }
+    for run in runs {
+        run.await.unwrap().expect("concurrent first migration");
+    }
+    let versions = pg::connect(&url)
+        .await
+        .query(
+            &format!(
+                "SELECT table_name, version FROM \"{schema}\".tower_idempotency_migrations \
+                 ORDER BY table_name, version"
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get::<_, String>(0), row.get::<_, i32>(1)))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        versions,
+        [
+            ("jobs".into(), 1),
+            ("jobs".into(), 2),
+            ("records".into(), 1)
+        ]
+    );
+    // Both work in the new schema.
+    assert!(matches!(
+        jobs.start(&StartJob {
+            tenant: "acme",
+            kind: "report",
+            key: "2026-08",
+            owner: "w",
+            budget: None,
+        })
+        .await
+        .unwrap(),
+        StartOutcome::Created(..)
+    ));
 }

@@ -3,6 +3,7 @@ use super::service::LeaseService;
 use crate::response::{ErrorFormat, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::jobs::{Budget, JobStore};
+use http::Method;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
@@ -19,6 +20,7 @@ pub struct LeaseLayer<K, E = FromExtension<Scope>> {
 pub(crate) struct LeaseConfig<K, E> {
     pub(crate) store: Arc<dyn JobStore>,
     pub(crate) kind: Arc<str>,
+    pub(crate) methods: Vec<Method>,
     pub(crate) key: K,
     pub(crate) scope: E,
     pub(crate) owner: Arc<str>,
@@ -50,6 +52,7 @@ impl<K: JobKeyExtractor> LeaseLayer<K> {
             config: LeaseConfig {
                 store: Arc::new(store),
                 kind,
+                methods: vec![Method::POST],
                 key,
                 scope: FromExtension::new(),
                 owner: default_owner().into(),
@@ -76,6 +79,7 @@ impl<K, E> LeaseLayer<K, E> {
             config: LeaseConfig {
                 store: c.store,
                 kind: c.kind,
+                methods: c.methods,
                 key: c.key,
                 scope,
                 owner: c.owner,
@@ -86,6 +90,14 @@ impl<K, E> LeaseLayer<K, E> {
                 responder: c.responder,
             },
         }
+    }
+
+    /// The methods that start jobs (default POST); others pass through to the
+    /// inner service untouched, so `get(read).post(start).layer(lease)` never
+    /// starts a job from a `GET` or `HEAD`.
+    pub fn with_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.config.methods = methods.into_iter().collect();
+        self
     }
 
     /// The worker identity new leases are granted to.

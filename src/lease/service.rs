@@ -76,6 +76,9 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        if !self.config.methods.contains(req.method()) {
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
         let span = tracing::debug_span!(

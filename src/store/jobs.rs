@@ -1,6 +1,7 @@
 //! Storage for natural-key jobs and their leases, used by [`LeaseLayer`](crate::LeaseLayer).
 
-use super::{FencingToken, StoreError};
+use super::FencingToken;
+use crate::body::BoxError;
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::fmt;
@@ -206,6 +207,38 @@ pub enum ArtifactLookup {
     Unknown,
 }
 
+/// A job store failure. The lease layer answers `503 job_store_unavailable`
+/// and starts nothing.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum JobStoreError {
+    /// The backend failed, or did not answer within the store's operation timeout.
+    Backend(BoxError),
+}
+
+impl JobStoreError {
+    /// A backend failure.
+    pub fn backend(error: impl Into<BoxError>) -> Self {
+        Self::Backend(error.into())
+    }
+}
+
+impl fmt::Display for JobStoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Backend(e) => write!(f, "job store backend error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for JobStoreError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Backend(e) => Some(&**e),
+        }
+    }
+}
+
 /// Why a lease operation was refused.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -222,7 +255,7 @@ pub enum LeaseError {
     /// The job does not exist.
     UnknownJob,
     /// The store failed.
-    Store(StoreError),
+    Store(JobStoreError),
 }
 
 impl LeaseError {
@@ -250,8 +283,8 @@ impl fmt::Display for LeaseError {
 
 impl std::error::Error for LeaseError {}
 
-impl From<StoreError> for LeaseError {
-    fn from(e: StoreError) -> Self {
+impl From<JobStoreError> for LeaseError {
+    fn from(e: JobStoreError) -> Self {
         Self::Store(e)
     }
 }
@@ -266,12 +299,13 @@ pub trait JobStore: Send + Sync + 'static {
     fn lease_duration(&self) -> std::time::Duration;
 
     /// Starts, joins, steals or reports the job for a natural key, in one atomic step.
-    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError>;
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError>;
 
     /// Hands a queued job (or one whose lease expired) to `owner`, marking it
     /// running with a new token. `None` when the job has ended, is unknown, or
     /// another worker holds a live lease: the caller does nothing.
-    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError>;
+    async fn acquire(&self, job_id: &str, owner: &str)
+        -> Result<Option<LeaseGrant>, JobStoreError>;
 
     /// Extends a live lease; `LeaseLost` once it expired or was stolen.
     async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError>;
@@ -293,7 +327,7 @@ pub trait JobStore: Send + Sync + 'static {
     async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError>;
 
     /// The job, if it exists and belongs to `tenant`.
-    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError>;
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError>;
 
     /// The cursor's chunks from `from_seq` on, if the job belongs to `tenant`.
     async fn chunks(
@@ -301,18 +335,30 @@ pub trait JobStore: Send + Sync + 'static {
         tenant: &str,
         job_id: &str,
         from_seq: u64,
-    ) -> Result<Option<Vec<Chunk>>, StoreError>;
+    ) -> Result<Option<Vec<Chunk>>, JobStoreError>;
 
     /// The artifact of a job, checked against `tenant`.
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError>;
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError>;
 
     /// Fails in-flight jobs whose lease expired with nobody behind them;
     /// returns how many.
-    async fn sweep_stale(&self) -> Result<u64, StoreError>;
+    async fn sweep_stale(&self) -> Result<u64, JobStoreError>;
 
     /// Operator reset: jobs of `tenant` in the current period no longer count
     /// against `period`'s budget. Returns how many were reset.
-    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError>;
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError>;
+
+    /// Retention: deletes jobs that completed or failed at least `older_than`
+    /// ago, with their chunks and artifacts; returns how many. A start for a
+    /// purged job's key creates a new job, and a purged completed job no
+    /// longer counts against its period's budget (keep retention longer than
+    /// your budget periods). Jobs still in flight are never purged.
+    async fn purge_finished(&self, older_than: std::time::Duration) -> Result<u64, JobStoreError>;
+
+    /// Erasure: deletes every job of `tenant`, in flight or ended, with its
+    /// chunks and artifacts; returns how many. A worker still running one of
+    /// them can no longer write (its job is unknown).
+    async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError>;
 }
 
 /// Shares one job store between layers, workers and readers (e.g. `Arc<dyn JobStore>`).
@@ -322,11 +368,15 @@ impl<T: JobStore + ?Sized> JobStore for std::sync::Arc<T> {
         (**self).lease_duration()
     }
 
-    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError> {
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError> {
         (**self).start(request).await
     }
 
-    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError> {
+    async fn acquire(
+        &self,
+        job_id: &str,
+        owner: &str,
+    ) -> Result<Option<LeaseGrant>, JobStoreError> {
         (**self).acquire(job_id, owner).await
     }
 
@@ -351,7 +401,7 @@ impl<T: JobStore + ?Sized> JobStore for std::sync::Arc<T> {
         (**self).fail(lease, code).await
     }
 
-    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError> {
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         (**self).job(tenant, job_id).await
     }
 
@@ -360,19 +410,27 @@ impl<T: JobStore + ?Sized> JobStore for std::sync::Arc<T> {
         tenant: &str,
         job_id: &str,
         from_seq: u64,
-    ) -> Result<Option<Vec<Chunk>>, StoreError> {
+    ) -> Result<Option<Vec<Chunk>>, JobStoreError> {
         (**self).chunks(tenant, job_id, from_seq).await
     }
 
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError> {
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
         (**self).artifact(tenant, job_id).await
     }
 
-    async fn sweep_stale(&self) -> Result<u64, StoreError> {
+    async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         (**self).sweep_stale().await
     }
 
-    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError> {
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError> {
         (**self).reset_budget(tenant, period).await
+    }
+
+    async fn purge_finished(&self, older_than: std::time::Duration) -> Result<u64, JobStoreError> {
+        (**self).purge_finished(older_than).await
+    }
+
+    async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError> {
+        (**self).purge_tenant(tenant).await
     }
 }

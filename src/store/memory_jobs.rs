@@ -1,19 +1,27 @@
 use super::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError,
-    LeaseGrant, StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, JobStoreError,
+    LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
-use super::{FencingToken, StoreError};
+use super::FencingToken;
 use async_trait::async_trait;
 use bytes::Bytes;
+use index::{PeriodStarts, TenantJobs};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
+
+mod index;
 
 /// An in-process [`JobStore`]: one mutex over all jobs, so `start` (with its
 /// budget count) is atomic. Jobs are rare next to requests; use `PostgresJobStore`
 /// when several instances serve the same tenants.
+///
+/// Each tenant's completed jobs are counted per period as they complete, and
+/// its unfinished jobs kept apart, so a budgeted start costs the same whether
+/// the store holds ten jobs or ten million. Ended jobs stay until
+/// [`purge_finished`](JobStore::purge_finished) removes them.
 ///
 /// ```
 /// use std::time::Duration;
@@ -38,6 +46,7 @@ struct State {
     /// `(tenant, kind, key)` → the job that is not failed (at most one). The
     /// parts stay separate fields: no joined string can make two tenants meet.
     live_by_key: HashMap<JobIdentity, String>,
+    tenants: HashMap<String, TenantJobs>,
     next_token: i64,
     next_job: u64,
 }
@@ -50,6 +59,8 @@ struct Entry {
     chunks: Vec<Bytes>,
     artifact: Option<Bytes>,
     budget_reset: bool,
+    /// When the job completed or failed.
+    ended_at: Option<Instant>,
 }
 
 /// A job's identity: tenant, kind and natural key, compared field by field.
@@ -68,13 +79,6 @@ impl JobIdentity {
             key: job.key.clone(),
         }
     }
-}
-
-/// The UTC day and month a job was created in, as days since the epoch.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct PeriodStarts {
-    day: i64,
-    month: (i64, u32),
 }
 
 impl Default for MemoryJobStore {
@@ -144,20 +148,66 @@ impl State {
         }
     }
 
+    /// What counts against `budget` for `tenant` now: completed jobs of the
+    /// period (counted as they completed), and unfinished ones under a live lease.
     fn counted(&self, tenant: &str, budget: Budget, now: Instant, today: PeriodStarts) -> u32 {
-        self.jobs
-            .values()
-            .filter(|e| e.job.tenant == tenant && !e.budget_reset)
-            .filter(|e| match budget.period {
-                BudgetPeriod::Day => e.period_start.day == today.day,
-                BudgetPeriod::Month => e.period_start.month == today.month,
-            })
-            .filter(|e| match e.job.status {
-                JobStatus::Complete => true,
-                JobStatus::Queued | JobStatus::Running => e.lease_expires > now,
-                JobStatus::Failed => false,
-            })
-            .count() as u32
+        let Some(index) = self.tenants.get(tenant) else {
+            return 0;
+        };
+        let live = index
+            .in_flight
+            .iter()
+            .filter_map(|id| self.jobs.get(id))
+            .filter(|e| !e.budget_reset && e.period_start.same(today, budget.period))
+            .filter(|e| e.lease_expires > now)
+            .count() as u32;
+        index.complete_in(budget, today).saturating_add(live)
+    }
+
+    /// Ends a job as `status`, keeping the tenant's counts and the live key
+    /// map in step. The caller checked that it had not ended.
+    fn end(&mut self, id: &str, status: JobStatus, error_code: Option<&str>, now: Instant) {
+        let Some(entry) = self.jobs.get_mut(id) else {
+            return;
+        };
+        entry.job.status = status;
+        entry.job.error_code = error_code.map(str::to_owned);
+        entry.ended_at = Some(now);
+        let (tenant, period, counts) = (
+            entry.job.tenant.clone(),
+            entry.period_start,
+            status == JobStatus::Complete && !entry.budget_reset,
+        );
+        if status == JobStatus::Failed {
+            let identity = JobIdentity::of(&entry.job);
+            self.live_by_key.remove(&identity);
+        }
+        let index = self.tenants.entry(tenant).or_default();
+        index.in_flight.remove(id);
+        if counts {
+            index.count_complete(period, true);
+        }
+    }
+
+    /// Removes a job and everything it holds; a completed one stops counting.
+    fn remove(&mut self, id: &str) {
+        let Some(entry) = self.jobs.remove(id) else {
+            return;
+        };
+        let identity = JobIdentity::of(&entry.job);
+        if self.live_by_key.get(&identity).map(String::as_str) == Some(id) {
+            self.live_by_key.remove(&identity);
+        }
+        if let Some(index) = self.tenants.get_mut(&entry.job.tenant) {
+            index.jobs.remove(id);
+            index.in_flight.remove(id);
+            if entry.job.status == JobStatus::Complete && !entry.budget_reset {
+                index.count_complete(entry.period_start, false);
+            }
+            if index.jobs.is_empty() {
+                self.tenants.remove(&entry.job.tenant);
+            }
+        }
     }
 
     /// The entry a worker's write applies to, if its lease is the current one.
@@ -185,29 +235,6 @@ impl State {
     }
 }
 
-fn period_starts(at: SystemTime) -> PeriodStarts {
-    let day = at
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| (d.as_secs() / 86_400) as i64);
-    PeriodStarts {
-        day,
-        month: year_month(day),
-    }
-}
-
-/// Civil (year, month) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn year_month(days: i64) -> (i64, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month)
-}
-
 fn new_job_id(counter: u64) -> String {
     // Unpredictable ids; reads are tenant-checked regardless.
     let mut a = std::collections::hash_map::RandomState::new().build_hasher();
@@ -223,9 +250,9 @@ impl JobStore for MemoryJobStore {
         self.shared.lease
     }
 
-    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError> {
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError> {
         let now = Instant::now();
-        let today = period_starts(SystemTime::now());
+        let today = PeriodStarts::of(SystemTime::now());
         let expires = now + self.shared.lease;
         let identity = JobIdentity {
             tenant: request.tenant.to_owned(),
@@ -290,14 +317,22 @@ impl JobStore for MemoryJobStore {
                 chunks: Vec::new(),
                 artifact: None,
                 budget_reset: false,
+                ended_at: None,
             },
         );
+        let index = state.tenants.entry(identity.tenant.clone()).or_default();
+        index.jobs.insert(id.clone());
+        index.in_flight.insert(id.clone());
         state.live_by_key.insert(identity, id.clone());
         let grant = state.grant(&id, request.owner, expires);
         Ok(StartOutcome::Created(state.jobs[&id].job.clone(), grant))
     }
 
-    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError> {
+    async fn acquire(
+        &self,
+        job_id: &str,
+        owner: &str,
+    ) -> Result<Option<LeaseGrant>, JobStoreError> {
         let now = Instant::now();
         let mut state = self.state();
         let Some(entry) = state.jobs.get(job_id) else {
@@ -380,7 +415,7 @@ impl JobStore for MemoryJobStore {
         let artifact_id = format!("art_{}", entry.job.id.trim_start_matches("job_"));
         entry.artifact = Some(artifact);
         entry.job.artifact_id = Some(artifact_id.clone());
-        entry.job.status = JobStatus::Complete;
+        state.end(&lease.job_id, JobStatus::Complete, None, now);
         Ok(artifact_id)
     }
 
@@ -390,14 +425,11 @@ impl JobStore for MemoryJobStore {
         if entry.job.status.is_terminal() {
             return Err(LeaseError::NotOwner);
         }
-        entry.job.status = JobStatus::Failed;
-        entry.job.error_code = Some(code.to_owned());
-        let identity = JobIdentity::of(&entry.job);
-        state.live_by_key.remove(&identity);
+        state.end(&lease.job_id, JobStatus::Failed, Some(code), Instant::now());
         Ok(())
     }
 
-    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError> {
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         let state = self.state();
         Ok(state
             .jobs
@@ -411,7 +443,7 @@ impl JobStore for MemoryJobStore {
         tenant: &str,
         job_id: &str,
         from_seq: u64,
-    ) -> Result<Option<Vec<Chunk>>, StoreError> {
+    ) -> Result<Option<Vec<Chunk>>, JobStoreError> {
         let state = self.state();
         Ok(state
             .jobs
@@ -431,7 +463,7 @@ impl JobStore for MemoryJobStore {
             }))
     }
 
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError> {
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
         let state = self.state();
         Ok(match state.jobs.get(job_id) {
             None => ArtifactLookup::Unknown,
@@ -443,51 +475,78 @@ impl JobStore for MemoryJobStore {
         })
     }
 
-    async fn sweep_stale(&self) -> Result<u64, StoreError> {
+    async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         let now = Instant::now();
         let mut state = self.state();
-        let mut swept = Vec::new();
-        for entry in state.jobs.values_mut() {
-            if !entry.job.status.is_terminal() && entry.lease_expires <= now {
-                entry.job.status = JobStatus::Failed;
-                entry.job.error_code = Some("stale".to_owned());
-                swept.push(JobIdentity::of(&entry.job));
-            }
+        let stale: Vec<String> = state
+            .tenants
+            .values()
+            .flat_map(|index| index.in_flight.iter())
+            .filter(|id| state.jobs.get(*id).is_some_and(|e| e.lease_expires <= now))
+            .cloned()
+            .collect();
+        for id in &stale {
+            state.end(id, JobStatus::Failed, Some("stale"), now);
         }
-        for identity in &swept {
-            state.live_by_key.remove(identity);
-        }
-        Ok(swept.len() as u64)
+        Ok(stale.len() as u64)
     }
 
-    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError> {
-        let today = period_starts(SystemTime::now());
-        let mut state = self.state();
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError> {
+        let today = PeriodStarts::of(SystemTime::now());
+        let mut guard = self.state();
+        let state = &mut *guard;
+        let Some(index) = state.tenants.get_mut(tenant) else {
+            return Ok(0);
+        };
         let mut reset = 0;
-        for entry in state.jobs.values_mut() {
-            let in_period = match period {
-                BudgetPeriod::Day => entry.period_start.day == today.day,
-                BudgetPeriod::Month => entry.period_start.month == today.month,
+        let mut uncounted = Vec::new();
+        for id in &index.jobs {
+            let Some(entry) = state.jobs.get_mut(id) else {
+                continue;
             };
-            if entry.job.tenant == tenant && in_period && !entry.budget_reset {
-                entry.budget_reset = true;
-                reset += 1;
+            if entry.budget_reset || !entry.period_start.same(today, period) {
+                continue;
             }
+            entry.budget_reset = true;
+            if entry.job.status == JobStatus::Complete {
+                uncounted.push(entry.period_start);
+            }
+            reset += 1;
+        }
+        for period_start in uncounted {
+            index.count_complete(period_start, false);
         }
         Ok(reset)
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::year_month;
+    async fn purge_finished(&self, older_than: Duration) -> Result<u64, JobStoreError> {
+        let now = Instant::now();
+        let mut state = self.state();
+        let doomed: Vec<String> = state
+            .jobs
+            .iter()
+            .filter(|(_, e)| {
+                e.ended_at
+                    .is_some_and(|ended| now.saturating_duration_since(ended) >= older_than)
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in &doomed {
+            state.remove(id);
+        }
+        Ok(doomed.len() as u64)
+    }
 
-    #[test]
-    fn civil_months() {
-        assert_eq!(year_month(0), (1970, 1));
-        assert_eq!(year_month(31), (1970, 2));
-        assert_eq!(year_month(20_666), (2026, 8)); // 2026-08-01
-        assert_eq!(year_month(20_665), (2026, 7)); // 2026-07-31
-        assert_eq!(year_month(11_016), (2000, 2)); // 2000-02-29
+    async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError> {
+        let mut state = self.state();
+        let doomed: Vec<String> = state
+            .tenants
+            .get(tenant)
+            .map(|index| index.jobs.iter().cloned().collect())
+            .unwrap_or_default();
+        for id in &doomed {
+            state.remove(id);
+        }
+        Ok(doomed.len() as u64)
     }
 }

@@ -136,6 +136,71 @@ pub async fn an_expired_job_is_never_stolen_by_another_tenant<S: JobStore>(store
     }
 }
 
+/// Retention: ended jobs go with their chunks and artifacts, unfinished ones
+/// stay, and a purged key starts afresh.
+pub async fn purge_finished_removes_ended_jobs_only<S: JobStore>(store: S) {
+    let tenant = unique("acme");
+    let done = created(&store, &tenant, "r:2026-01").await;
+    store
+        .append(&done, 0, Bytes::from_static(b"part"))
+        .await
+        .unwrap();
+    store
+        .finalize(&done, Bytes::from_static(b"report"))
+        .await
+        .unwrap();
+    let failed = created(&store, &tenant, "r:2026-02").await;
+    store.fail(&failed, "provider_5xx").await.unwrap();
+    let running = created(&store, &tenant, "r:2026-03").await;
+    // Nothing ended an hour ago.
+    assert_eq!(
+        store
+            .purge_finished(Duration::from_secs(3600))
+            .await
+            .unwrap(),
+        0
+    );
+    assert!(store.purge_finished(Duration::ZERO).await.unwrap() >= 2);
+    assert_eq!(store.job(&tenant, &done.job_id).await.unwrap(), None);
+    assert_eq!(store.job(&tenant, &failed.job_id).await.unwrap(), None);
+    assert_eq!(store.chunks(&tenant, &done.job_id, 0).await.unwrap(), None);
+    assert_eq!(
+        store.artifact(&tenant, &done.job_id).await.unwrap(),
+        ArtifactLookup::Unknown
+    );
+    assert!(store.job(&tenant, &running.job_id).await.unwrap().is_some());
+    match start(&store, &tenant, "r:2026-01", "w", None).await {
+        StartOutcome::Created(job, _) => assert_ne!(job.id, done.job_id),
+        other => panic!("a purged key starts afresh, got {other:?}"),
+    }
+    match start(&store, &tenant, "r:2026-03", "w", None).await {
+        StartOutcome::Joined(job) => assert_eq!(job.id, running.job_id),
+        other => panic!("the running job stays, got {other:?}"),
+    }
+}
+
+/// Erasure: every job of one tenant goes, in flight or ended; its worker can
+/// no longer write; other tenants keep theirs.
+pub async fn purge_tenant_erases_one_tenants_jobs_only<S: JobStore>(store: S) {
+    let (gone, kept) = (unique("erased"), unique("kept"));
+    let done = created(&store, &gone, "r:2026-01").await;
+    store
+        .finalize(&done, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    let running = created(&store, &gone, "r:2026-02").await;
+    let other = created(&store, &kept, "r:2026-01").await;
+    assert_eq!(store.purge_tenant(&gone).await.unwrap(), 2);
+    assert_eq!(store.job(&gone, &done.job_id).await.unwrap(), None);
+    assert_eq!(store.job(&gone, &running.job_id).await.unwrap(), None);
+    assert!(matches!(
+        store.append(&running, 0, Bytes::from_static(b"late")).await,
+        Err(LeaseError::UnknownJob | LeaseError::LeaseLost)
+    ));
+    assert!(store.job(&kept, &other.job_id).await.unwrap().is_some());
+    assert_eq!(store.purge_tenant(&gone).await.unwrap(), 0);
+}
+
 /// Two kinds (two layers on one store) with the same key are two jobs.
 pub async fn kinds_are_separate_jobs<S: JobStore>(store: S) {
     let tenant = unique("acme");
@@ -673,6 +738,8 @@ macro_rules! job_store_conformance_tests {
             concurrent_starts_cannot_overshoot_the_budget,
             tenants_never_share_a_job_whatever_the_separators,
             kinds_are_separate_jobs,
+            purge_finished_removes_ended_jobs_only,
+            purge_tenant_erases_one_tenants_jobs_only,
         );
         $crate::job_store_conformance_tests!(@tests $factory, SHORT:
             heartbeat_keeps_a_lease_alive,

@@ -29,7 +29,7 @@ use tower_idempotency::store::jobs::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStore, LeaseError, LeaseGrant,
     StartJob, StartOutcome,
 };
-use tower_idempotency::store::{MemoryJobStore, StoreError};
+use tower_idempotency::store::{JobStoreError, MemoryJobStore};
 
 pub const START: &str = "/reports/start";
 /// A correctness bound for anything that waits, never a speed assertion.
@@ -130,7 +130,7 @@ impl JobStore for Counting {
         self.inner.lease_duration()
     }
 
-    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError> {
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError> {
         self.starts.fetch_add(1, Ordering::SeqCst);
         let outcome = self.inner.start(request).await?;
         if let StartOutcome::Created(..) = outcome {
@@ -139,7 +139,11 @@ impl JobStore for Counting {
         Ok(outcome)
     }
 
-    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError> {
+    async fn acquire(
+        &self,
+        job_id: &str,
+        owner: &str,
+    ) -> Result<Option<LeaseGrant>, JobStoreError> {
         self.inner.acquire(job_id, owner).await
     }
 
@@ -164,7 +168,7 @@ impl JobStore for Counting {
         self.inner.fail(lease, code).await
     }
 
-    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError> {
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         self.inner.job(tenant, job_id).await
     }
 
@@ -173,20 +177,28 @@ impl JobStore for Counting {
         tenant: &str,
         job_id: &str,
         from_seq: u64,
-    ) -> Result<Option<Vec<Chunk>>, StoreError> {
+    ) -> Result<Option<Vec<Chunk>>, JobStoreError> {
         self.inner.chunks(tenant, job_id, from_seq).await
     }
 
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError> {
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
         self.inner.artifact(tenant, job_id).await
     }
 
-    async fn sweep_stale(&self) -> Result<u64, StoreError> {
+    async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         self.inner.sweep_stale().await
     }
 
-    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError> {
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError> {
         self.inner.reset_budget(tenant, period).await
+    }
+
+    async fn purge_finished(&self, older_than: Duration) -> Result<u64, JobStoreError> {
+        self.inner.purge_finished(older_than).await
+    }
+
+    async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError> {
+        self.inner.purge_tenant(tenant).await
     }
 }
 

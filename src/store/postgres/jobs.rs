@@ -1,12 +1,12 @@
 //! A PostgreSQL [`JobStore`]: natural-key jobs shared by every instance.
 
-use super::backend;
 use super::sql::{derived_name, is_identifier};
+use crate::body::BoxError;
 use crate::store::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, LeaseError,
-    LeaseGrant, StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, JobStoreError,
+    LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
-use crate::store::{FencingToken, StoreError};
+use crate::store::FencingToken;
 use async_trait::async_trait;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
@@ -28,7 +28,7 @@ use tokio_postgres::Row;
 ///   issues a higher one and the dead owner's writes change nothing.
 ///
 /// ```no_run
-/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::StoreError> {
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::JobStoreError> {
 /// use std::time::Duration;
 /// use tower_idempotency::store::PostgresJobStore;
 ///
@@ -44,48 +44,65 @@ pub struct PostgresJobStore {
 
 struct Inner {
     pool: Pool,
+    config: Config,
+    sql: JobSql,
+}
+
+#[derive(Clone, Debug)]
+struct Config {
     schema: String,
     table: String,
     lease: Duration,
-    sql: JobSql,
+    operation_timeout: Duration,
 }
 
 impl std::fmt::Debug for PostgresJobStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let c = &self.inner.config;
         f.debug_struct("PostgresJobStore")
-            .field("schema", &self.inner.schema)
-            .field("table", &self.inner.table)
-            .field("lease", &self.inner.lease)
+            .field("schema", &c.schema)
+            .field("table", &c.table)
+            .field("lease", &c.lease)
+            .field("operation_timeout", &c.operation_timeout)
             .finish_non_exhaustive()
     }
 }
 
-/// Advisory lock of `migrate` (ASCII "tower_jb").
-const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6a62;
+/// Rows deleted per purge statement.
+const PURGE_BATCH: u64 = 1000;
 
 const JOB_COLUMNS: &str = "job_id, tenant, kind, key, status, lease_owner, attempt, \
                            next_seq, cursor_len, artifact_id, error_code";
 
 impl PostgresJobStore {
-    /// Jobs in `public.lease_jobs` (chunks in `public.lease_jobs_chunks`), 45 s leases.
+    /// Jobs in `public.lease_jobs` (chunks in `public.lease_jobs_chunks`), 45 s
+    /// leases, operations failing after 5 s.
     pub fn new(pool: Pool) -> Self {
-        Self::build(pool, "public", "lease_jobs", Duration::from_secs(45))
+        Self::build(
+            pool,
+            Config {
+                schema: "public".to_owned(),
+                table: "lease_jobs".to_owned(),
+                lease: Duration::from_secs(45),
+                operation_timeout: Duration::from_secs(5),
+            },
+        )
     }
 
-    fn build(pool: Pool, schema: &str, table: &str, lease: Duration) -> Self {
+    fn build(pool: Pool, config: Config) -> Self {
         Self {
             inner: Arc::new(Inner {
-                sql: JobSql::new(schema, table, lease),
+                sql: JobSql::new(&config.schema, &config.table, config.lease),
                 pool,
-                schema: schema.to_owned(),
-                table: table.to_owned(),
-                lease,
+                config,
             }),
         }
     }
 
-    fn rebuild(self, schema: &str, table: &str, lease: Duration) -> Self {
-        Self::build(self.inner.pool.clone(), schema, table, lease)
+    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
+        let mut config = self.inner.config.clone();
+        f(&mut config);
+        Self::build(self.inner.pool.clone(), config)
     }
 
     /// The schema of the tables (default `public`); `migrate` creates it.
@@ -98,8 +115,7 @@ impl PostgresJobStore {
             is_identifier(schema),
             "schema {schema:?} is not a plain identifier"
         );
-        let (table, lease) = (self.inner.table.clone(), self.inner.lease);
-        self.rebuild(schema, &table, lease)
+        self.reconfigure(|c| c.schema = schema.to_owned())
     }
 
     /// The jobs table (default `lease_jobs`); chunks go to `<table>_chunks`.
@@ -112,28 +128,55 @@ impl PostgresJobStore {
             is_identifier(table),
             "table {table:?} is not a plain identifier"
         );
-        let (schema, lease) = (self.inner.schema.clone(), self.inner.lease);
-        self.rebuild(&schema, table, lease)
+        self.reconfigure(|c| c.table = table.to_owned())
     }
 
     /// How long a lease lives without a heartbeat (default 45 s), on the database clock.
     pub fn with_lease(self, lease: Duration) -> Self {
-        let (schema, table) = (self.inner.schema.clone(), self.inner.table.clone());
-        self.rebuild(&schema, &table, lease)
+        self.reconfigure(|c| c.lease = lease)
     }
 
-    /// Creates the schema, sequence, tables and indexes if missing. Idempotent and
-    /// safe to run from many instances at once.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(backend)?;
-        tx.batch_execute(&self.inner.sql.migrate)
-            .await
-            .map_err(backend)?;
-        tx.commit().await.map_err(backend)
+    /// The longest one operation may take, pool checkout included (default
+    /// 5 s); slower ones fail with [`JobStoreError::Backend`], which the lease
+    /// layer answers `503 job_store_unavailable`.
+    pub fn with_operation_timeout(self, timeout: Duration) -> Self {
+        self.reconfigure(|c| c.operation_timeout = timeout)
     }
 
-    async fn client(&self) -> Result<Object, StoreError> {
+    /// Creates or upgrades the schema, sequence, tables and indexes: the
+    /// numbered migrations of the jobs table not yet recorded in
+    /// `<schema>.tower_idempotency_migrations` run in order. Idempotent, and
+    /// safe to run from many instances at once (and with `PostgresStore::migrate`:
+    /// both take the same advisory lock).
+    pub async fn migrate(&self) -> Result<(), JobStoreError> {
+        let (schema, table) = (&self.inner.config.schema, &self.inner.config.table);
+        self.timed(async {
+            let mut client = self.client().await?;
+            super::migrate::apply(&mut client, schema, table, &self.inner.sql.migrations)
+                .await
+                .map_err(backend)?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// Bounds one whole operation (pool checkout included) by the operation
+    /// timeout: a hung database answers `503` in bounded time, never hangs.
+    async fn timed<T, E: From<JobStoreError>>(
+        &self,
+        op: impl std::future::Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let limit = self.inner.config.operation_timeout;
+        match tokio::time::timeout(limit, op).await {
+            Ok(result) => result,
+            Err(_) => Err(JobStoreError::backend(format!(
+                "PostgreSQL job store operation timed out after {limit:?}"
+            ))
+            .into()),
+        }
+    }
+
+    async fn client(&self) -> Result<Object, JobStoreError> {
         self.inner.pool.get().await.map_err(backend)
     }
 
@@ -141,10 +184,33 @@ impl PostgresJobStore {
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<Row>, StoreError> {
+    ) -> Result<Vec<Row>, JobStoreError> {
         let client = self.client().await?;
         let statement = client.prepare_cached(sql).await.map_err(backend)?;
         client.query(&statement, params).await.map_err(backend)
+    }
+
+    /// Runs a bounded `DELETE` until it deletes fewer than a batch, each
+    /// batch within the operation timeout; returns the total.
+    async fn purge_batches(
+        &self,
+        sql: &str,
+        param: &(dyn tokio_postgres::types::ToSql + Sync),
+    ) -> Result<u64, JobStoreError> {
+        let mut purged = 0;
+        loop {
+            let deleted = self
+                .timed(async {
+                    let client = self.client().await?;
+                    let statement = client.prepare_cached(sql).await.map_err(backend)?;
+                    client.execute(&statement, &[param]).await.map_err(backend)
+                })
+                .await?;
+            purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(purged);
+            }
+        }
     }
 
     /// Why a fenced write matched nothing: unknown job, or the lease is not the caller's.
@@ -157,7 +223,11 @@ impl PostgresJobStore {
     }
 }
 
-fn decode_job(row: &Row) -> Result<Job, StoreError> {
+fn backend(error: impl Into<BoxError>) -> JobStoreError {
+    JobStoreError::Backend(error.into())
+}
+
+fn decode_job(row: &Row) -> Result<Job, JobStoreError> {
     let status: String = row.try_get("status").map_err(backend)?;
     Ok(Job {
         id: row.try_get("job_id").map_err(backend)?,
@@ -175,7 +245,7 @@ fn decode_job(row: &Row) -> Result<Job, StoreError> {
     })
 }
 
-fn decode_grant(row: &Row, job: &Job) -> Result<LeaseGrant, StoreError> {
+fn decode_grant(row: &Row, job: &Job) -> Result<LeaseGrant, JobStoreError> {
     Ok(LeaseGrant {
         job_id: job.id.clone(),
         owner: job.lease_owner.clone().unwrap_or_default(),
@@ -193,103 +263,116 @@ fn period_unit(budget: Budget) -> &'static str {
 #[async_trait]
 impl JobStore for PostgresJobStore {
     fn lease_duration(&self) -> Duration {
-        self.inner.lease
+        self.inner.config.lease
     }
 
-    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, StoreError> {
-        let sql = &self.inner.sql;
-        let mut client = self.client().await?;
-        let tx = client.transaction().await.map_err(backend)?;
-        let identity: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&request.tenant, &request.kind, &request.key];
-        if request.budget.is_some() {
-            // Serialise a tenant's starts so the count and the insert are one decision.
-            tx.execute(&sql.budget_lock, &[&request.tenant])
-                .await
-                .map_err(backend)?;
-        }
-        tx.execute(&sql.job_lock, &identity)
-            .await
-            .map_err(backend)?;
-        let current = tx
-            .query_opt(&sql.current, &identity)
-            .await
-            .map_err(backend)?;
-        if let Some(row) = &current {
-            let job = decode_job(row)?;
-            let live: bool = row.try_get("live").map_err(backend)?;
-            if job.status == JobStatus::Complete {
-                return Ok(StartOutcome::Completed(job));
-            }
-            if live {
-                return Ok(StartOutcome::Joined(job));
-            }
-        }
-        if let Some(budget) = request.budget {
-            let unit = period_unit(budget);
-            let counted: i64 = tx
-                .query_one(&sql.budget_count, &[&request.tenant, &unit])
-                .await
-                .map_err(backend)?
-                .try_get(0)
-                .map_err(backend)?;
-            if counted >= i64::from(budget.allowance) {
-                return Ok(StartOutcome::BudgetExhausted);
-            }
-        }
-        let outcome = match current {
-            Some(row) => {
-                let job_id: String = row.try_get("job_id").map_err(backend)?;
-                let stolen = tx
-                    .query_one(&sql.steal, &[&job_id, &request.owner])
+    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError> {
+        self.timed(async {
+            let sql = &self.inner.sql;
+            let mut client = self.client().await?;
+            let tx = client.transaction().await.map_err(backend)?;
+            let identity: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&request.tenant, &request.kind, &request.key];
+            if request.budget.is_some() {
+                // Serialise a tenant's starts so the count and the insert are one decision.
+                tx.execute(&sql.budget_lock, &[&request.tenant])
                     .await
                     .map_err(backend)?;
-                let job = decode_job(&stolen)?;
-                let grant = decode_grant(&stolen, &job)?;
-                StartOutcome::Stolen(job, grant)
             }
-            None => {
-                let created = tx
-                    .query_one(
-                        &sql.create,
-                        &[&request.tenant, &request.kind, &request.key, &request.owner],
-                    )
+            tx.execute(&sql.job_lock, &identity)
+                .await
+                .map_err(backend)?;
+            let current = tx
+                .query_opt(&sql.current, &identity)
+                .await
+                .map_err(backend)?;
+            if let Some(row) = &current {
+                let job = decode_job(row)?;
+                let live: bool = row.try_get("live").map_err(backend)?;
+                if job.status == JobStatus::Complete {
+                    return Ok(StartOutcome::Completed(job));
+                }
+                if live {
+                    return Ok(StartOutcome::Joined(job));
+                }
+            }
+            if let Some(budget) = request.budget {
+                let unit = period_unit(budget);
+                let counted: i64 = tx
+                    .query_one(&sql.budget_count, &[&request.tenant, &unit])
                     .await
+                    .map_err(backend)?
+                    .try_get(0)
                     .map_err(backend)?;
-                let job = decode_job(&created)?;
-                let grant = decode_grant(&created, &job)?;
-                StartOutcome::Created(job, grant)
+                if counted >= i64::from(budget.allowance) {
+                    return Ok(StartOutcome::BudgetExhausted);
+                }
             }
-        };
-        tx.commit().await.map_err(backend)?;
-        Ok(outcome)
+            let outcome = match current {
+                Some(row) => {
+                    let job_id: String = row.try_get("job_id").map_err(backend)?;
+                    let stolen = tx
+                        .query_one(&sql.steal, &[&job_id, &request.owner])
+                        .await
+                        .map_err(backend)?;
+                    let job = decode_job(&stolen)?;
+                    let grant = decode_grant(&stolen, &job)?;
+                    StartOutcome::Stolen(job, grant)
+                }
+                None => {
+                    let created = tx
+                        .query_one(
+                            &sql.create,
+                            &[&request.tenant, &request.kind, &request.key, &request.owner],
+                        )
+                        .await
+                        .map_err(backend)?;
+                    let job = decode_job(&created)?;
+                    let grant = decode_grant(&created, &job)?;
+                    StartOutcome::Created(job, grant)
+                }
+            };
+            tx.commit().await.map_err(backend)?;
+            Ok(outcome)
+        })
+        .await
     }
 
-    async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, StoreError> {
-        let rows = self
-            .query(&self.inner.sql.acquire, &[&job_id, &owner])
-            .await?;
-        let Some(row) = rows.first() else {
-            return Ok(None);
-        };
-        Ok(Some(LeaseGrant {
-            job_id: job_id.to_owned(),
-            owner: owner.to_owned(),
-            token: FencingToken(row.try_get("lease_token").map_err(backend)?),
-        }))
+    async fn acquire(
+        &self,
+        job_id: &str,
+        owner: &str,
+    ) -> Result<Option<LeaseGrant>, JobStoreError> {
+        self.timed(async {
+            let rows = self
+                .query(&self.inner.sql.acquire, &[&job_id, &owner])
+                .await?;
+            let Some(row) = rows.first() else {
+                return Ok(None);
+            };
+            Ok(Some(LeaseGrant {
+                job_id: job_id.to_owned(),
+                owner: owner.to_owned(),
+                token: FencingToken(row.try_get("lease_token").map_err(backend)?),
+            }))
+        })
+        .await
     }
 
     async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError> {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-            [&lease.job_id, &lease.owner, &lease.token.0];
-        if self
-            .query(&self.inner.sql.heartbeat, &params)
-            .await?
-            .is_empty()
-        {
-            return Err(self.refusal(lease, LeaseError::LeaseLost).await);
-        }
-        Ok(())
+        self.timed(async {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                [&lease.job_id, &lease.owner, &lease.token.0];
+            if self
+                .query(&self.inner.sql.heartbeat, &params)
+                .await?
+                .is_empty()
+            {
+                return Err(self.refusal(lease, LeaseError::LeaseLost).await);
+            }
+            Ok(())
+        })
+        .await
     }
 
     async fn append(
@@ -298,52 +381,64 @@ impl JobStore for PostgresJobStore {
         seq: u64,
         chunk: Bytes,
     ) -> Result<Appended, LeaseError> {
-        let seq = i64::try_from(seq).map_err(|_| LeaseError::SequenceGap { expected: 0 })?;
-        let data: &[u8] = &chunk;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-            [&lease.job_id, &lease.owner, &lease.token.0, &seq, &data];
-        let rows = self.query(&self.inner.sql.append, &params).await?;
-        let Some(row) = rows.first() else {
-            return Err(self.refusal(lease, LeaseError::LeaseLost).await);
-        };
-        let before: i64 = row.try_get("before").map_err(backend)?;
-        let after: Option<i64> = row.try_get("after").map_err(backend)?;
-        match after {
-            Some(next) => Ok(Appended::Added {
-                next_seq: next as u64,
-            }),
-            None if seq < before => Ok(Appended::Duplicate {
-                next_seq: before as u64,
-            }),
-            None => Err(LeaseError::SequenceGap {
-                expected: before as u64,
-            }),
-        }
+        self.timed(async {
+            let seq = i64::try_from(seq).map_err(|_| LeaseError::SequenceGap { expected: 0 })?;
+            let data: &[u8] = &chunk;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                [&lease.job_id, &lease.owner, &lease.token.0, &seq, &data];
+            let rows = self.query(&self.inner.sql.append, &params).await?;
+            let Some(row) = rows.first() else {
+                return Err(self.refusal(lease, LeaseError::LeaseLost).await);
+            };
+            let before: i64 = row.try_get("before").map_err(backend)?;
+            let after: Option<i64> = row.try_get("after").map_err(backend)?;
+            match after {
+                Some(next) => Ok(Appended::Added {
+                    next_seq: next as u64,
+                }),
+                None if seq < before => Ok(Appended::Duplicate {
+                    next_seq: before as u64,
+                }),
+                None => Err(LeaseError::SequenceGap {
+                    expected: before as u64,
+                }),
+            }
+        })
+        .await
     }
 
     async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError> {
-        let data: &[u8] = &artifact;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-            [&lease.job_id, &lease.owner, &lease.token.0, &data];
-        let rows = self.query(&self.inner.sql.finalize, &params).await?;
-        match rows.first() {
-            Some(row) => Ok(row.try_get("artifact_id").map_err(backend)?),
-            None => Err(self.refusal(lease, LeaseError::NotOwner).await),
-        }
+        self.timed(async {
+            let data: &[u8] = &artifact;
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&lease.job_id, &lease.owner, &lease.token.0, &data];
+            let rows = self.query(&self.inner.sql.finalize, &params).await?;
+            match rows.first() {
+                Some(row) => Ok(row.try_get("artifact_id").map_err(backend)?),
+                None => Err(self.refusal(lease, LeaseError::NotOwner).await),
+            }
+        })
+        .await
     }
 
     async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-            [&lease.job_id, &lease.owner, &lease.token.0, &code];
-        if self.query(&self.inner.sql.fail, &params).await?.is_empty() {
-            return Err(self.refusal(lease, LeaseError::NotOwner).await);
-        }
-        Ok(())
+        self.timed(async {
+            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                [&lease.job_id, &lease.owner, &lease.token.0, &code];
+            if self.query(&self.inner.sql.fail, &params).await?.is_empty() {
+                return Err(self.refusal(lease, LeaseError::NotOwner).await);
+            }
+            Ok(())
+        })
+        .await
     }
 
-    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, StoreError> {
-        let rows = self.query(&self.inner.sql.job, &[&job_id, &tenant]).await?;
-        rows.first().map(decode_job).transpose()
+    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
+        self.timed(async {
+            let rows = self.query(&self.inner.sql.job, &[&job_id, &tenant]).await?;
+            rows.first().map(decode_job).transpose()
+        })
+        .await
     }
 
     async fn chunks(
@@ -351,72 +446,95 @@ impl JobStore for PostgresJobStore {
         tenant: &str,
         job_id: &str,
         from_seq: u64,
-    ) -> Result<Option<Vec<Chunk>>, StoreError> {
-        if self.job(tenant, job_id).await?.is_none() {
-            return Ok(None);
-        }
-        let from = i64::try_from(from_seq).unwrap_or(i64::MAX);
-        let rows = self
-            .query(&self.inner.sql.chunks, &[&job_id, &from])
-            .await?;
-        rows.iter()
-            .map(|row| {
-                let seq: i64 = row.try_get(0).map_err(backend)?;
-                let data: Vec<u8> = row.try_get(1).map_err(backend)?;
-                let attempt: i64 = row.try_get(2).map_err(backend)?;
-                Ok(Chunk {
-                    attempt: attempt as u64,
-                    seq: seq as u64,
-                    data: Bytes::from(data),
-                })
-            })
-            .collect::<Result<_, _>>()
-            .map(Some)
-    }
-
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, StoreError> {
-        let rows = self.query(&self.inner.sql.artifact, &[&job_id]).await?;
-        let Some(row) = rows.first() else {
-            return Ok(ArtifactLookup::Unknown);
-        };
-        let owner: String = row.try_get(0).map_err(backend)?;
-        if owner != tenant {
-            return Ok(ArtifactLookup::OtherTenant);
-        }
-        let artifact: Option<Vec<u8>> = row.try_get(2).map_err(backend)?;
-        Ok(match artifact {
-            Some(bytes) => ArtifactLookup::Found(Bytes::from(bytes)),
-            None => {
-                let status: String = row.try_get(1).map_err(backend)?;
-                ArtifactLookup::NotReady(JobStatus::parse(&status).unwrap_or(JobStatus::Queued))
+    ) -> Result<Option<Vec<Chunk>>, JobStoreError> {
+        self.timed(async {
+            if self.job(tenant, job_id).await?.is_none() {
+                return Ok(None);
             }
+            let from = i64::try_from(from_seq).unwrap_or(i64::MAX);
+            let rows = self
+                .query(&self.inner.sql.chunks, &[&job_id, &from])
+                .await?;
+            rows.iter()
+                .map(|row| {
+                    let seq: i64 = row.try_get(0).map_err(backend)?;
+                    let data: Vec<u8> = row.try_get(1).map_err(backend)?;
+                    let attempt: i64 = row.try_get(2).map_err(backend)?;
+                    Ok(Chunk {
+                        attempt: attempt as u64,
+                        seq: seq as u64,
+                        data: Bytes::from(data),
+                    })
+                })
+                .collect::<Result<_, _>>()
+                .map(Some)
         })
+        .await
     }
 
-    async fn sweep_stale(&self) -> Result<u64, StoreError> {
-        let client = self.client().await?;
-        client
-            .execute(&self.inner.sql.sweep_stale, &[])
-            .await
-            .map_err(backend)
+    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
+        self.timed(async {
+            let rows = self.query(&self.inner.sql.artifact, &[&job_id]).await?;
+            let Some(row) = rows.first() else {
+                return Ok(ArtifactLookup::Unknown);
+            };
+            let owner: String = row.try_get(0).map_err(backend)?;
+            if owner != tenant {
+                return Ok(ArtifactLookup::OtherTenant);
+            }
+            let artifact: Option<Vec<u8>> = row.try_get(2).map_err(backend)?;
+            Ok(match artifact {
+                Some(bytes) => ArtifactLookup::Found(Bytes::from(bytes)),
+                None => {
+                    let status: String = row.try_get(1).map_err(backend)?;
+                    ArtifactLookup::NotReady(JobStatus::parse(&status).unwrap_or(JobStatus::Queued))
+                }
+            })
+        })
+        .await
     }
 
-    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, StoreError> {
-        let unit = period_unit(Budget {
-            allowance: 0,
-            period,
-        });
-        let client = self.client().await?;
-        client
-            .execute(&self.inner.sql.reset_budget, &[&tenant, &unit])
+    async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
+        self.timed(async {
+            let client = self.client().await?;
+            client
+                .execute(&self.inner.sql.sweep_stale, &[])
+                .await
+                .map_err(backend)
+        })
+        .await
+    }
+
+    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError> {
+        self.timed(async {
+            let unit = period_unit(Budget {
+                allowance: 0,
+                period,
+            });
+            let client = self.client().await?;
+            client
+                .execute(&self.inner.sql.reset_budget, &[&tenant, &unit])
+                .await
+                .map_err(backend)
+        })
+        .await
+    }
+
+    async fn purge_finished(&self, older_than: Duration) -> Result<u64, JobStoreError> {
+        let millis = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        self.purge_batches(&self.inner.sql.purge_finished, &millis)
             .await
-            .map_err(backend)
+    }
+
+    async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError> {
+        self.purge_batches(&self.inner.sql.purge_tenant, &tenant)
+            .await
     }
 }
 
 /// Statement texts of one job store, built from its validated names.
 struct JobSql {
-    migrate: String,
+    migrations: Vec<String>,
     budget_lock: String,
     job_lock: String,
     current: String,
@@ -434,6 +552,8 @@ struct JobSql {
     artifact: String,
     sweep_stale: String,
     reset_budget: String,
+    purge_finished: String,
+    purge_tenant: String,
 }
 
 impl JobSql {
@@ -441,28 +561,26 @@ impl JobSql {
         let t = format!(r#""{schema}"."{table}""#);
         let chunks_table = format!(r#""{schema}"."{}""#, derived_name(table, "chunks"));
         let seq = format!(r#""{schema}"."{}""#, derived_name(table, "token_seq"));
+        let old_live_idx = derived_name(table, "live_key_idx");
         let live_idx = derived_name(table, "live_identity_idx");
         let tenant_idx = derived_name(table, "tenant_idx");
+        let ended_idx = derived_name(table, "ended_idx");
         let lease_ms = lease.as_millis().min(i64::MAX as u128 / 1000);
         let expires = format!("now() + interval '{lease_ms} milliseconds'");
         let live = "status IN ('queued', 'running') AND lease_expires_at > now()";
         let fenced = "job_id = $1 AND lease_owner = $2 AND lease_token = $3";
         let period_start = "date_trunc($2, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'";
         Self {
-            migrate: format!(
-                r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '{schema}') THEN
-        CREATE SCHEMA "{schema}";
-    END IF;
-END $$;
-CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
+            migrations: vec![
+                // 1: the first release, keyed by one joined string (adopted
+                // as it is where it exists).
+                format!(
+                    r#"CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
 CREATE TABLE IF NOT EXISTS {t} (
     job_id            text        PRIMARY KEY
                       DEFAULT 'job_' || replace(gen_random_uuid()::text, '-', ''),
     tenant            text        NOT NULL,
-    kind              text        NOT NULL,
-    key               text        NOT NULL,
+    natural_key       text        NOT NULL,
     status            text        NOT NULL
                       CHECK (status IN ('queued', 'running', 'complete', 'failed')),
     lease_owner       text,
@@ -479,25 +597,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     created_at        timestamptz NOT NULL DEFAULT now(),
     updated_at        timestamptz NOT NULL DEFAULT now()
 );
--- Tables from before jobs had a kind were keyed by one joined string
--- "tenant:key" (which two tenants could share). Split it back into the key
--- within the tenant; those jobs get the empty kind, which no layer uses, so
--- later starts create new jobs and never join one across the upgrade.
-DO $$ BEGIN
-    IF EXISTS (SELECT 1 FROM information_schema.columns WHERE table_schema = '{schema}'
-               AND table_name = '{table}' AND column_name = 'natural_key') THEN
-        ALTER TABLE {t} ADD COLUMN IF NOT EXISTS kind text NOT NULL DEFAULT '';
-        ALTER TABLE {t} ALTER COLUMN kind DROP DEFAULT;
-        ALTER TABLE {t} ADD COLUMN IF NOT EXISTS key text;
-        UPDATE {t} SET key = CASE WHEN starts_with(natural_key, tenant || ':')
-                                  THEN substr(natural_key, length(tenant) + 2)
-                                  ELSE natural_key END;
-        ALTER TABLE {t} ALTER COLUMN key SET NOT NULL;
-        ALTER TABLE {t} DROP COLUMN natural_key;
-    END IF;
-END $$;
-CREATE UNIQUE INDEX IF NOT EXISTS "{live_idx}" ON {t} (tenant, kind, key)
-    WHERE status <> 'failed';
+CREATE UNIQUE INDEX IF NOT EXISTS "{old_live_idx}" ON {t} (natural_key) WHERE status <> 'failed';
 CREATE INDEX IF NOT EXISTS "{tenant_idx}" ON {t} (tenant, period_started_at);
 CREATE TABLE IF NOT EXISTS {chunks_table} (
     job_id text   NOT NULL REFERENCES {t} (job_id) ON DELETE CASCADE,
@@ -505,7 +605,25 @@ CREATE TABLE IF NOT EXISTS {chunks_table} (
     data   bytea  NOT NULL,
     PRIMARY KEY (job_id, seq)
 );"#
-            ),
+                ),
+                // 2: a job is (tenant, kind, key), three columns under one
+                // unique index. Jobs of the first release get their key back
+                // without the tenant prefix and the empty kind, which no layer
+                // uses: later starts create new jobs, never join one across
+                // the upgrade. Dropping the joined column drops its index.
+                format!(
+                    r#"ALTER TABLE {t} ADD COLUMN kind text NOT NULL DEFAULT '';
+ALTER TABLE {t} ALTER COLUMN kind DROP DEFAULT;
+ALTER TABLE {t} ADD COLUMN key text;
+UPDATE {t} SET key = CASE WHEN starts_with(natural_key, tenant || ':')
+                          THEN substr(natural_key, length(tenant) + 2)
+                          ELSE natural_key END;
+ALTER TABLE {t} ALTER COLUMN key SET NOT NULL;
+ALTER TABLE {t} DROP COLUMN natural_key;
+CREATE UNIQUE INDEX "{live_idx}" ON {t} (tenant, kind, key) WHERE status <> 'failed';
+CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'failed');"#
+                ),
+            ],
             // Lock keys are hashes, chained over the separate fields; a collision
             // only serialises two starts, the job itself is found column by column.
             budget_lock: "SELECT pg_advisory_xact_lock(hashtextextended($1, 1))".to_owned(),
@@ -589,6 +707,17 @@ CREATE TABLE IF NOT EXISTS {chunks_table} (
             sweep_stale: format!(
                 "UPDATE {t} SET status = 'failed', error_code = 'stale', updated_at = now() \
                  WHERE status IN ('queued', 'running') AND lease_expires_at <= now()"
+            ),
+            // Chunks go with their job (ON DELETE CASCADE).
+            purge_finished: format!(
+                "DELETE FROM {t} WHERE job_id IN (SELECT job_id FROM {t} \
+                 WHERE status IN ('complete', 'failed') \
+                 AND updated_at <= now() - $1::bigint * interval '1 millisecond' \
+                 LIMIT {PURGE_BATCH} FOR UPDATE SKIP LOCKED)"
+            ),
+            purge_tenant: format!(
+                "DELETE FROM {t} WHERE job_id IN (SELECT job_id FROM {t} \
+                 WHERE tenant = $1 LIMIT {PURGE_BATCH} FOR UPDATE)"
             ),
             reset_budget: format!(
                 "UPDATE {t} SET budget_reset = true WHERE tenant = $1 AND NOT budget_reset \

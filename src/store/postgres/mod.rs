@@ -34,6 +34,7 @@
 //! ```
 
 mod jobs;
+mod migrate;
 mod operations;
 mod single_flight;
 mod sql;
@@ -270,20 +271,23 @@ impl PostgresStore {
         self.reconfigure(|c| c.listener = Some(connect))
     }
 
-    /// Creates the schema, sequence, table and index if they do not exist.
+    /// Creates or upgrades the schema, sequence, table and index: the numbered
+    /// migrations of the table not yet recorded in
+    /// `<schema>.tower_idempotency_migrations` run in order.
     ///
-    /// Idempotent, and safe to run from many instances at once: it runs in one
-    /// transaction under a transaction-scoped advisory lock.
+    /// Idempotent, and safe to run from many instances at once (and with
+    /// `PostgresJobStore::migrate`): it runs in one transaction under the
+    /// advisory lock all the crate's stores share.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let inner = &self.inner;
+        let (schema, table) = (&inner.config.schema, &inner.config.table);
         inner
             .timed(async {
                 let mut client = inner.client().await?;
-                let tx = client.transaction().await.map_err(backend)?;
-                tx.batch_execute(&inner.sql.migrate)
+                migrate::apply(&mut client, schema, table, &inner.sql.migrations)
                     .await
                     .map_err(backend)?;
-                tx.commit().await.map_err(backend)
+                Ok(())
             })
             .await
     }

@@ -9,10 +9,6 @@ use std::time::Duration;
 /// Rows deleted per `purge_expired` statement.
 pub(super) const PURGE_BATCH: u64 = 1000;
 
-/// Advisory lock taken by `migrate` (ASCII "tower_id"), shared by every table so
-/// that concurrent `CREATE SCHEMA`/`CREATE TABLE` of any store never race.
-const MIGRATE_LOCK: i64 = 0x746f_7765_725f_6964;
-
 /// Whether `name` is a plain lower-case SQL identifier: `[a-z_][a-z0-9_]{0,62}`.
 pub(super) fn is_identifier(name: &str) -> bool {
     let bytes = name.as_bytes();
@@ -45,7 +41,7 @@ fn millis(d: Duration) -> u64 {
 /// Statement texts of one store.
 #[derive(Debug)]
 pub(super) struct Sql {
-    pub(super) migrate: String,
+    pub(super) migrations: Vec<String>,
     pub(super) begin: String,
     pub(super) complete: String,
     pub(super) extend: String,
@@ -76,14 +72,10 @@ impl Sql {
         let retention_ms = millis(retention);
         let held_recheck_ms = super::wait::RECHECK_FIRST.as_millis();
 
-        let migrate = format!(
-            r#"SELECT pg_advisory_xact_lock({MIGRATE_LOCK});
-DO $$ BEGIN
-    IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = '{schema}') THEN
-        CREATE SCHEMA "{schema}";
-    END IF;
-END $$;
-CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
+        // Numbered migrations (see `migrate`); the first one adopts a table
+        // created before versions were recorded.
+        let migrations = vec![format!(
+            r#"CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
 CREATE TABLE IF NOT EXISTS {t} (
     scope       text        NOT NULL,
     key         text        NOT NULL,
@@ -99,7 +91,7 @@ CREATE TABLE IF NOT EXISTS {t} (
     CHECK ((state = 'completed') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL))
 );
 CREATE INDEX IF NOT EXISTS "{index}" ON {t} (expires_at);"#
-        );
+        )];
 
         // One statement in every case. `live` is the unexpired row in the statement's
         // snapshot; only when there is none does the INSERT produce a row (so a replay,
@@ -247,7 +239,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
         let listen = format!(r#"LISTEN "{channel}""#);
 
         Self {
-            migrate,
+            migrations,
             begin,
             complete,
             extend,

@@ -1,0 +1,119 @@
+//! Per-tenant bookkeeping of `MemoryJobStore`: what a budgeted start counts,
+//! kept up to date as jobs change, so that counting never scans every job.
+
+use super::super::jobs::{Budget, BudgetPeriod};
+use std::collections::{HashMap, HashSet};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+/// The UTC day and month a job counts in, as days since the epoch and (year, month).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PeriodStarts {
+    pub(super) day: i64,
+    pub(super) month: (i64, u32),
+}
+
+impl PeriodStarts {
+    /// The periods `at` falls in.
+    pub(super) fn of(at: SystemTime) -> Self {
+        let day = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| (d.as_secs() / 86_400) as i64);
+        Self {
+            day,
+            month: year_month(day),
+        }
+    }
+
+    /// Whether a job started in `self` counts in `today`'s `period`.
+    pub(super) fn same(self, today: Self, period: BudgetPeriod) -> bool {
+        match period {
+            BudgetPeriod::Day => self.day == today.day,
+            BudgetPeriod::Month => self.month == today.month,
+        }
+    }
+}
+
+/// Civil (year, month) of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn year_month(days: i64) -> (i64, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, month)
+}
+
+/// One tenant's jobs, as the budget and the erasure see them.
+#[derive(Default)]
+pub(super) struct TenantJobs {
+    /// Every job id of the tenant.
+    pub(super) jobs: HashSet<String>,
+    /// Jobs not ended yet: they count while their lease is live.
+    pub(super) in_flight: HashSet<String>,
+    /// Completed jobs that count (not reset), per UTC day and per UTC month.
+    complete_days: HashMap<i64, u32>,
+    complete_months: HashMap<(i64, u32), u32>,
+}
+
+impl TenantJobs {
+    /// A completed job starts (`true`) or stops (`false`) counting in `period`.
+    pub(super) fn count_complete(&mut self, period: PeriodStarts, counts: bool) {
+        let step = |n: &mut u32| {
+            *n = if counts {
+                n.saturating_add(1)
+            } else {
+                n.saturating_sub(1)
+            }
+        };
+        step(self.complete_days.entry(period.day).or_default());
+        step(self.complete_months.entry(period.month).or_default());
+        // Only the current periods are ever asked for: older ones may go.
+        self.complete_days
+            .retain(|day, n| *n > 0 && *day + 1 >= period.day);
+        self.complete_months.retain(|_, n| *n > 0);
+    }
+
+    /// Completed jobs counted against `budget` in `today`'s period.
+    pub(super) fn complete_in(&self, budget: Budget, today: PeriodStarts) -> u32 {
+        match budget.period {
+            BudgetPeriod::Day => self.complete_days.get(&today.day),
+            BudgetPeriod::Month => self.complete_months.get(&today.month),
+        }
+        .copied()
+        .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_months() {
+        assert_eq!(year_month(0), (1970, 1));
+        assert_eq!(year_month(31), (1970, 2));
+        assert_eq!(year_month(20_666), (2026, 8)); // 2026-08-01
+        assert_eq!(year_month(20_665), (2026, 7)); // 2026-07-31
+        assert_eq!(year_month(11_016), (2000, 2)); // 2000-02-29
+    }
+
+    #[test]
+    fn completed_jobs_count_in_their_day_and_month_until_uncounted() {
+        let mut tenant = TenantJobs::default();
+        let today = PeriodStarts::of(SystemTime::now());
+        tenant.count_complete(today, true);
+        tenant.count_complete(today, true);
+        assert_eq!(tenant.complete_in(Budget::per_day(9), today), 2);
+        assert_eq!(tenant.complete_in(Budget::per_month(9), today), 2);
+        tenant.count_complete(today, false);
+        assert_eq!(tenant.complete_in(Budget::per_day(9), today), 1);
+        let tomorrow = PeriodStarts {
+            day: today.day + 1,
+            month: today.month,
+        };
+        assert_eq!(tenant.complete_in(Budget::per_day(9), tomorrow), 0);
+    }
+}
