@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_idempotency::lease::{JsonJobKey, Lease, LeaseLayer};
-use tower_idempotency::store::jobs::{JobStatus, JobStore};
+use tower_idempotency::store::jobs::{JobReader, JobStatus, JobStore};
 use tower_idempotency::store::MemoryJobStore;
 use tower_idempotency::Scope;
 

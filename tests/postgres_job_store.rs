@@ -13,7 +13,9 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::pg;
-use tower_idempotency::store::jobs::{JobStatus, JobStore, LeaseError, StartJob, StartOutcome};
+use tower_idempotency::store::jobs::{
+    JobReader, JobStatus, JobStore, LeaseError, StartJob, StartOutcome,
+};
 use tower_idempotency::store::PostgresJobStore;
 use tower_idempotency::Lease;
 

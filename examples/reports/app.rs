@@ -38,8 +38,14 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_http::auth::AsyncRequireAuthorizationLayer;
 use tower_idempotency::lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey, LeaseLayer};
-use tower_idempotency::store::jobs::{Budget, Job, JobStore};
+use tower_idempotency::store::jobs::{Budget, Job, JobMaintenance, JobReader, JobStore};
 use tower_idempotency::Scope;
+
+/// All the demo calls on its store: starts and worker writes, the readers'
+/// queries, and upkeep. The crate keeps them in three traits, by caller.
+pub trait Jobs: JobStore + JobReader + JobMaintenance {}
+
+impl<T: JobStore + JobReader + JobMaintenance + ?Sized> Jobs for T {}
 
 /// Report types `POST /reports/start` accepts.
 pub const REPORT_TYPES: &[&str] = &["customer_health", "usage_summary"];
@@ -90,14 +96,14 @@ impl Default for Config {
 /// What every handler shares.
 #[derive(Clone)]
 struct AppState {
-    store: Arc<dyn JobStore>,
+    store: Arc<dyn Jobs>,
     worker: Worker,
     admin_token: Arc<str>,
 }
 
 /// The whole service. Tenant auth runs on the tenant routes only; the admin
 /// route checks its own token.
-pub fn router(store: Arc<dyn JobStore>, config: Config) -> Router {
+pub fn router(store: Arc<dyn Jobs>, config: Config) -> Router {
     let mut lease = lease_layer(store.clone(), config.budget);
     if let Some(owner) = &config.owner {
         lease = lease.with_owner(owner.as_str());
@@ -125,7 +131,7 @@ pub fn router(store: Arc<dyn JobStore>, config: Config) -> Router {
 
 /// The start route's layer: one live job per `tenant:report_type:period`.
 pub fn lease_layer(
-    store: Arc<dyn JobStore>,
+    store: Arc<dyn Jobs>,
     budget: Option<Budget>,
 ) -> LeaseLayer<impl JobKeyExtractor> {
     let layer = LeaseLayer::new(store, "report", report_key()).with_location_prefix("/reports/");
@@ -180,7 +186,7 @@ fn is_period(period: &str) -> bool {
 }
 
 /// Fails jobs whose lease expired with nobody behind them, every `every`.
-pub fn spawn_stale_sweep(store: Arc<dyn JobStore>, every: Duration) -> tokio::task::JoinHandle<()> {
+pub fn spawn_stale_sweep(store: Arc<dyn Jobs>, every: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tower_idempotency::store::jobs::{JobStatus, JobStore};
+use tower_idempotency::store::jobs::{JobReader, JobStatus};
 use tower_idempotency::Scope;
 
 /// How readers of `/events` poll the store.
@@ -126,7 +126,7 @@ fn last_event_position(value: &HeaderValue) -> Result<Position, ApiError> {
 }
 
 async fn stream_events(
-    store: Arc<dyn JobStore>,
+    store: Arc<dyn super::Jobs>,
     tenant: Scope,
     job_id: String,
     position: Position,

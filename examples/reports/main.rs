@@ -26,6 +26,7 @@ mod app;
 #[cfg(feature = "postgres")]
 mod postgres;
 
+use app::Jobs;
 use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,7 +68,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 /// `--features postgres` and `DATABASE_URL` is set (migrated here, so a fresh
 /// database works), the in-memory store otherwise. Returns a description of
 /// the store for the start-up banner.
-async fn job_store_from_env() -> Result<(Arc<dyn JobStore>, String), Box<dyn Error>> {
+async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, String), Box<dyn Error>> {
     let lease = match std::env::var("LEASE_SECONDS") {
         Ok(v) => {
             let secs: f64 = v

@@ -289,10 +289,13 @@ impl From<JobStoreError> for LeaseError {
     }
 }
 
-/// Atomic storage of natural-key jobs, their leases, cursors and artifacts.
+/// Starting jobs and the writes of the worker that holds a lease: what
+/// [`LeaseLayer`](crate::LeaseLayer) and [`Lease`](crate::Lease) call.
 ///
 /// Every write by a worker is fenced by `(job_id, owner, token)` and a live
-/// lease on the store's clock. Lease length is a property of the store.
+/// lease on the store's clock. Lease length is a property of the store. What
+/// readers and operators call is split off into [`JobReader`] and
+/// [`JobMaintenance`], so each part of an application holds only what it uses.
 #[async_trait]
 pub trait JobStore: Send + Sync + 'static {
     /// How long a lease lives without a heartbeat.
@@ -325,7 +328,12 @@ pub trait JobStore: Send + Sync + 'static {
 
     /// Ends the job as failed with `code`, for the current owner only.
     async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError>;
+}
 
+/// Reading jobs, always on behalf of a tenant: what status, cursor and
+/// artifact endpoints call.
+#[async_trait]
+pub trait JobReader: Send + Sync + 'static {
     /// The job, if it exists and belongs to `tenant`.
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError>;
 
@@ -339,7 +347,13 @@ pub trait JobStore: Send + Sync + 'static {
 
     /// The artifact of a job, checked against `tenant`.
     async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError>;
+}
 
+/// Upkeep an operator or a scheduled task runs: stale sweeps, budget resets,
+/// retention and erasure (as tower-sessions keeps `ExpiredDeletion` apart
+/// from its `SessionStore`).
+#[async_trait]
+pub trait JobMaintenance: Send + Sync + 'static {
     /// Fails in-flight jobs whose lease expired with nobody behind them;
     /// returns how many.
     async fn sweep_stale(&self) -> Result<u64, JobStoreError>;
@@ -400,7 +414,10 @@ impl<T: JobStore + ?Sized> JobStore for std::sync::Arc<T> {
     async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
         (**self).fail(lease, code).await
     }
+}
 
+#[async_trait]
+impl<T: JobReader + ?Sized> JobReader for std::sync::Arc<T> {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         (**self).job(tenant, job_id).await
     }
@@ -417,7 +434,10 @@ impl<T: JobStore + ?Sized> JobStore for std::sync::Arc<T> {
     async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
         (**self).artifact(tenant, job_id).await
     }
+}
 
+#[async_trait]
+impl<T: JobMaintenance + ?Sized> JobMaintenance for std::sync::Arc<T> {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         (**self).sweep_stale().await
     }

@@ -1,6 +1,6 @@
 use super::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, JobStoreError,
-    LeaseError, LeaseGrant, StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobMaintenance, JobReader,
+    JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 use super::FencingToken;
 use async_trait::async_trait;
@@ -428,7 +428,10 @@ impl JobStore for MemoryJobStore {
         state.end(&lease.job_id, JobStatus::Failed, Some(code), Instant::now());
         Ok(())
     }
+}
 
+#[async_trait]
+impl JobReader for MemoryJobStore {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         let state = self.state();
         Ok(state
@@ -474,7 +477,10 @@ impl JobStore for MemoryJobStore {
             },
         })
     }
+}
 
+#[async_trait]
+impl JobMaintenance for MemoryJobStore {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         let now = Instant::now();
         let mut state = self.state();

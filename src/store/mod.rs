@@ -11,7 +11,7 @@ mod memory_jobs;
 #[cfg(feature = "postgres")]
 mod postgres;
 
-pub use jobs::{JobStore, JobStoreError};
+pub use jobs::{JobMaintenance, JobReader, JobStore, JobStoreError};
 pub use memory::MemoryStore;
 pub use memory_jobs::MemoryJobStore;
 #[cfg(feature = "postgres")]

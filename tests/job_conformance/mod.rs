@@ -9,9 +9,14 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, JobStatus, JobStore, LeaseError, LeaseGrant,
-    StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, JobMaintenance, JobReader, JobStatus, JobStore,
+    LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
+
+/// The suite covers every caller's trait of a job store.
+pub trait FullJobStore: JobStore + JobReader + JobMaintenance {}
+
+impl<T: JobStore + JobReader + JobMaintenance> FullJobStore for T {}
 
 /// Nothing expires during a test.
 pub const LONG: Duration = Duration::from_secs(60);
@@ -75,7 +80,7 @@ fn colliding_identities(base: &str) -> Vec<[(String, String); 2]> {
 
 /// A job belongs to exactly one `(tenant, kind, key)`: no choice of separators
 /// makes a second tenant join, steal, read or finalize the first one's job.
-pub async fn tenants_never_share_a_job_whatever_the_separators<S: JobStore>(store: S) {
+pub async fn tenants_never_share_a_job_whatever_the_separators<S: FullJobStore>(store: S) {
     let base = unique("org");
     for [(tenant_a, key_a), (tenant_b, key_b)] in colliding_identities(&base) {
         let first = created(&store, &tenant_a, &key_a).await;
@@ -109,7 +114,7 @@ pub async fn tenants_never_share_a_job_whatever_the_separators<S: JobStore>(stor
 }
 
 /// An expired lease is taken over only by a start of the same tenant, kind and key.
-pub async fn an_expired_job_is_never_stolen_by_another_tenant<S: JobStore>(store: S) {
+pub async fn an_expired_job_is_never_stolen_by_another_tenant<S: FullJobStore>(store: S) {
     let lease = store.lease_duration();
     let base = unique("org");
     let pairs = colliding_identities(&base);
@@ -138,7 +143,7 @@ pub async fn an_expired_job_is_never_stolen_by_another_tenant<S: JobStore>(store
 
 /// Retention: ended jobs go with their chunks and artifacts, unfinished ones
 /// stay, and a purged key starts afresh.
-pub async fn purge_finished_removes_ended_jobs_only<S: JobStore>(store: S) {
+pub async fn purge_finished_removes_ended_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let done = created(&store, &tenant, "r:2026-01").await;
     store
@@ -181,7 +186,7 @@ pub async fn purge_finished_removes_ended_jobs_only<S: JobStore>(store: S) {
 
 /// Erasure: every job of one tenant goes, in flight or ended; its worker can
 /// no longer write; other tenants keep theirs.
-pub async fn purge_tenant_erases_one_tenants_jobs_only<S: JobStore>(store: S) {
+pub async fn purge_tenant_erases_one_tenants_jobs_only<S: FullJobStore>(store: S) {
     let (gone, kept) = (unique("erased"), unique("kept"));
     let done = created(&store, &gone, "r:2026-01").await;
     store
@@ -202,7 +207,7 @@ pub async fn purge_tenant_erases_one_tenants_jobs_only<S: JobStore>(store: S) {
 }
 
 /// Two kinds (two layers on one store) with the same key are two jobs.
-pub async fn kinds_are_separate_jobs<S: JobStore>(store: S) {
+pub async fn kinds_are_separate_jobs<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let export = match start_kind(&store, &tenant, "export", "2026-08", "w", None).await {
         StartOutcome::Created(job, _) => job,
@@ -242,7 +247,7 @@ async fn expire(lease: Duration) {
     tokio::time::sleep(lease + Duration::from_millis(250)).await;
 }
 
-pub async fn second_start_joins_the_same_job<S: JobStore>(store: S) {
+pub async fn second_start_joins_the_same_job<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "customer_health:2026-08").await;
     match start(&store, &tenant, "customer_health:2026-08", "worker-b", None).await {
@@ -254,7 +259,7 @@ pub async fn second_start_joins_the_same_job<S: JobStore>(store: S) {
     }
 }
 
-pub async fn periods_and_tenants_are_separate_jobs<S: JobStore>(store: S) {
+pub async fn periods_and_tenants_are_separate_jobs<S: FullJobStore>(store: S) {
     let (acme, globex) = (unique("acme"), unique("globex"));
     let aug = created(&store, &acme, "customer_health:2026-08").await;
     let sep = created(&store, &acme, "customer_health:2026-09").await;
@@ -263,7 +268,7 @@ pub async fn periods_and_tenants_are_separate_jobs<S: JobStore>(store: S) {
     assert_ne!(aug.job_id, other.job_id);
 }
 
-pub async fn finalize_completes_once_and_start_returns_the_artifact<S: JobStore>(store: S) {
+pub async fn finalize_completes_once_and_start_returns_the_artifact<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     assert!(matches!(
@@ -302,7 +307,7 @@ pub async fn finalize_completes_once_and_start_returns_the_artifact<S: JobStore>
     );
 }
 
-pub async fn readers_see_only_their_tenants_jobs<S: JobStore>(store: S) {
+pub async fn readers_see_only_their_tenants_jobs<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     store
@@ -318,7 +323,7 @@ pub async fn readers_see_only_their_tenants_jobs<S: JobStore>(store: S) {
         .is_none());
 }
 
-pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: JobStore>(store: S) {
+pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     let add = |seq: u64, data: &'static [u8]| store.append(&grant, seq, Bytes::from_static(data));
@@ -353,7 +358,7 @@ pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: JobStore>(st
     assert_eq!(tail, vec![(1, &b"bb"[..]), (2, &b"ccc"[..])]);
 }
 
-pub async fn a_foreign_worker_cannot_write<S: JobStore>(store: S) {
+pub async fn a_foreign_worker_cannot_write<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     let foreign = LeaseGrant {
@@ -392,7 +397,7 @@ pub async fn a_foreign_worker_cannot_write<S: JobStore>(store: S) {
         .unwrap();
 }
 
-pub async fn acquire_hands_over_queued_jobs_only<S: JobStore>(store: S) {
+pub async fn acquire_hands_over_queued_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     let worker = store
@@ -442,7 +447,7 @@ pub async fn acquire_hands_over_queued_jobs_only<S: JobStore>(store: S) {
         .is_none());
 }
 
-pub async fn failed_jobs_end_and_a_new_start_creates_a_new_job<S: JobStore>(store: S) {
+pub async fn failed_jobs_end_and_a_new_start_creates_a_new_job<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     store.fail(&grant, "provider_5xx").await.unwrap();
@@ -461,7 +466,7 @@ pub async fn failed_jobs_end_and_a_new_start_creates_a_new_job<S: JobStore>(stor
 }
 
 /// Needs a store with [`SHORT`] leases.
-pub async fn heartbeat_keeps_a_lease_alive<S: JobStore>(store: S) {
+pub async fn heartbeat_keeps_a_lease_alive<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     for _ in 0..4 {
@@ -476,7 +481,7 @@ pub async fn heartbeat_keeps_a_lease_alive<S: JobStore>(store: S) {
 }
 
 /// Needs a store with [`SHORT`] leases.
-pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: JobStore>(store: S) {
+pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: FullJobStore>(store: S) {
     let store = Arc::new(store);
     let tenant = unique("acme");
     let dead = created(&*store, &tenant, "r:2026-08").await;
@@ -536,7 +541,7 @@ pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: JobSto
 }
 
 /// Needs a store with [`SHORT`] leases.
-pub async fn a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry<S: JobStore>(
+pub async fn a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry<S: FullJobStore>(
     store: S,
 ) {
     let tenant = unique("acme");
@@ -553,7 +558,7 @@ pub async fn a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry<S
 }
 
 /// Needs a store with [`SHORT`] leases.
-pub async fn an_expired_running_job_is_acquired_as_a_new_attempt<S: JobStore>(store: S) {
+pub async fn an_expired_running_job_is_acquired_as_a_new_attempt<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
     let first = store.acquire(&grant.job_id, "w1").await.unwrap().unwrap();
@@ -601,7 +606,7 @@ pub async fn an_expired_running_job_is_acquired_as_a_new_attempt<S: JobStore>(st
 }
 
 /// Needs a store with [`SHORT`] leases.
-pub async fn stale_sweep_fails_abandoned_jobs_only<S: JobStore>(store: S) {
+pub async fn stale_sweep_fails_abandoned_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let abandoned = created(&store, &tenant, "r:2026-07").await;
     expire(SHORT).await;
@@ -638,7 +643,7 @@ pub async fn stale_sweep_fails_abandoned_jobs_only<S: JobStore>(store: S) {
 }
 
 /// Needs a store with [`SHORT`] leases.
-pub async fn budget_counts_delivered_and_live_jobs_only<S: JobStore>(store: S) {
+pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let budget = Some(Budget::per_month(2));
     let start_b = |key: &'static str| start(&store, &tenant, key, "w", budget);
@@ -699,7 +704,7 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: JobStore>(store: S) {
     assert!(store.job(&tenant, &done.job_id).await.unwrap().is_some());
 }
 
-pub async fn concurrent_starts_cannot_overshoot_the_budget<S: JobStore>(store: S) {
+pub async fn concurrent_starts_cannot_overshoot_the_budget<S: FullJobStore>(store: S) {
     let store = Arc::new(store);
     let tenant = unique("acme");
     let tasks: Vec<_> = (0..20)

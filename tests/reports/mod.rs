@@ -26,8 +26,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStore, LeaseError, LeaseGrant,
-    StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobMaintenance, JobReader,
+    JobStore, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 use tower_idempotency::store::{JobStoreError, MemoryJobStore};
 
@@ -89,7 +89,7 @@ impl Backend {
     }
 
     /// A new, empty job store with `lease`.
-    pub async fn store(&self, lease: Duration) -> Arc<dyn JobStore> {
+    pub async fn store(&self, lease: Duration) -> Arc<dyn app::Jobs> {
         match self {
             Self::Memory => Arc::new(MemoryJobStore::new().with_lease(lease)),
             #[cfg(feature = "postgres")]
@@ -109,13 +109,13 @@ impl Backend {
 /// A job store that counts what `start` did, so tests can prove a reader
 /// inserted nothing and started nothing. Wraps any store.
 pub struct Counting {
-    inner: Arc<dyn JobStore>,
+    inner: Arc<dyn app::Jobs>,
     pub starts: AtomicUsize,
     pub created: AtomicUsize,
 }
 
 impl Counting {
-    pub fn new(inner: Arc<dyn JobStore>) -> Arc<Self> {
+    pub fn new(inner: Arc<dyn app::Jobs>) -> Arc<Self> {
         Arc::new(Self {
             inner,
             starts: AtomicUsize::new(0),
@@ -167,7 +167,10 @@ impl JobStore for Counting {
     async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
         self.inner.fail(lease, code).await
     }
+}
 
+#[async_trait]
+impl JobReader for Counting {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         self.inner.job(tenant, job_id).await
     }
@@ -184,7 +187,10 @@ impl JobStore for Counting {
     async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
         self.inner.artifact(tenant, job_id).await
     }
+}
 
+#[async_trait]
+impl JobMaintenance for Counting {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         self.inner.sweep_stale().await
     }

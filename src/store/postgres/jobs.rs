@@ -3,8 +3,8 @@
 use super::sql::{derived_name, is_identifier};
 use crate::body::BoxError;
 use crate::store::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobStatus, JobStore, JobStoreError,
-    LeaseError, LeaseGrant, StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobMaintenance, JobReader,
+    JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 use crate::store::FencingToken;
 use async_trait::async_trait;
@@ -432,7 +432,10 @@ impl JobStore for PostgresJobStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl JobReader for PostgresJobStore {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         self.timed(async {
             let rows = self.query(&self.inner.sql.job, &[&job_id, &tenant]).await?;
@@ -493,7 +496,10 @@ impl JobStore for PostgresJobStore {
         })
         .await
     }
+}
 
+#[async_trait]
+impl JobMaintenance for PostgresJobStore {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         self.timed(async {
             let client = self.client().await?;
