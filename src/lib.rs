@@ -4,8 +4,8 @@
 //! apps that die mid-call. [`IdempotencyLayer`] makes each retry of
 //! `POST /orders` that carries the same `Idempotency-Key` get the first
 //! response back — same status, headers and body bytes — while the handler
-//! runs once. [`LeaseLayer`] does the same for jobs named by what they are
-//! (`tenant:kind:period`) when clients cannot keep a key.
+//! runs once. [`LeaseLayer`] (feature `leases`) does the same for jobs named
+//! by what they are (`tenant:kind:period`) when clients cannot keep a key.
 //!
 //! # Quick start
 //!
@@ -197,8 +197,9 @@
 //!
 //! # Jobs without keys
 //!
-//! [`LeaseLayer`] gives a natural key ("Acme's August report") one live job:
-//! duplicates join it, a worker holds a fenced [`Lease`]. See [`lease`].
+//! [`LeaseLayer`] (feature `leases`) gives a natural key ("Acme's August
+//! report") one live job: duplicates join it, a worker holds a fenced
+//! [`Lease`]. See [`lease`].
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
@@ -208,8 +209,10 @@ pub mod body;
 mod buffer;
 pub mod client;
 pub mod fingerprint;
+mod future;
 pub mod idempotency;
 mod key;
+#[cfg(feature = "leases")]
 pub mod lease;
 mod policy;
 mod response;
@@ -221,6 +224,7 @@ pub use body::{BoxError, ResponseBody};
 pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency::{IdempotencyLayer, IdempotencyService, InFlight};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
+#[cfg(feature = "leases")]
 pub use lease::{Lease, LeaseLayer};
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal};

@@ -29,12 +29,6 @@ pub enum Refusal {
     /// `500 internal_error`: the handler panicked (or its runtime shut down)
     /// before it answered; its claim was released, so a retry runs it again.
     HandlerFailed,
-    /// `503 job_store_unavailable`: the job store failed; nothing was started.
-    JobStoreUnavailable,
-    /// `403 tenant_mismatch`: the body names another tenant than the caller's.
-    TenantMismatch,
-    /// `429 budget_exhausted`: the tenant's job allowance for the period is spent.
-    BudgetExhausted,
 }
 
 impl Refusal {
@@ -50,9 +44,6 @@ impl Refusal {
             Self::InProgress => "idempotency_in_progress",
             Self::StoreUnavailable => "idempotency_store_unavailable",
             Self::HandlerFailed => "internal_error",
-            Self::JobStoreUnavailable => "job_store_unavailable",
-            Self::TenantMismatch => "tenant_mismatch",
-            Self::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -74,9 +65,6 @@ impl Refusal {
                 "the idempotency store is unavailable; the request was not processed"
             }
             Self::HandlerFailed => "the request failed before it completed; it was not recorded",
-            Self::JobStoreUnavailable => "the job store is unavailable; nothing was started",
-            Self::TenantMismatch => "the request names another tenant than the authenticated one",
-            Self::BudgetExhausted => "the job allowance for this period is spent",
         }
     }
 
@@ -87,10 +75,8 @@ impl Refusal {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
-            Self::StoreUnavailable | Self::JobStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            Self::TenantMismatch => StatusCode::FORBIDDEN,
+            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
-            Self::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 }
@@ -135,17 +121,18 @@ impl Responder {
 
     pub(crate) fn refuse<B>(&self, refusal: Refusal) -> Response<ResponseBody<B>> {
         let mut response = self.error(self.status(refusal), refusal.code(), refusal.message());
-        let retry_later = matches!(
-            refusal,
-            Refusal::InProgress | Refusal::StoreUnavailable | Refusal::JobStoreUnavailable
-        );
-        if retry_later {
-            let secs = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from(secs));
+        if matches!(refusal, Refusal::InProgress | Refusal::StoreUnavailable) {
+            self.retry_after(&mut response);
         }
         response
+    }
+
+    /// Adds the configured `Retry-After` (whole seconds, at least one).
+    pub(crate) fn retry_after<B>(&self, response: &mut Response<B>) {
+        let secs = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+        response
+            .headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(secs));
     }
 
     /// Any error answer, in the configured format.

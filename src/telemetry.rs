@@ -29,18 +29,6 @@ pub enum Outcome {
     StoreError,
     /// Refused before any decision: no scope, bad key, body too large or too slow.
     Rejected,
-    /// LeaseLayer: a new job was created.
-    JobCreated,
-    /// LeaseLayer: joined a live job.
-    JobJoined,
-    /// LeaseLayer: took over an expired lease.
-    JobStolen,
-    /// LeaseLayer: answered with a completed job.
-    JobCompleted,
-    /// LeaseLayer: `429 budget_exhausted`.
-    BudgetExhausted,
-    /// LeaseLayer: the start handler refused, failed or panicked; the job was failed.
-    StartFailed,
 }
 
 impl Outcome {
@@ -54,13 +42,24 @@ impl Outcome {
             Self::InProgress => "in_progress",
             Self::StoreError => "store_error",
             Self::Rejected => "rejected",
-            Self::JobCreated => "created",
-            Self::JobJoined => "joined",
-            Self::JobStolen => "stolen",
-            Self::JobCompleted => "completed",
-            Self::BudgetExhausted => "budget_exhausted",
-            Self::StartFailed => "start_failed",
         }
+    }
+}
+
+/// What a layer's events and metrics label a decision with.
+pub(crate) trait Label: Copy {
+    fn as_str(self) -> &'static str;
+    /// Store failures are warned, the rest logged at `DEBUG`.
+    fn is_store_error(self) -> bool;
+}
+
+impl Label for Outcome {
+    fn as_str(self) -> &'static str {
+        Outcome::as_str(self)
+    }
+
+    fn is_store_error(self) -> bool {
+        self == Self::StoreError
     }
 }
 
@@ -70,8 +69,7 @@ impl From<crate::Refusal> for Outcome {
         match refusal {
             Refusal::KeyReuse => Self::Reused,
             Refusal::InProgress => Self::InProgress,
-            Refusal::StoreUnavailable | Refusal::JobStoreUnavailable => Self::StoreError,
-            Refusal::BudgetExhausted => Self::BudgetExhausted,
+            Refusal::StoreUnavailable => Self::StoreError,
             Refusal::HandlerFailed => Self::Released,
             _ => Self::Rejected,
         }
@@ -79,9 +77,10 @@ impl From<crate::Refusal> for Outcome {
 }
 
 /// Runs a decision and emits its closing event and metrics.
-pub(crate) fn observed<F, T>(layer: &'static str, decision: F) -> Observed<F>
+pub(crate) fn observed<F, T, O>(layer: &'static str, decision: F) -> Observed<F>
 where
-    F: std::future::Future<Output = (T, Outcome)>,
+    F: std::future::Future<Output = (T, O)>,
+    O: Label,
 {
     Observed {
         decision,
@@ -109,9 +108,10 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F, T> std::future::Future for Observed<F>
+impl<F, T, O> std::future::Future for Observed<F>
 where
-    F: std::future::Future<Output = (T, Outcome)>,
+    F: std::future::Future<Output = (T, O)>,
+    O: Label,
 {
     type Output = T;
 
@@ -138,11 +138,11 @@ pub(crate) fn key_hash(key: &str) -> String {
 /// Emits the request's closing event and metrics. `elapsed` is `None` when the
 /// decision was not timed: the event then has no `micros` field rather than a
 /// false zero (for example, events forwarded to `log` without a subscriber).
-pub(crate) fn finish(layer: &'static str, outcome: Outcome, elapsed: Option<Duration>) {
+pub(crate) fn finish(layer: &'static str, outcome: impl Label, elapsed: Option<Duration>) {
     let span = tracing::Span::current();
     span.record("outcome", outcome.as_str());
     let micros = elapsed.map(|elapsed| elapsed.as_micros() as u64);
-    if outcome == Outcome::StoreError {
+    if outcome.is_store_error() {
         tracing::warn!(
             layer,
             outcome = outcome.as_str(),

@@ -95,7 +95,7 @@ where
             outcome = tracing::field::Empty,
         );
         let future = telemetry::observed("idempotency", handle(self.config.clone(), ready, req));
-        ResponseFuture::idempotent(Box::pin(future.instrument(span)))
+        ResponseFuture::decided(Box::pin(future.instrument(span)))
     }
 }
 

@@ -50,13 +50,18 @@
 //! # let _ = app;
 //! ```
 
+mod future;
 mod handle;
 mod key;
 mod layer;
+mod outcome;
+mod refusal;
 mod service;
 
-pub use crate::idempotency::ResponseFuture;
+pub use future::ResponseFuture;
 pub use handle::Lease;
+pub use outcome::JobOutcome;
+pub use refusal::JobRefusal;
 pub use key::{JobKeyExtractor, JobKeyRejection, JsonJobKey};
 pub use layer::LeaseLayer;
 pub use service::LeaseService;

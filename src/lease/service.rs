@@ -3,11 +3,13 @@ use super::key::JobKeyExtractor;
 use super::layer::LeaseConfig;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
-use crate::idempotency::ResponseFuture;
-use crate::response::{json_response, Refusal};
+use super::future::ResponseFuture;
+use super::outcome::JobOutcome;
+use super::refusal::JobRefusal;
+use crate::response::json_response;
 use crate::scope::ScopeExtractor;
 use crate::store::jobs::{Job, StartJob, StartOutcome};
-use crate::telemetry::{self, Outcome};
+use crate::telemetry;
 use bytes::Bytes;
 use http::header::{HeaderValue, LOCATION};
 use http::{Request, Response, StatusCode};
@@ -89,7 +91,7 @@ where
             outcome = tracing::field::Empty,
         );
         let future = telemetry::observed("lease", start(self.config.clone(), ready, req));
-        ResponseFuture::idempotent(Box::pin(future.instrument(span)))
+        ResponseFuture::decided(Box::pin(future.instrument(span)))
     }
 }
 
@@ -99,7 +101,7 @@ async fn start<S, K, E, ReqBody, ResBody>(
     config: Arc<LeaseConfig<K, E>>,
     mut inner: S,
     req: Request<ReqBody>,
-) -> (Result<Answer<ResBody>, S::Error>, Outcome)
+) -> (Result<Answer<ResBody>, S::Error>, JobOutcome)
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     K: JobKeyExtractor,
@@ -107,22 +109,22 @@ where
     ReqBody: Body + From<Bytes>,
     ReqBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
+    let refuse = |refusal: JobRefusal| (Ok(refusal.respond(&config.responder)), refusal.into());
     let (mut parts, body) = req.into_parts();
     let Some(scope) = config.scope.extract(&parts) else {
-        return refuse(Refusal::Unauthorized);
+        return refuse(JobRefusal::Unauthorized);
     };
     let bytes =
         match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
             Ok(bytes) => bytes,
-            Err(refusal) => return refuse(refusal),
+            Err(refusal) => return refuse(JobRefusal::of_body(refusal)),
         };
     let key = match config.key.job_key(&scope, &parts, &bytes) {
         Ok(key) => key,
         Err(rejection) => {
             let responder = &config.responder;
             let answer = responder.error(rejection.status, &rejection.code, &rejection.message);
-            return (Ok(answer), Outcome::Rejected);
+            return (Ok(answer), JobOutcome::Rejected);
         }
     };
     // Tenant, kind and key travel as separate fields: tenants never share a job.
@@ -140,7 +142,7 @@ where
         Ok(StartOutcome::Joined(job)) => {
             let body = json!({ "job_id": job.id, "status": job.status.as_str(), "join": true });
             let answer = job_answer(&config, StatusCode::OK, &job, &body);
-            return (Ok(answer), Outcome::JobJoined);
+            return (Ok(answer), JobOutcome::Joined);
         }
         Ok(StartOutcome::Completed(job)) => {
             let body = json!({
@@ -149,10 +151,10 @@ where
                 "artifact_id": job.artifact_id,
             });
             let answer = job_answer(&config, StatusCode::OK, &job, &body);
-            return (Ok(answer), Outcome::JobCompleted);
+            return (Ok(answer), JobOutcome::Completed);
         }
-        Ok(StartOutcome::BudgetExhausted) => return refuse(Refusal::BudgetExhausted),
-        Err(_) => return refuse(Refusal::JobStoreUnavailable),
+        Ok(StartOutcome::BudgetExhausted) => return refuse(JobRefusal::BudgetExhausted),
+        Err(_) => return refuse(JobRefusal::StoreUnavailable),
     };
 
     tracing::Span::current().record("job_id", job.id.as_str());
@@ -169,20 +171,20 @@ where
             body[if stolen { "stolen" } else { "created" }] = true.into();
             let answer = job_answer(&config, StatusCode::ACCEPTED, &job, &body);
             let outcome = if stolen {
-                Outcome::JobStolen
+                JobOutcome::Stolen
             } else {
-                Outcome::JobCreated
+                JobOutcome::Created
             };
             (Ok(answer), outcome)
         }
         Ok(response) => {
             // The handler refused to start the work: end the job so it cannot block.
             let _ = lease.fail("start_rejected").await;
-            (Ok(response.map(ResponseBody::inner)), Outcome::StartFailed)
+            (Ok(response.map(ResponseBody::inner)), JobOutcome::StartFailed)
         }
         Err(error) => {
             let _ = lease.fail("start_failed").await;
-            (Err(error), Outcome::StartFailed)
+            (Err(error), JobOutcome::StartFailed)
         }
     }
 }

@@ -5,17 +5,23 @@
 //! single process, and `PostgresStore` (feature `postgres`) for many app
 //! instances sharing one database. Both pass the same conformance suite.
 
+#[cfg(feature = "leases")]
 pub mod jobs;
 mod memory;
+#[cfg(feature = "leases")]
 mod memory_jobs;
 #[cfg(feature = "postgres")]
 mod postgres;
 
+#[cfg(feature = "leases")]
 pub use jobs::{JobMaintenance, JobReader, JobStore, JobStoreError};
 pub use memory::MemoryStore;
+#[cfg(feature = "leases")]
 pub use memory_jobs::MemoryJobStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresJobStore, PostgresStore, PostgresTransaction, TransactionClient};
+pub use postgres::{PostgresStore, PostgresTransaction, TransactionClient};
+#[cfg(all(feature = "postgres", feature = "leases"))]
+pub use postgres::PostgresJobStore;
 
 use crate::body::BoxError;
 use crate::{IdempotencyKey, RequestFingerprint, Scope};

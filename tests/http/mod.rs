@@ -108,6 +108,9 @@ pub fn enabled_features() -> Vec<&'static str> {
     if cfg!(feature = "client") {
         features.push("client");
     }
+    if cfg!(feature = "leases") {
+        features.push("leases");
+    }
     features
 }
 

@@ -33,6 +33,7 @@
 //! # }
 //! ```
 
+#[cfg(feature = "leases")]
 mod jobs;
 mod migrate;
 mod operations;
@@ -41,6 +42,7 @@ mod sql;
 mod transaction;
 mod wait;
 
+#[cfg(feature = "leases")]
 pub use jobs::PostgresJobStore;
 pub use transaction::{PostgresTransaction, TransactionClient};
 
