@@ -142,7 +142,19 @@ impl Responder {
         code: &str,
         message: &str,
     ) -> Response<ResponseBody<B>> {
-        let (content_type, body) = match self.format {
+        self.error_with(status, code, message, serde_json::Map::new())
+    }
+
+    /// An error answer with more members in its body (problem details
+    /// extension members, in that format).
+    pub(crate) fn error_with<B>(
+        &self,
+        status: StatusCode,
+        code: &str,
+        message: &str,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) -> Response<ResponseBody<B>> {
+        let (content_type, mut body) = match self.format {
             ErrorFormat::Json => (
                 "application/json",
                 serde_json::json!({ "code": code, "message": message }),
@@ -158,6 +170,9 @@ impl Responder {
                 }),
             ),
         };
+        if let Some(members) = body.as_object_mut() {
+            members.extend(extra);
+        }
         json_response(status, content_type, &body)
     }
 }

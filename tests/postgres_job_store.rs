@@ -141,13 +141,19 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
         .iter()
         .map(|row| row.get(0))
         .collect();
-    assert_eq!(versions, [1, 2], "adopted as version 1, upgraded by 2");
+    assert_eq!(
+        versions,
+        [1, 2, 3],
+        "adopted as version 1, upgraded by 2 and 3"
+    );
+    assert_eq!(done.cost, 1, "jobs of before cost one unit each");
     let start = StartJob {
         tenant: "org",
         kind: "report",
         key: "acme:2026-09",
         owner: "w2",
         budget: None,
+        cost: 1,
     };
     match store.start(&start).await.unwrap() {
         StartOutcome::Created(job, _) => assert_ne!(job.id, "job_live"),
@@ -243,6 +249,7 @@ async fn child_starts(store: PostgresJobStore) {
                         key: "customer_health:2026-08",
                         owner: &owner,
                         budget: None,
+                        cost: 1,
                     })
                     .await
                     .expect("start")
@@ -269,6 +276,7 @@ async fn child_worker(store: PostgresJobStore) {
             key: "customer_health:2026-09",
             owner: "doomed-worker",
             budget: None,
+            cost: 1,
         })
         .await
         .expect("start")
@@ -315,6 +323,7 @@ async fn an_expired_lease_is_stolen_once_by_50_concurrent_starts_across_two_proc
             key: "customer_health:2026-08",
             owner: "dead-worker",
             budget: None,
+            cost: 1,
         })
         .await
         .unwrap()
@@ -383,6 +392,7 @@ async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() 
         key: "customer_health:2026-09",
         owner: "rescuer",
         budget: None,
+        cost: 1,
     };
     // Before expiry: the dead worker's lease is still live, a start joins.
     assert!(
@@ -588,6 +598,7 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
         [
             ("jobs".into(), 1),
             ("jobs".into(), 2),
+            ("jobs".into(), 3),
             ("records".into(), 1)
         ]
     );
@@ -599,6 +610,7 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
             key: "2026-08",
             owner: "w",
             budget: None,
+            cost: 1,
         })
         .await
         .unwrap(),

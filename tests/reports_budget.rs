@@ -17,6 +17,96 @@ for_each_store! {
     #[tokio::test] two_tenants_with_the_same_report_and_period_are_two_jobs,
     #[tokio::test] budget_counts_live_and_complete_jobs_not_failed_ones_and_reset_makes_room,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)] concurrent_starts_cannot_overshoot_the_allowance,
+    #[tokio::test] a_token_cap_reserves_each_reports_estimate_and_429_says_when_it_resets,
+    #[tokio::test] a_failed_providers_job_returns_its_tokens,
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)] concurrent_weighted_starts_cannot_overshoot_the_cap,
+}
+
+/// `REPORT_TOKEN_CAP=2000`: a health report reserves 1200 tokens, a usage
+/// summary 800; a start that would go past the cap is `429` with when the
+/// day resets.
+async fn a_token_cap_reserves_each_reports_estimate_and_429_says_when_it_resets(backend: Backend) {
+    let opts = Opts {
+        token_cap: Some(2000),
+        ..Opts::default()
+    };
+    let app = demo_with(&backend, opts).await;
+    let tenant = "acme";
+    app.start_id(tenant, &health("2026-08"), 202).await;
+    app.start_id(tenant, &report("usage_summary", "2026-08"), 202)
+        .await;
+    // Joining is free, even at the cap.
+    assert_eq!(app.start(tenant, &health("2026-08")).await.status, 200);
+    let refused = app.start(tenant, &report("usage_summary", "2026-09")).await;
+    assert_eq!(refused.status, 429, "{}", text(&refused));
+    assert_eq!(refused.code(), "budget_exhausted");
+    let body = refused.json();
+    let retry_after: u64 = refused.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=86_400).contains(&retry_after), "{retry_after}");
+    assert_eq!(body["retry_after"].as_u64(), Some(retry_after));
+    let resets_at = body["resets_at"].as_str().unwrap();
+    assert!(
+        resets_at.ends_with("T00:00:00Z") && resets_at.len() == 20,
+        "{resets_at}"
+    );
+    // Another tenant has its own envelope.
+    app.start_id("globex", &health("2026-09"), 202).await;
+}
+
+/// `REPORT_PROVIDER_FAIL=5xx`: the job fails `provider_5xx` and its tokens
+/// return, so the tenant can start another report within the cap.
+async fn a_failed_providers_job_returns_its_tokens(backend: Backend) {
+    let opts = Opts {
+        token_cap: Some(1500),
+        worker: app::Worker::BuiltIn {
+            chunk_delay: std::time::Duration::from_millis(20),
+        },
+        provider_failure: Some(app::ProviderFailure::Status5xx),
+        ..Opts::default()
+    };
+    let app = demo_with(&backend, opts).await;
+    let tenant = "acme";
+    let job = app.start_id(tenant, &health("2026-08"), 202).await;
+    // While it runs, its 1200 tokens are reserved: no room for a second.
+    assert_eq!(app.start(tenant, &health("2026-09")).await.status, 429);
+    let failed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        loop {
+            let job = app.job(tenant, &job).await;
+            if job["status"] == "failed" {
+                return job;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the job fails");
+    assert_eq!(failed["error_code"], "provider_5xx");
+    app.start_id(tenant, &health("2026-09"), 202).await;
+}
+
+/// Twenty concurrent starts of 800 tokens under a cap of 4000: exactly five
+/// are accepted, whatever the interleaving (one decision per start).
+async fn concurrent_weighted_starts_cannot_overshoot_the_cap(backend: Backend) {
+    let opts = Opts {
+        token_cap: Some(4000),
+        ..Opts::default()
+    };
+    let app = demo_with(&backend, opts).await;
+    let tenant = "acme";
+    let bodies = (1..=12)
+        .flat_map(|month| {
+            ["2025", "2024"].map(|year| report("usage_summary", &format!("{year}-{month:02}")))
+        })
+        .take(20)
+        .collect();
+    let replies = app.start_all(tenant, bodies).await;
+    let accepted = replies.iter().filter(|r| r.status == 202).count();
+    let refused = replies.iter().filter(|r| r.status == 429).count();
+    assert_eq!((accepted, refused), (5, 15));
 }
 
 // Keys: what is one job and what is two.

@@ -446,6 +446,7 @@ async fn check_6_the_http_path_behaves_as_the_in_process_one(backend: Backend) {
         key: "customer_health:2026-08",
         owner: "reports-api",
         budget: None,
+        cost: 1,
     };
     let codes: Vec<u16> = http_answers.iter().map(|(status, ..)| *status).collect();
     let code_of = |i: usize| -> String {

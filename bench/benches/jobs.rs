@@ -31,6 +31,7 @@ async fn completed(store: &MemoryJobStore, tenant: &str, key: &str, budget: Opti
         key,
         owner: "bench",
         budget,
+        cost: 1,
     };
     let StartOutcome::Created(_, grant) = store.start(&start).await.unwrap() else {
         panic!("created")
@@ -83,6 +84,7 @@ fn main() {
                         key,
                         owner: "bench",
                         budget,
+                        cost: 1,
                     };
                     let started = Instant::now();
                     let outcome = store.start(&start).await.unwrap();

@@ -66,6 +66,34 @@ pub enum Worker {
     Off,
 }
 
+/// How the simulated model provider fails (`REPORT_PROVIDER_FAIL`), so that a
+/// failed job's budget reservation is seen coming back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderFailure {
+    /// `5xx`: the provider answers an error; the job fails `provider_5xx`.
+    Status5xx,
+    /// `timeout`: the provider never answers; the job fails `provider_timeout`.
+    Timeout,
+}
+
+impl ProviderFailure {
+    /// The job's error code.
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Status5xx => "provider_5xx",
+            Self::Timeout => "provider_timeout",
+        }
+    }
+}
+
+/// The model tokens a report is estimated to cost, reserved when it starts.
+pub fn report_tokens(report_type: &str) -> u64 {
+    match report_type {
+        "customer_health" => 1200,
+        _ => 800,
+    }
+}
+
 /// How the service is configured (`main.rs` reads it from the environment).
 #[derive(Clone, Debug)]
 pub struct Config {
@@ -73,6 +101,11 @@ pub struct Config {
     pub worker: Worker,
     /// Jobs per tenant and month (`REPORT_ALLOWANCE`); `None` is unlimited.
     pub budget: Option<Budget>,
+    /// Model tokens per tenant and day (`REPORT_TOKEN_CAP`): each start
+    /// reserves its report's estimate ([`report_tokens`]). Replaces `budget`.
+    pub token_cap: Option<u64>,
+    /// Makes the built-in worker's provider fail (`REPORT_PROVIDER_FAIL`).
+    pub provider_failure: Option<ProviderFailure>,
     /// The bearer token of `POST /admin/budget/reset` (`ADMIN_TOKEN`).
     pub admin_token: Arc<str>,
     /// The identity leases granted by `POST /reports/start` go to
@@ -87,6 +120,8 @@ impl Default for Config {
                 chunk_delay: Duration::from_millis(200),
             },
             budget: None,
+            token_cap: None,
+            provider_failure: None,
             admin_token: "admin".into(),
             owner: None,
         }
@@ -98,19 +133,21 @@ impl Default for Config {
 struct AppState {
     store: Arc<dyn Jobs>,
     worker: Worker,
+    provider_failure: Option<ProviderFailure>,
     admin_token: Arc<str>,
 }
 
 /// The whole service. Tenant auth runs on the tenant routes only; the admin
 /// route checks its own token.
 pub fn router(store: Arc<dyn Jobs>, config: Config) -> Router {
-    let mut lease = lease_layer(store.clone(), config.budget);
+    let mut lease = lease_layer(store.clone(), config.budget, config.token_cap);
     if let Some(owner) = &config.owner {
         lease = lease.with_owner(owner.as_str());
     }
     let state = AppState {
         store,
         worker: config.worker,
+        provider_failure: config.provider_failure,
         admin_token: config.admin_token,
     };
     let tenant = Router::new()
@@ -129,15 +166,23 @@ pub fn router(store: Arc<dyn Jobs>, config: Config) -> Router {
     tenant.merge(admin).with_state(state)
 }
 
-/// The start route's layer: one live job per `tenant:report_type:period`.
+/// The start route's layer: one live job per `tenant:report_type:period`,
+/// within a job allowance or a daily token envelope.
 pub fn lease_layer(
     store: Arc<dyn Jobs>,
     budget: Option<Budget>,
+    token_cap: Option<u64>,
 ) -> LeaseLayer<impl JobKeyExtractor> {
     let layer = LeaseLayer::new(store, "report", report_key()).with_location_prefix("/reports/");
-    match budget {
-        Some(budget) => layer.with_budget(budget),
-        None => layer,
+    match (token_cap, budget) {
+        (Some(cap), _) => layer.with_budget(Budget::per_day(cap)).with_cost(
+            |_: &Scope, _: &Parts, body: &Bytes| {
+                let value: Value = serde_json::from_slice(body).unwrap_or_default();
+                report_tokens(value["report_type"].as_str().unwrap_or_default())
+            },
+        ),
+        (None, Some(budget)) => layer.with_budget(budget),
+        (None, None) => layer,
     }
 }
 

@@ -11,6 +11,10 @@
 //!
 //! Env: `BIND` (default `127.0.0.1:3001`), `LEASE_SECONDS` (default 45),
 //! `REPORT_ALLOWANCE` (jobs per tenant per month; unset = unlimited),
+//! `REPORT_TOKEN_CAP` (model tokens per tenant per day, each start reserving
+//! its report's estimate: 1200 for `customer_health`, 800 otherwise; a failed
+//! job gives its tokens back), `REPORT_PROVIDER_FAIL` (`5xx` or `timeout`:
+//! the simulated provider fails every job),
 //! `REPORT_WORKER` (`off`: jobs wait for an external worker), `REPORT_CHUNK_MS`
 //! (default 200), `ADMIN_TOKEN` (default `admin`), `DATABASE_URL` (PostgreSQL,
 //! with `--features postgres`; `REPORT_JOBS_TABLE` picks the table, default
@@ -109,11 +113,23 @@ async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, String), Box<dyn Error>>
 fn config_from_env() -> Result<app::Config, Box<dyn Error>> {
     let mut config = app::Config::default();
     if let Ok(v) = std::env::var("REPORT_ALLOWANCE") {
-        let allowance: u32 = v
+        let allowance: u64 = v
             .parse()
             .map_err(|_| "REPORT_ALLOWANCE must be a number of jobs per tenant per month")?;
         config.budget = Some(Budget::per_month(allowance));
     }
+    if let Ok(v) = std::env::var("REPORT_TOKEN_CAP") {
+        let cap: u64 = v
+            .parse()
+            .map_err(|_| "REPORT_TOKEN_CAP must be a number of tokens per tenant per day")?;
+        config.token_cap = Some(cap);
+    }
+    config.provider_failure = match std::env::var("REPORT_PROVIDER_FAIL").as_deref() {
+        Ok("5xx") => Some(app::ProviderFailure::Status5xx),
+        Ok("timeout") => Some(app::ProviderFailure::Timeout),
+        Ok("") | Err(_) => None,
+        Ok(_) => return Err("REPORT_PROVIDER_FAIL must be `5xx` or `timeout`".into()),
+    };
     let chunk_ms: u64 = match std::env::var("REPORT_CHUNK_MS") {
         Ok(v) => v
             .parse()

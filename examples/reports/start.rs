@@ -31,8 +31,14 @@ pub(super) async fn start_report(
     match state.worker {
         Worker::Off => {}
         Worker::BuiltIn { chunk_delay } => {
-            lease.spawn_worker(move |lease| {
-                simulated_model(lease, tenant, start.report_type, start.period, chunk_delay)
+            let failure = state.provider_failure;
+            lease.spawn_worker(move |lease| async move {
+                if let Some(failure) = failure {
+                    // The provider call: an error, or no answer before our timeout.
+                    tokio::time::sleep(chunk_delay).await;
+                    return Err(failure.code().to_owned());
+                }
+                simulated_model(lease, tenant, start.report_type, start.period, chunk_delay).await
             });
         }
     }

@@ -40,6 +40,24 @@ where
     }
 }
 
+/// Estimates what a start costs against the layer's budget, in its units
+/// (model tokens, say), from the request. The estimate is reserved when the
+/// job is accepted, kept once it completes and returned if it fails. Closures
+/// `Fn(&Scope, &http::request::Parts, &Bytes) -> u64` implement this trait.
+pub trait JobCost: Send + Sync + 'static {
+    /// The units this start reserves.
+    fn cost(&self, scope: &Scope, parts: &Parts, body: &Bytes) -> u64;
+}
+
+impl<F> JobCost for F
+where
+    F: Fn(&Scope, &Parts, &Bytes) -> u64 + Send + Sync + 'static,
+{
+    fn cost(&self, scope: &Scope, parts: &Parts, body: &Bytes) -> u64 {
+        self(scope, parts, body)
+    }
+}
+
 /// A start request refused before any job is touched, answered as
 /// `{"code": ..., "message": ...}` with its status.
 #[derive(Clone, Debug, PartialEq, Eq)]

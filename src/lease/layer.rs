@@ -1,4 +1,4 @@
-use super::key::JobKeyExtractor;
+use super::key::{JobCost, JobKeyExtractor};
 use super::service::LeaseService;
 use crate::response::{ErrorFormat, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
@@ -25,6 +25,7 @@ pub(crate) struct LeaseConfig<K, E> {
     pub(crate) scope: E,
     pub(crate) owner: Arc<str>,
     pub(crate) budget: Option<Budget>,
+    pub(crate) cost: Option<Arc<dyn JobCost>>,
     pub(crate) body_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
     pub(crate) location_prefix: Arc<str>,
@@ -57,6 +58,7 @@ impl<K: JobKeyExtractor> LeaseLayer<K> {
                 scope: FromExtension::new(),
                 owner: default_owner().into(),
                 budget: None,
+                cost: None,
                 body_limit: 64 * 1024,
                 body_timeout: None,
                 location_prefix: "/jobs/".into(),
@@ -84,6 +86,7 @@ impl<K, E> LeaseLayer<K, E> {
                 scope,
                 owner: c.owner,
                 budget: c.budget,
+                cost: c.cost,
                 body_limit: c.body_limit,
                 body_timeout: c.body_timeout,
                 location_prefix: c.location_prefix,
@@ -106,10 +109,38 @@ impl<K, E> LeaseLayer<K, E> {
         self
     }
 
-    /// Limits new jobs per tenant and period; over it → `429 budget_exhausted`
-    /// before anything starts. Joining a job is free.
+    /// Limits what each tenant starts per period; over it → `429
+    /// budget_exhausted` (with `Retry-After` and `resets_at`, when the period
+    /// resets) before anything starts. Joining a job is free. Each job costs 1
+    /// unless [`with_cost`](Self::with_cost) estimates it.
     pub fn with_budget(mut self, budget: Budget) -> Self {
         self.config.budget = Some(budget);
+        self
+    }
+
+    /// Estimates each start's cost against the budget, in its units (e.g.
+    /// model tokens): reserved atomically with the job's creation (so
+    /// concurrent starts cannot overshoot, across processes on PostgreSQL),
+    /// kept once the job completes, returned if it fails.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::request::Parts;
+    /// use tower_idempotency::lease::{JsonJobKey, LeaseLayer};
+    /// use tower_idempotency::store::{jobs::Budget, MemoryJobStore};
+    /// use tower_idempotency::Scope;
+    ///
+    /// // 50 000 tokens per tenant and day; a report's estimate by its type.
+    /// let key = JsonJobKey::new(["type", "period"]);
+    /// let layer = LeaseLayer::new(MemoryJobStore::new(), "report", key)
+    ///     .with_budget(Budget::per_day(50_000))
+    ///     .with_cost(|_: &Scope, _: &Parts, body: &Bytes| {
+    ///         if body.windows(6).any(|w| w == b"health") { 12_000 } else { 3_000 }
+    ///     });
+    /// # let _ = layer;
+    /// ```
+    pub fn with_cost(mut self, cost: impl JobCost) -> Self {
+        self.config.cost = Some(Arc::new(cost));
         self
     }
 

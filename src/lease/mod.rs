@@ -60,8 +60,8 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use handle::Lease;
+pub use key::{JobCost, JobKeyExtractor, JobKeyRejection, JsonJobKey};
+pub use layer::LeaseLayer;
 pub use outcome::JobOutcome;
 pub use refusal::JobRefusal;
-pub use key::{JobKeyExtractor, JobKeyRejection, JsonJobKey};
-pub use layer::LeaseLayer;
 pub use service::LeaseService;

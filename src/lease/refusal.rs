@@ -1,5 +1,6 @@
 use crate::body::ResponseBody;
 use crate::response::{Refusal, Responder};
+use crate::store::jobs::BudgetReset;
 use http::{Response, StatusCode};
 
 /// A start the lease layer answers itself, without starting a job.
@@ -69,6 +70,26 @@ impl JobRefusal {
             Refusal::BodyTimeout => Self::BodyTimeout,
             _ => Self::BodyUnreadable,
         }
+    }
+
+    /// `429 budget_exhausted` with when the period resets: `Retry-After` (whole
+    /// seconds) and `resets_at` (RFC 3339, UTC) with `retry_after` in the body.
+    pub(crate) fn budget_exhausted<B>(
+        responder: &Responder,
+        reset: &BudgetReset,
+    ) -> Response<ResponseBody<B>> {
+        let seconds = reset.after.as_secs() + u64::from(reset.after.subsec_nanos() > 0);
+        let seconds = seconds.max(1);
+        let mut extra = serde_json::Map::new();
+        extra.insert("resets_at".into(), reset.at.clone().into());
+        extra.insert("retry_after".into(), seconds.into());
+        let refusal = Self::BudgetExhausted;
+        let mut response =
+            responder.error_with(refusal.status(), refusal.code(), refusal.message(), extra);
+        response
+            .headers_mut()
+            .insert(http::header::RETRY_AFTER, http::HeaderValue::from(seconds));
+        response
     }
 
     pub(crate) fn respond<B>(self, responder: &Responder) -> Response<ResponseBody<B>> {

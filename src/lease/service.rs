@@ -1,11 +1,11 @@
+use super::future::ResponseFuture;
 use super::handle::Lease;
 use super::key::JobKeyExtractor;
 use super::layer::LeaseConfig;
-use crate::body::{BoxError, ResponseBody};
-use crate::buffer::buffer_body;
-use super::future::ResponseFuture;
 use super::outcome::JobOutcome;
 use super::refusal::JobRefusal;
+use crate::body::{BoxError, ResponseBody};
+use crate::buffer::buffer_body;
 use crate::response::json_response;
 use crate::scope::ScopeExtractor;
 use crate::store::jobs::{Job, StartJob, StartOutcome};
@@ -129,12 +129,17 @@ where
     };
     // Tenant, kind and key travel as separate fields: tenants never share a job.
     telemetry::identify(scope.as_str(), &key);
+    let cost = config
+        .cost
+        .as_ref()
+        .map_or(1, |cost| cost.cost(&scope, &parts, &bytes));
     let request = StartJob {
         tenant: scope.as_str(),
         kind: &config.kind,
         key: &key,
         owner: &config.owner,
         budget: config.budget,
+        cost,
     };
     let (job, grant, stolen) = match config.store.start(&request).await {
         Ok(StartOutcome::Created(job, grant)) => (job, grant, false),
@@ -153,7 +158,10 @@ where
             let answer = job_answer(&config, StatusCode::OK, &job, &body);
             return (Ok(answer), JobOutcome::Completed);
         }
-        Ok(StartOutcome::BudgetExhausted) => return refuse(JobRefusal::BudgetExhausted),
+        Ok(StartOutcome::BudgetExhausted(reset)) => {
+            let answer = JobRefusal::budget_exhausted(&config.responder, &reset);
+            return (Ok(answer), JobOutcome::BudgetExhausted);
+        }
         Err(_) => return refuse(JobRefusal::StoreUnavailable),
     };
 
@@ -180,7 +188,10 @@ where
         Ok(response) => {
             // The handler refused to start the work: end the job so it cannot block.
             let _ = lease.fail("start_rejected").await;
-            (Ok(response.map(ResponseBody::inner)), JobOutcome::StartFailed)
+            (
+                Ok(response.map(ResponseBody::inner)),
+                JobOutcome::StartFailed,
+            )
         }
         Err(error) => {
             let _ = lease.fail("start_failed").await;

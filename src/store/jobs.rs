@@ -78,6 +78,9 @@ pub struct Job {
     pub cursor_len: u64,
     /// The artifact id once complete.
     pub artifact_id: Option<String>,
+    /// The units of budget this job reserved when it was accepted (1 unless the
+    /// layer estimates a cost): kept once it completes, returned if it fails.
+    pub cost: u64,
     /// Why the job failed.
     pub error_code: Option<String>,
 }
@@ -93,14 +96,17 @@ pub struct LeaseGrant {
     pub token: FencingToken,
 }
 
-/// A budget: at most `allowance` jobs per tenant per period.
+/// A budget: at most `allowance` units per tenant per period, where each job
+/// reserves its cost when it is accepted (1 per job unless the layer
+/// estimates costs with `LeaseLayer::with_cost`, e.g. model tokens).
 ///
 /// Completed jobs and in-flight jobs under a live lease count; failed jobs,
-/// stale in-flight jobs, and jobs an operator reset do not.
+/// stale in-flight jobs, and jobs an operator reset do not: the allowance
+/// counts delivered work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
-    /// Jobs allowed per period.
-    pub allowance: u32,
+    /// Units allowed per period.
+    pub allowance: u64,
     /// The period, in UTC on the store's clock.
     pub period: BudgetPeriod,
 }
@@ -115,16 +121,16 @@ pub enum BudgetPeriod {
 }
 
 impl Budget {
-    /// `allowance` jobs per UTC calendar month.
-    pub fn per_month(allowance: u32) -> Self {
+    /// `allowance` units (jobs, at the default cost of 1) per UTC calendar month.
+    pub fn per_month(allowance: u64) -> Self {
         Self {
             allowance,
             period: BudgetPeriod::Month,
         }
     }
 
-    /// `allowance` jobs per UTC calendar day.
-    pub fn per_day(allowance: u32) -> Self {
+    /// `allowance` units (jobs, at the default cost of 1) per UTC calendar day.
+    pub fn per_day(allowance: u64) -> Self {
         Self {
             allowance,
             period: BudgetPeriod::Day,
@@ -150,6 +156,19 @@ pub struct StartJob<'a> {
     pub owner: &'a str,
     /// An optional budget checked, atomically, before a job is created.
     pub budget: Option<Budget>,
+    /// The units this start reserves against the budget if it creates (or
+    /// revives) a job; reserving and creating are one atomic decision.
+    pub cost: u64,
+}
+
+/// When an exhausted budget's period ends, on the store's clock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BudgetReset {
+    /// The first instant of the next period, RFC 3339 in UTC
+    /// (`2026-09-01T00:00:00Z`).
+    pub at: String,
+    /// How long until then.
+    pub after: std::time::Duration,
 }
 
 /// What [`JobStore::start`] decided, atomically.
@@ -164,8 +183,8 @@ pub enum StartOutcome {
     Joined(Job),
     /// The job completed earlier: its result stands.
     Completed(Job),
-    /// Creating a job would exceed the tenant's budget.
-    BudgetExhausted,
+    /// Reserving this start's cost would exceed the tenant's budget; it resets then.
+    BudgetExhausted(BudgetReset),
 }
 
 /// Result of [`JobStore::append`].

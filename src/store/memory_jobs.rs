@@ -1,6 +1,6 @@
 use super::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobMaintenance, JobReader,
-    JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
+    JobReader, JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 use super::FencingToken;
 use async_trait::async_trait;
@@ -150,7 +150,7 @@ impl State {
 
     /// What counts against `budget` for `tenant` now: completed jobs of the
     /// period (counted as they completed), and unfinished ones under a live lease.
-    fn counted(&self, tenant: &str, budget: Budget, now: Instant, today: PeriodStarts) -> u32 {
+    fn counted(&self, tenant: &str, budget: Budget, now: Instant, today: PeriodStarts) -> u64 {
         let Some(index) = self.tenants.get(tenant) else {
             return 0;
         };
@@ -160,7 +160,8 @@ impl State {
             .filter_map(|id| self.jobs.get(id))
             .filter(|e| !e.budget_reset && e.period_start.same(today, budget.period))
             .filter(|e| e.lease_expires > now)
-            .count() as u32;
+            .map(|e| e.job.cost)
+            .fold(0u64, u64::saturating_add);
         index.complete_in(budget, today).saturating_add(live)
     }
 
@@ -173,9 +174,10 @@ impl State {
         entry.job.status = status;
         entry.job.error_code = error_code.map(str::to_owned);
         entry.ended_at = Some(now);
-        let (tenant, period, counts) = (
+        let (tenant, period, cost, counts) = (
             entry.job.tenant.clone(),
             entry.period_start,
+            entry.job.cost,
             status == JobStatus::Complete && !entry.budget_reset,
         );
         if status == JobStatus::Failed {
@@ -185,7 +187,7 @@ impl State {
         let index = self.tenants.entry(tenant).or_default();
         index.in_flight.remove(id);
         if counts {
-            index.count_complete(period, true);
+            index.count_complete(period, cost, true);
         }
     }
 
@@ -202,7 +204,7 @@ impl State {
             index.jobs.remove(id);
             index.in_flight.remove(id);
             if entry.job.status == JobStatus::Complete && !entry.budget_reset {
-                index.count_complete(entry.period_start, false);
+                index.count_complete(entry.period_start, entry.job.cost, false);
             }
             if index.jobs.is_empty() {
                 self.tenants.remove(&entry.job.tenant);
@@ -235,6 +237,18 @@ impl State {
     }
 }
 
+/// When `budget`'s period that contains `today` ends, on this process's clock.
+fn budget_reset(today: PeriodStarts, budget: Budget) -> BudgetReset {
+    let (at, epoch_secs) = today.next(budget.period);
+    let now = SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    BudgetReset {
+        at,
+        after: Duration::from_secs(epoch_secs).saturating_sub(now),
+    }
+}
+
 fn new_job_id(counter: u64) -> String {
     // Unpredictable ids; reads are tenant-checked regardless.
     let mut a = std::collections::hash_map::RandomState::new().build_hasher();
@@ -260,10 +274,12 @@ impl JobStore for MemoryJobStore {
             key: request.key.to_owned(),
         };
         let mut state = self.state();
+        // The reservation and the creation are one decision, under the lock.
         let over_budget = |state: &State| {
-            request
-                .budget
-                .is_some_and(|b| state.counted(request.tenant, b, now, today) >= b.allowance)
+            let budget = request.budget?;
+            let counted = state.counted(request.tenant, budget, now, today);
+            (counted.saturating_add(request.cost) > budget.allowance)
+                .then(|| StartOutcome::BudgetExhausted(budget_reset(today, budget)))
         };
         if let Some(id) = state.live_by_key.get(&identity).cloned() {
             let entry = &state.jobs[&id];
@@ -275,8 +291,8 @@ impl JobStore for MemoryJobStore {
                 _ => {}
             }
             // Expired: steal it, unless reviving it would exceed the budget.
-            if over_budget(&state) {
-                return Ok(StartOutcome::BudgetExhausted);
+            if let Some(exhausted) = over_budget(&state) {
+                return Ok(exhausted);
             }
             let grant = state.grant(&id, request.owner, expires);
             let entry = state.jobs.get_mut(&id).expect("present");
@@ -287,10 +303,11 @@ impl JobStore for MemoryJobStore {
             entry.chunks.clear();
             entry.period_start = today;
             entry.budget_reset = false;
+            entry.job.cost = request.cost;
             return Ok(StartOutcome::Stolen(entry.job.clone(), grant));
         }
-        if over_budget(&state) {
-            return Ok(StartOutcome::BudgetExhausted);
+        if let Some(exhausted) = over_budget(&state) {
+            return Ok(exhausted);
         }
         state.next_job += 1;
         let id = new_job_id(state.next_job);
@@ -306,6 +323,7 @@ impl JobStore for MemoryJobStore {
             cursor_len: 0,
             artifact_id: None,
             error_code: None,
+            cost: request.cost,
         };
         state.jobs.insert(
             id.clone(),
@@ -515,12 +533,12 @@ impl JobMaintenance for MemoryJobStore {
             }
             entry.budget_reset = true;
             if entry.job.status == JobStatus::Complete {
-                uncounted.push(entry.period_start);
+                uncounted.push((entry.period_start, entry.job.cost));
             }
             reset += 1;
         }
-        for period_start in uncounted {
-            index.count_complete(period_start, false);
+        for (period_start, cost) in uncounted {
+            index.count_complete(period_start, cost, false);
         }
         Ok(reset)
     }

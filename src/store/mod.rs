@@ -18,10 +18,10 @@ pub use jobs::{JobMaintenance, JobReader, JobStore, JobStoreError};
 pub use memory::MemoryStore;
 #[cfg(feature = "leases")]
 pub use memory_jobs::MemoryJobStore;
-#[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, PostgresTransaction, TransactionClient};
 #[cfg(all(feature = "postgres", feature = "leases"))]
 pub use postgres::PostgresJobStore;
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresStore, PostgresTransaction, TransactionClient};
 
 use crate::body::BoxError;
 use crate::{IdempotencyKey, RequestFingerprint, Scope};

@@ -58,6 +58,7 @@ pub async fn start_kind<S: JobStore + ?Sized>(
             key,
             owner,
             budget,
+            cost: 1,
         })
         .await
         .expect("start")
@@ -204,6 +205,65 @@ pub async fn purge_tenant_erases_one_tenants_jobs_only<S: FullJobStore>(store: S
     ));
     assert!(store.job(&kept, &other.job_id).await.unwrap().is_some());
     assert_eq!(store.purge_tenant(&gone).await.unwrap(), 0);
+}
+
+/// Weighted budgets: each start reserves its cost, over the allowance is
+/// refused with when the period resets, a failed job returns its cost and a
+/// completed one keeps it.
+pub async fn weighted_budget_reserves_costs_and_failure_returns_them<S: FullJobStore>(store: S) {
+    let tenant = unique("acme");
+    let budget = Some(Budget::per_day(1000));
+    let start_cost = |key: &'static str, cost: u64| {
+        let tenant = tenant.clone();
+        let store = &store;
+        async move {
+            store
+                .start(&StartJob {
+                    tenant: &tenant,
+                    kind: "report",
+                    key,
+                    owner: "w",
+                    budget,
+                    cost,
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let StartOutcome::Created(job, first) = start_cost("r:1", 600).await else {
+        panic!("first")
+    };
+    assert_eq!(job.cost, 600);
+    match start_cost("r:2", 600).await {
+        StartOutcome::BudgetExhausted(reset) => {
+            assert!(reset.at.ends_with("T00:00:00Z"), "{}", reset.at);
+            assert!(
+                reset.after <= Duration::from_secs(86_400),
+                "{:?}",
+                reset.after
+            );
+        }
+        other => panic!("600 + 600 > 1000, got {other:?}"),
+    }
+    let StartOutcome::Created(_, small) = start_cost("r:3", 400).await else {
+        panic!("600 + 400 fits")
+    };
+    store.fail(&first, "provider_5xx").await.unwrap();
+    let StartOutcome::Created(_, second) = start_cost("r:2", 600).await else {
+        panic!("the failed job's 600 came back")
+    };
+    store
+        .finalize(&small, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    store
+        .finalize(&second, Bytes::from_static(b"x"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        start_cost("r:4", 1).await,
+        StartOutcome::BudgetExhausted(_)
+    ));
 }
 
 /// Two kinds (two layers on one store) with the same key are two jobs.
@@ -659,7 +719,7 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: 
     };
     assert!(matches!(
         start_b("r:2026-03").await,
-        StartOutcome::BudgetExhausted
+        StartOutcome::BudgetExhausted(_)
     ));
     // Joining and reading a completed job are free.
     assert!(matches!(
@@ -677,7 +737,7 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: 
     };
     assert!(matches!(
         start_b("r:2026-04").await,
-        StartOutcome::BudgetExhausted
+        StartOutcome::BudgetExhausted(_)
     ));
     // A stale in-flight job (lease expired, nobody behind it) does not count.
     store.heartbeat(&stalls).await.unwrap();
@@ -687,7 +747,7 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: 
     };
     assert!(matches!(
         start_b("r:2026-05").await,
-        StartOutcome::BudgetExhausted
+        StartOutcome::BudgetExhausted(_)
     ));
     // The operator reset gives the allowance back without deleting anything.
     assert!(
@@ -720,7 +780,7 @@ pub async fn concurrent_starts_cannot_overshoot_the_budget<S: FullJobStore>(stor
     for task in tasks {
         match task.await.unwrap() {
             StartOutcome::Created(..) => created += 1,
-            StartOutcome::BudgetExhausted => {}
+            StartOutcome::BudgetExhausted(_) => {}
             other => panic!("unexpected {other:?}"),
         }
     }
@@ -745,6 +805,7 @@ macro_rules! job_store_conformance_tests {
             kinds_are_separate_jobs,
             purge_finished_removes_ended_jobs_only,
             purge_tenant_erases_one_tenants_jobs_only,
+            weighted_budget_reserves_costs_and_failure_returns_them,
         );
         $crate::job_store_conformance_tests!(@tests $factory, SHORT:
             heartbeat_keeps_a_lease_alive,

@@ -218,6 +218,8 @@ pub struct Opts {
     pub lease: Duration,
     pub worker: Worker,
     pub budget: Option<Budget>,
+    pub token_cap: Option<u64>,
+    pub provider_failure: Option<app::ProviderFailure>,
 }
 
 impl Default for Opts {
@@ -226,6 +228,8 @@ impl Default for Opts {
             lease: LONG_LEASE,
             worker: Worker::Off,
             budget: None,
+            token_cap: None,
+            provider_failure: None,
         }
     }
 }
@@ -234,6 +238,8 @@ pub fn config(opts: &Opts) -> Config {
     Config {
         worker: opts.worker,
         budget: opts.budget,
+        token_cap: opts.token_cap,
+        provider_failure: opts.provider_failure,
         admin_token: "admin".into(),
         owner: Some("reports-api".into()),
     }

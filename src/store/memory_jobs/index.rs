@@ -24,6 +24,29 @@ impl PeriodStarts {
         }
     }
 
+    /// The next period's first instant after `self`: RFC 3339, and seconds
+    /// since the epoch.
+    pub(super) fn next(self, period: BudgetPeriod) -> (String, u64) {
+        let days = match period {
+            BudgetPeriod::Day => self.day + 1,
+            BudgetPeriod::Month => {
+                let (year, month) = self.month;
+                let (year, month) = if month == 12 {
+                    (year + 1, 1)
+                } else {
+                    (year, month + 1)
+                };
+                days_from_civil(year, month, 1)
+            }
+        };
+        let (year, month) = year_month(days);
+        let day = days - days_from_civil(year, month, 1) + 1;
+        (
+            format!("{year:04}-{month:02}-{day:02}T00:00:00Z"),
+            (days.max(0) as u64) * 86_400,
+        )
+    }
+
     /// Whether a job started in `self` counts in `today`'s `period`.
     pub(super) fn same(self, today: Self, period: BudgetPeriod) -> bool {
         match period {
@@ -46,6 +69,17 @@ fn year_month(days: i64) -> (i64, u32) {
     (year, month)
 }
 
+/// Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let month = i64::from(month);
+    let doy = (153 * (if month > 2 { month - 3 } else { month + 9 }) + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
 /// One tenant's jobs, as the budget and the erasure see them.
 #[derive(Default)]
 pub(super) struct TenantJobs {
@@ -53,19 +87,19 @@ pub(super) struct TenantJobs {
     pub(super) jobs: HashSet<String>,
     /// Jobs not ended yet: they count while their lease is live.
     pub(super) in_flight: HashSet<String>,
-    /// Completed jobs that count (not reset), per UTC day and per UTC month.
-    complete_days: HashMap<i64, u32>,
-    complete_months: HashMap<(i64, u32), u32>,
+    /// Units of completed jobs that count (not reset), per UTC day and month.
+    complete_days: HashMap<i64, u64>,
+    complete_months: HashMap<(i64, u32), u64>,
 }
 
 impl TenantJobs {
-    /// A completed job starts (`true`) or stops (`false`) counting in `period`.
-    pub(super) fn count_complete(&mut self, period: PeriodStarts, counts: bool) {
-        let step = |n: &mut u32| {
+    /// A completed job's `cost` starts (`true`) or stops (`false`) counting in `period`.
+    pub(super) fn count_complete(&mut self, period: PeriodStarts, cost: u64, counts: bool) {
+        let step = |n: &mut u64| {
             *n = if counts {
-                n.saturating_add(1)
+                n.saturating_add(cost)
             } else {
-                n.saturating_sub(1)
+                n.saturating_sub(cost)
             }
         };
         step(self.complete_days.entry(period.day).or_default());
@@ -76,8 +110,8 @@ impl TenantJobs {
         self.complete_months.retain(|_, n| *n > 0);
     }
 
-    /// Completed jobs counted against `budget` in `today`'s period.
-    pub(super) fn complete_in(&self, budget: Budget, today: PeriodStarts) -> u32 {
+    /// Units of completed jobs counted against `budget` in `today`'s period.
+    pub(super) fn complete_in(&self, budget: Budget, today: PeriodStarts) -> u64 {
         match budget.period {
             BudgetPeriod::Day => self.complete_days.get(&today.day),
             BudgetPeriod::Month => self.complete_months.get(&today.month),
@@ -101,14 +135,38 @@ mod tests {
     }
 
     #[test]
+    fn periods_end_at_the_next_utc_day_and_month() {
+        let aug_31 = PeriodStarts {
+            day: days_from_civil(2026, 8, 31),
+            month: (2026, 8),
+        };
+        assert_eq!(aug_31.day, 20_696);
+        assert_eq!(aug_31.next(BudgetPeriod::Day).0, "2026-09-01T00:00:00Z");
+        assert_eq!(aug_31.next(BudgetPeriod::Month).0, "2026-09-01T00:00:00Z");
+        let dec = PeriodStarts {
+            day: days_from_civil(2026, 12, 1),
+            month: (2026, 12),
+        };
+        assert_eq!(dec.next(BudgetPeriod::Month).0, "2027-01-01T00:00:00Z");
+        assert_eq!(dec.next(BudgetPeriod::Day).0, "2026-12-02T00:00:00Z");
+        let feb = PeriodStarts {
+            day: days_from_civil(2028, 2, 28),
+            month: (2028, 2),
+        };
+        assert_eq!(feb.next(BudgetPeriod::Day).0, "2028-02-29T00:00:00Z");
+        assert_eq!(days_from_civil(1970, 1, 1), 0);
+        assert_eq!(days_from_civil(2000, 2, 29), 11_016);
+    }
+
+    #[test]
     fn completed_jobs_count_in_their_day_and_month_until_uncounted() {
         let mut tenant = TenantJobs::default();
         let today = PeriodStarts::of(SystemTime::now());
-        tenant.count_complete(today, true);
-        tenant.count_complete(today, true);
-        assert_eq!(tenant.complete_in(Budget::per_day(9), today), 2);
-        assert_eq!(tenant.complete_in(Budget::per_month(9), today), 2);
-        tenant.count_complete(today, false);
+        tenant.count_complete(today, 1, true);
+        tenant.count_complete(today, 1200, true);
+        assert_eq!(tenant.complete_in(Budget::per_day(9), today), 1201);
+        assert_eq!(tenant.complete_in(Budget::per_month(9), today), 1201);
+        tenant.count_complete(today, 1200, false);
         assert_eq!(tenant.complete_in(Budget::per_day(9), today), 1);
         let tomorrow = PeriodStarts {
             day: today.day + 1,

@@ -3,8 +3,8 @@
 use super::sql::{derived_name, is_identifier};
 use crate::body::BoxError;
 use crate::store::jobs::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobMaintenance, JobReader,
-    JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
+    Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
+    JobReader, JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 use crate::store::FencingToken;
 use async_trait::async_trait;
@@ -72,7 +72,7 @@ impl std::fmt::Debug for PostgresJobStore {
 const PURGE_BATCH: u64 = 1000;
 
 const JOB_COLUMNS: &str = "job_id, tenant, kind, key, status, lease_owner, attempt, \
-                           next_seq, cursor_len, artifact_id, error_code";
+                           next_seq, cursor_len, artifact_id, error_code, cost";
 
 impl PostgresJobStore {
     /// Jobs in `public.lease_jobs` (chunks in `public.lease_jobs_chunks`), 45 s
@@ -242,6 +242,7 @@ fn decode_job(row: &Row) -> Result<Job, JobStoreError> {
         cursor_len: row.try_get::<_, i64>("cursor_len").map_err(backend)? as u64,
         artifact_id: row.try_get("artifact_id").map_err(backend)?,
         error_code: row.try_get("error_code").map_err(backend)?,
+        cost: row.try_get::<_, i64>("cost").map_err(backend)?.max(0) as u64,
     })
 }
 
@@ -296,7 +297,10 @@ impl JobStore for PostgresJobStore {
                     return Ok(StartOutcome::Joined(job));
                 }
             }
+            let cost = i64::try_from(request.cost).unwrap_or(i64::MAX);
             if let Some(budget) = request.budget {
+                // The reservation and the creation are one decision: this
+                // transaction holds the tenant's budget lock until it commits.
                 let unit = period_unit(budget);
                 let counted: i64 = tx
                     .query_one(&sql.budget_count, &[&request.tenant, &unit])
@@ -304,15 +308,24 @@ impl JobStore for PostgresJobStore {
                     .map_err(backend)?
                     .try_get(0)
                     .map_err(backend)?;
-                if counted >= i64::from(budget.allowance) {
-                    return Ok(StartOutcome::BudgetExhausted);
+                let allowance = i64::try_from(budget.allowance).unwrap_or(i64::MAX);
+                if counted.saturating_add(cost) > allowance {
+                    let row = tx
+                        .query_one(&sql.budget_reset_at, &[&unit])
+                        .await
+                        .map_err(backend)?;
+                    let seconds: i64 = row.try_get(1).map_err(backend)?;
+                    return Ok(StartOutcome::BudgetExhausted(BudgetReset {
+                        at: row.try_get(0).map_err(backend)?,
+                        after: Duration::from_secs(seconds.max(0) as u64),
+                    }));
                 }
             }
             let outcome = match current {
                 Some(row) => {
                     let job_id: String = row.try_get("job_id").map_err(backend)?;
                     let stolen = tx
-                        .query_one(&sql.steal, &[&job_id, &request.owner])
+                        .query_one(&sql.steal, &[&job_id, &request.owner, &cost])
                         .await
                         .map_err(backend)?;
                     let job = decode_job(&stolen)?;
@@ -323,7 +336,13 @@ impl JobStore for PostgresJobStore {
                     let created = tx
                         .query_one(
                             &sql.create,
-                            &[&request.tenant, &request.kind, &request.key, &request.owner],
+                            &[
+                                &request.tenant,
+                                &request.kind,
+                                &request.key,
+                                &request.owner,
+                                &cost,
+                            ],
                         )
                         .await
                         .map_err(backend)?;
@@ -545,6 +564,7 @@ struct JobSql {
     job_lock: String,
     current: String,
     budget_count: String,
+    budget_reset_at: String,
     create: String,
     steal: String,
     acquire: String,
@@ -629,6 +649,9 @@ ALTER TABLE {t} DROP COLUMN natural_key;
 CREATE UNIQUE INDEX "{live_idx}" ON {t} (tenant, kind, key) WHERE status <> 'failed';
 CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'failed');"#
                 ),
+                // 3: weighted budgets. Every job reserves its cost in units
+                // (1 for the jobs of before, which counted one each).
+                format!(r#"ALTER TABLE {t} ADD COLUMN cost bigint NOT NULL DEFAULT 1;"#),
             ],
             // Lock keys are hashes, chained over the separate fields; a collision
             // only serialises two starts, the job itself is found column by column.
@@ -641,13 +664,20 @@ CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'fai
                  WHERE tenant = $1 AND kind = $2 AND key = $3 AND status <> 'failed'"
             ),
             budget_count: format!(
-                "SELECT count(*) FROM {t} WHERE tenant = $1 AND NOT budget_reset \
+                "SELECT coalesce(sum(cost), 0)::bigint FROM {t} WHERE tenant = $1 AND NOT budget_reset \
                  AND period_started_at >= {period_start} \
                  AND (status = 'complete' OR ({live}))"
             ),
+            // The first instant of the next UTC day or month, on the database clock.
+            budget_reset_at: "SELECT to_char(next, 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
+                 ceil(extract(epoch FROM (next AT TIME ZONE 'UTC') - now()))::bigint \
+                 FROM (SELECT date_trunc($1, now() AT TIME ZONE 'UTC') + ('1 ' || $1)::interval \
+                 AS next) n"
+                .to_owned(),
             create: format!(
                 "INSERT INTO {t} (tenant, kind, key, status, lease_owner, lease_token, \
-                 lease_expires_at) VALUES ($1, $2, $3, 'queued', $4, nextval('{seq}'), {expires}) \
+                 lease_expires_at, cost) \
+                 VALUES ($1, $2, $3, 'queued', $4, nextval('{seq}'), {expires}, $5) \
                  RETURNING {JOB_COLUMNS}, lease_token"
             ),
             // The dead worker's partial cursor is dropped with its lease.
@@ -655,7 +685,7 @@ CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'fai
                 "WITH gone AS (DELETE FROM {chunks_table} WHERE job_id = $1) \
                  UPDATE {t} SET status = 'queued', lease_owner = $2, \
                  lease_token = nextval('{seq}'), lease_expires_at = {expires}, next_seq = 0, \
-                 attempt = attempt + 1, \
+                 attempt = attempt + 1, cost = $3, \
                  cursor_len = 0, budget_reset = false, period_started_at = now(), \
                  updated_at = now() \
                  WHERE job_id = $1 AND status IN ('queued', 'running') \
