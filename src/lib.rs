@@ -226,6 +226,11 @@ pub use idempotency::{IdempotencyLayer, IdempotencyService, InFlight};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 #[cfg(feature = "leases")]
 pub use lease::{Lease, LeaseLayer};
+
+/// The Rust examples of `docs/leases.md`, compiled and run as doctests.
+#[cfg(all(doctest, feature = "leases"))]
+#[doc = include_str!("../docs/leases.md")]
+pub struct LeasesGuide;
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal};
 pub use scope::{FromExtension, Scope, ScopeExtractor};

@@ -34,6 +34,126 @@ for_each_store! {
     #[tokio::test] check_4_a_reconnect_reads_the_cursor_and_inserts_nothing,
     #[tokio::test] check_5_download_checks_the_session_tenant,
     #[tokio::test] check_6_the_http_path_behaves_as_the_in_process_one,
+    #[tokio::test] keyed_start_twice_is_one_job_one_provider_call_and_one_answer,
+    #[tokio::test] keyed_start_with_a_failing_provider_fails_the_job_and_returns_its_tokens,
+}
+
+/// `POST /reports` with an `Idempotency-Key` (the job-row flow): a duplicate
+/// with the same key gets the same `202` byte for byte and starts nothing;
+/// the client is answered at once and reads the job while the work runs.
+async fn keyed_start_twice_is_one_job_one_provider_call_and_one_answer(backend: Backend) {
+    let opts = Opts {
+        worker: app::Worker::BuiltIn {
+            chunk_delay: Duration::from_millis(100),
+        },
+        ..Opts::default()
+    };
+    let app = demo_with(&backend, opts).await;
+    let headers = [
+        ("authorization", "Bearer acme"),
+        ("idempotency-key", "report-key-0001"),
+    ];
+    let started = std::time::Instant::now();
+    let first = app
+        .client
+        .post_json("/reports", &headers, &health("2026-08"))
+        .await;
+    assert_eq!(first.status, 202, "{}", text(&first));
+    // Answered before the work (five chunks of 100 ms) is done.
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    let again = app
+        .client
+        .post_json("/reports", &headers, &health("2026-08"))
+        .await;
+    assert_eq!(again.status, 202);
+    assert!(again.replayed());
+    assert_eq!(again.body, first.body);
+    assert_eq!(again.headers["location"], first.headers["location"]);
+    assert_eq!(app.created(), 1, "one job, one provider call");
+    let job_id = first.json()["job_id"].as_str().unwrap().to_owned();
+    assert_ne!(app.job("acme", &job_id).await["status"], "complete");
+    let done = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let job = app.job("acme", &job_id).await;
+            if job["status"] == "complete" {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the job completes");
+    assert_eq!(done["attempt"], 1);
+    // A key is required on this route; a new key for the same report joins it.
+    let keyless = app
+        .client
+        .post_json(
+            "/reports",
+            &[("authorization", "Bearer acme")],
+            &health("2026-08"),
+        )
+        .await;
+    assert_eq!(
+        (keyless.status.as_u16(), keyless.code().as_str()),
+        (400, "idempotency_key_required")
+    );
+    assert_eq!(app.created(), 1);
+}
+
+/// A provider failure under a token cap: the job fails `provider_5xx`, a retry
+/// with the key replays the same `202`, and the tokens are back for a new report.
+async fn keyed_start_with_a_failing_provider_fails_the_job_and_returns_its_tokens(
+    backend: Backend,
+) {
+    let opts = Opts {
+        worker: app::Worker::BuiltIn {
+            chunk_delay: Duration::from_millis(20),
+        },
+        token_cap: Some(1500),
+        provider_failure: Some(app::ProviderFailure::Status5xx),
+        ..Opts::default()
+    };
+    let app = demo_with(&backend, opts).await;
+    let keyed = |key: &'static str| [("authorization", "Bearer acme"), ("idempotency-key", key)];
+    let first = app
+        .client
+        .post_json("/reports", &keyed("report-key-0002"), &health("2026-08"))
+        .await;
+    assert_eq!(first.status, 202, "{}", text(&first));
+    let job_id = first.json()["job_id"].as_str().unwrap().to_owned();
+    let failed = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let job = app.job("acme", &job_id).await;
+            if job["status"] == "failed" {
+                return job;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the job fails");
+    assert_eq!(failed["error_code"], "provider_5xx");
+    let retry = app
+        .client
+        .post_json("/reports", &keyed("report-key-0002"), &health("2026-08"))
+        .await;
+    assert!(retry.replayed());
+    assert_eq!(retry.body, first.body);
+    let other = app
+        .client
+        .post_json("/reports", &keyed("report-key-0003"), &health("2026-09"))
+        .await;
+    assert_eq!(
+        other.status,
+        202,
+        "the failed job's 1200 tokens came back: {}",
+        text(&other)
+    );
+    assert_eq!(app.created(), 2);
 }
 
 // The decision matrix, row by row.

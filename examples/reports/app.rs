@@ -39,7 +39,7 @@ use std::time::Duration;
 use tower_http::auth::AsyncRequireAuthorizationLayer;
 use tower_idempotency::lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey, LeaseLayer};
 use tower_idempotency::store::jobs::{Budget, Job, JobMaintenance, JobReader, JobStore};
-use tower_idempotency::Scope;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
 
 /// All the demo calls on its store: starts and worker writes, the readers'
 /// queries, and upkeep. The crate keeps them in three traits, by caller.
@@ -137,13 +137,33 @@ struct AppState {
     admin_token: Arc<str>,
 }
 
-/// The whole service. Tenant auth runs on the tenant routes only; the admin
-/// route checks its own token.
+/// The whole service, with `POST /reports`'s idempotency records in this
+/// process. Tenant auth runs on the tenant routes only; the admin route checks
+/// its own token.
+#[allow(dead_code)] // the tests mount it
 pub fn router(store: Arc<dyn Jobs>, config: Config) -> Router {
+    router_with_records(store, Arc::new(MemoryStore::new()), config)
+}
+
+/// [`router`] with the idempotency records of `POST /reports` in `records`
+/// (PostgreSQL when the jobs are, so every instance replays the same answers).
+pub fn router_with_records(
+    store: Arc<dyn Jobs>,
+    records: Arc<dyn Store>,
+    config: Config,
+) -> Router {
     let mut lease = lease_layer(store.clone(), config.budget, config.token_cap);
     if let Some(owner) = &config.owner {
         lease = lease.with_owner(owner.as_str());
     }
+    // `POST /reports` with an `Idempotency-Key`: the same start as
+    // `/reports/start` (same kind, so the same jobs), and the layer's `202`
+    // is recorded: a retry with the key gets the same `job_id` byte for byte,
+    // and starts nothing. Joins (`200`) are not recorded; they start nothing.
+    let keyed =
+        IdempotencyLayer::new(records).with_cache_policy(|parts: &http::response::Parts| {
+            parts.status == http::StatusCode::ACCEPTED
+        });
     let state = AppState {
         store,
         worker: config.worker,
@@ -151,7 +171,15 @@ pub fn router(store: Arc<dyn Jobs>, config: Config) -> Router {
         admin_token: config.admin_token,
     };
     let tenant = Router::new()
-        .route("/reports/start", post(start::start_report).layer(lease))
+        .route(
+            "/reports/start",
+            post(start::start_report).layer(lease.clone()),
+        )
+        .route(
+            "/reports",
+            // Outermost first: the key's record, then the job.
+            post(start::start_report).layer(tower::ServiceBuilder::new().layer(keyed).layer(lease)),
+        )
         .route("/reports/{job_id}", get(readers::read_job))
         .route("/reports/{job_id}/cursor", get(readers::read_cursor))
         .route("/reports/{job_id}/events", get(events::read_events))

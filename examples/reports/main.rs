@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::store::jobs::Budget;
 use tower_idempotency::store::{JobStore, MemoryJobStore};
+use tower_idempotency::{MemoryStore, Store};
 
 /// How often jobs whose lease expired with nobody behind them are failed.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -44,7 +45,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 async fn main() -> Result<(), Box<dyn Error>> {
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3001".into());
     let config = config_from_env()?;
-    let (store, store_name) = job_store_from_env().await?;
+    let (store, records, store_name) = job_store_from_env().await?;
     let worker = match config.worker {
         app::Worker::Off => "off (external workers acquire jobs over HTTP)".to_owned(),
         app::Worker::BuiltIn { chunk_delay } => {
@@ -52,7 +53,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
         }
     };
     app::spawn_stale_sweep(store.clone(), SWEEP_EVERY);
-    let app = app::router(store.clone(), config.clone());
+    let app = app::router_with_records(store.clone(), records, config.clone());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!(
         "job store: {store_name}, lease {:?}",
@@ -72,7 +73,7 @@ async fn main() -> Result<(), Box<dyn Error>> {
 /// `--features postgres` and `DATABASE_URL` is set (migrated here, so a fresh
 /// database works), the in-memory store otherwise. Returns a description of
 /// the store for the start-up banner.
-async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, String), Box<dyn Error>> {
+async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, Arc<dyn Store>, String), Box<dyn Error>> {
     let lease = match std::env::var("LEASE_SECONDS") {
         Ok(v) => {
             let secs: f64 = v
@@ -91,7 +92,8 @@ async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, String), Box<dyn Error>>
         #[cfg(feature = "postgres")]
         {
             let (store, description) = postgres::job_store(&url, lease).await?;
-            return Ok((Arc::new(store), description));
+            let records = postgres::records_store(&url).await?;
+            return Ok((Arc::new(store), Arc::new(records), description));
         }
         // Refuse rather than silently keep jobs in this process only:
         // instances sharing DATABASE_URL expect to share their jobs.
@@ -107,7 +109,12 @@ async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, String), Box<dyn Error>>
         }
     }
     let store = MemoryJobStore::new().with_lease(lease);
-    Ok((Arc::new(store), "memory (this process only)".into()))
+    let records = MemoryStore::new();
+    Ok((
+        Arc::new(store),
+        Arc::new(records),
+        "memory (this process only)".into(),
+    ))
 }
 
 fn config_from_env() -> Result<app::Config, Box<dyn Error>> {

@@ -7,6 +7,7 @@ use std::error::Error;
 use std::time::Duration;
 use tokio_postgres::NoTls;
 use tower_idempotency::store::PostgresJobStore;
+use tower_idempotency::PostgresStore;
 
 /// Connections per instance: starts, worker calls and each `/events` poll
 /// hold one for a round trip or two.
@@ -59,6 +60,29 @@ pub async fn job_store(
         .await
         .map_err(|e| format!("PostgreSQL job store ({place}): migrate failed: {e}"))?;
     Ok((store, format!("postgres ({place}, table {table})")))
+}
+
+/// The idempotency records of `POST /reports`, in the jobs' database.
+pub async fn records_store(jobs_url: &str) -> Result<PostgresStore, Box<dyn Error>> {
+    let config: tokio_postgres::Config = jobs_url.parse()?;
+    let manager = Manager::from_config(
+        config.clone(),
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = Pool::builder(manager)
+        .max_size(POOL_SIZE)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(Duration::from_secs(5)))
+        .create_timeout(Some(Duration::from_secs(3)))
+        .build()?;
+    let store = PostgresStore::new(pool)
+        .with_table("report_idempotency_records")
+        .with_listener(config);
+    store.migrate().await?;
+    Ok(store)
 }
 
 /// `database NAME on HOST:PORT`, without credentials.
