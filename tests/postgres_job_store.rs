@@ -617,3 +617,50 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
         StartOutcome::Created(..)
     ));
 }
+
+/// Weighted starts from two instances (two stores, two pools) on one table:
+/// the budget lock in the database makes each reservation one decision, so
+/// together they never reserve past the allowance.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weighted_starts_from_two_instances_never_overshoot() {
+    let Some(url) = pg::database_url("weighted_starts_from_two_instances") else {
+        return;
+    };
+    let table = pg::unique_table("jobs_weighted");
+    let first = job_store(&url, &table, job_conformance::LONG).await;
+    let second = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 8)).with_table(&table);
+    let budget = Some(tower_idempotency::store::jobs::Budget::per_day(10_000));
+    let starts: Vec<_> = (0..40)
+        .map(|i| {
+            let store = if i % 2 == 0 {
+                first.clone()
+            } else {
+                second.clone()
+            };
+            tokio::spawn(async move {
+                let key = format!("2026-{i:02}");
+                store
+                    .start(&StartJob {
+                        tenant: "acme",
+                        kind: "report",
+                        key: &key,
+                        owner: "w",
+                        budget,
+                        cost: 700,
+                    })
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut accepted = 0;
+    for start in starts {
+        match start.await.unwrap() {
+            StartOutcome::Created(..) => accepted += 1,
+            StartOutcome::BudgetExhausted(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // 14 × 700 = 9800 fits in 10 000; a 15th would not.
+    assert_eq!(accepted, 14);
+}

@@ -213,7 +213,7 @@ pub struct Chunk {
     pub data: Bytes,
 }
 
-/// What [`JobStore::artifact`] found.
+/// What [`JobReader::artifact`] found.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ArtifactLookup {
     /// The artifact of the caller's complete job.

@@ -21,7 +21,7 @@ mod index;
 /// Each tenant's completed jobs are counted per period as they complete, and
 /// its unfinished jobs kept apart, so a budgeted start costs the same whether
 /// the store holds ten jobs or ten million. Ended jobs stay until
-/// [`purge_finished`](JobStore::purge_finished) removes them.
+/// [`purge_finished`](super::JobMaintenance::purge_finished) removes them.
 ///
 /// ```
 /// use std::time::Duration;
