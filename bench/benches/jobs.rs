@@ -62,7 +62,7 @@ fn main() {
     println!();
     println!("| jobs held | ns/start | min–max | RSS MiB |");
     println!("|---|---|---|---|");
-    let budget = Some(Budget::per_month(u32::MAX));
+    let budget = Some(Budget::per_month(u64::MAX));
     rt.block_on(async {
         for &size in &sizes {
             let store = MemoryJobStore::new();
