@@ -25,8 +25,12 @@ pin_project! {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes> },
         Failed { error: Option<BoxError> },
+        Streamed { frames: Frames },
     }
 }
+
+/// Frames of a recorded response, forwarded as its recorder reads them.
+pub(crate) type Frames = tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, BoxError>>;
 
 impl<B> ResponseBody<B> {
     pub(crate) fn inner(body: B) -> Self {
@@ -39,6 +43,13 @@ impl<B> ResponseBody<B> {
         let data = (!data.is_empty()).then_some(data);
         Self {
             kind: Kind::Full { data },
+        }
+    }
+
+    /// The frames a recorder forwards while it keeps a copy of the body.
+    pub(crate) fn streamed(frames: Frames) -> Self {
+        Self {
+            kind: Kind::Streamed { frames },
         }
     }
 
@@ -74,6 +85,7 @@ where
             }),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             KindProj::Failed { error } => Poll::Ready(error.take().map(Err)),
+            KindProj::Streamed { frames } => frames.poll_recv(cx),
         }
     }
 
@@ -82,6 +94,7 @@ where
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
             Kind::Failed { error } => error.is_none(),
+            Kind::Streamed { frames } => frames.is_closed() && frames.is_empty(),
         }
     }
 
@@ -91,7 +104,7 @@ where
             Kind::Full { data } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
-            Kind::Failed { .. } => SizeHint::default(),
+            Kind::Failed { .. } | Kind::Streamed { .. } => SizeHint::default(),
         }
     }
 }
@@ -102,6 +115,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
             Kind::Inner { .. } => "Inner",
             Kind::Full { .. } => "Full",
             Kind::Failed { .. } => "Failed",
+            Kind::Streamed { .. } => "Streamed",
         };
         f.debug_struct("ResponseBody").field("kind", &kind).finish()
     }

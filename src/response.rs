@@ -24,6 +24,10 @@ pub enum Refusal {
     KeyReuse,
     /// `409 idempotency_in_progress` with `Retry-After`: the first request is still running.
     InProgress,
+    /// `410 idempotency_response_unavailable`: the first request ran (its
+    /// effects happened) but its response could not be recorded; it is not
+    /// run again, and there is nothing to replay.
+    ResponseUnavailable,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
     /// `500 internal_error`: the handler panicked (or its runtime shut down)
@@ -42,6 +46,7 @@ impl Refusal {
             Self::BodyUnreadable => "body_unreadable",
             Self::KeyReuse => "idempotency_key_reuse",
             Self::InProgress => "idempotency_in_progress",
+            Self::ResponseUnavailable => "idempotency_response_unavailable",
             Self::StoreUnavailable => "idempotency_store_unavailable",
             Self::HandlerFailed => "internal_error",
         }
@@ -61,6 +66,10 @@ impl Refusal {
             Self::InProgress => {
                 "a request with this idempotency key is still in progress; retry later"
             }
+            Self::ResponseUnavailable => {
+                "the request with this idempotency key was processed, but its response \
+                 could not be recorded; it will not be processed again"
+            }
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
             }
@@ -75,6 +84,9 @@ impl Refusal {
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
+            // Not 409: clients following the IETF draft retry a 409 later,
+            // and this answer never changes while the record is retained.
+            Self::ResponseUnavailable => StatusCode::GONE,
             Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
             Self::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }

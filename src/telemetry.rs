@@ -29,6 +29,8 @@ pub enum Outcome {
     StoreError,
     /// Refused before any decision: no scope, bad key, body too large or too slow.
     Rejected,
+    /// Ran, but its response could not be recorded (`410` to retries).
+    Unavailable,
 }
 
 impl Outcome {
@@ -42,6 +44,7 @@ impl Outcome {
             Self::InProgress => "in_progress",
             Self::StoreError => "store_error",
             Self::Rejected => "rejected",
+            Self::Unavailable => "unavailable",
         }
     }
 }
@@ -71,6 +74,7 @@ impl From<crate::Refusal> for Outcome {
             Refusal::InProgress => Self::InProgress,
             Refusal::StoreUnavailable => Self::StoreError,
             Refusal::HandlerFailed => Self::Released,
+            Refusal::ResponseUnavailable => Self::Unavailable,
             _ => Self::Rejected,
         }
     }

@@ -489,13 +489,16 @@ async fn response_body_failing_mid_stream_is_never_recorded() {
     let error = answer.into_body().collect().await.unwrap_err();
     assert!(error.to_string().contains("upstream reset"), "{error}");
     assert_eq!(
-        state(&sql, &table, key).await,
-        None,
-        "released, not recorded"
+        state(&sql, &table, key).await.as_deref(),
+        Some("unavailable"),
+        "completed without a response, never released"
     );
     let retry = send(&svc, key, None).await;
-    assert_eq!((retry.status, retry.replayed), (StatusCode::CREATED, false));
-    assert_eq!(handler.runs(key), 2);
+    assert_eq!(
+        (retry.status, retry.code.as_str()),
+        (StatusCode::GONE, "idempotency_response_unavailable")
+    );
+    assert_eq!(handler.runs(key), 1, "never run again");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

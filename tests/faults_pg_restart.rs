@@ -197,6 +197,13 @@ impl Store for Acknowledging {
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.extend(key, token).await
     }
+    async fn complete_unavailable(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        self.inner.complete_unavailable(key, token).await
+    }
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
     }

@@ -216,8 +216,11 @@ async fn with_cancel_on_drop_a_dropped_request_future_frees_the_key() {
     assert_eq!(runs.get(), 4);
 }
 
+/// The handler answered (its effects happened), then its body failed: the
+/// key is completed as "response unavailable", never released, so no retry
+/// runs the handler again; a retry is told `410`.
 #[tokio::test]
-async fn response_body_failing_mid_stream_is_never_recorded_as_a_placeholder() {
+async fn response_body_failing_mid_stream_never_runs_the_handler_again() {
     let (store, runs) = (MemoryStore::new(), Runs::default());
     let svc = IdempotencyLayer::new(store.clone()).layer(handler(&runs, |req, run| async move {
         if !req.headers().contains_key("x-fail") {
@@ -234,10 +237,23 @@ async fn response_body_failing_mid_stream_is_never_recorded_as_a_placeholder() {
     assert_eq!(first.status(), StatusCode::CREATED);
     let error = first.into_body().collect().await.unwrap_err();
     assert!(error.to_string().contains("upstream reset"), "{error}");
-    assert!(store.is_empty(), "the failed response released the key");
-    send(&svc, post(KEY, ORDER)).await.assert_order(2, false);
-    send(&svc, post(KEY, ORDER)).await.assert_order(2, true);
-    assert_eq!(runs.get(), 2);
+    for _ in 0..2 {
+        let retry = svc.clone().oneshot(post(KEY, ORDER)).await.unwrap();
+        assert_eq!(retry.status(), StatusCode::GONE);
+        let body = retry.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&body).contains("idempotency_response_unavailable"),
+            "{body:?}"
+        );
+    }
+    assert_eq!(runs.get(), 1, "never run again");
+    // Another request under the key is still a reuse.
+    let other = svc
+        .clone()
+        .oneshot(post(KEY, r#"{"sku":"B-2","qty":1}"#))
+        .await
+        .unwrap();
+    assert_eq!(other.status(), StatusCode::CONFLICT);
 }
 
 // Request body: limits, timeouts, exact bytes.

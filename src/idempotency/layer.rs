@@ -10,6 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
+/// The default [`IdempotencyLayer::with_record_limit`]: 1 MiB.
+const DEFAULT_RECORD_LIMIT: usize = 1024 * 1024;
+
 /// The `Idempotency-Key` header name.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Added to every replayed response: `Idempotent-Replayed: true`.
@@ -32,6 +35,7 @@ pub(crate) struct Config<E, P> {
     pub(crate) scope: E,
     pub(crate) policy: P,
     pub(crate) body_limit: usize,
+    pub(crate) record_limit: usize,
     pub(crate) body_timeout: Option<Duration>,
     pub(crate) wait_timeout: Duration,
     pub(crate) replayed_headers: Vec<HeaderName>,
@@ -78,6 +82,7 @@ impl IdempotencyLayer {
                 scope: FromExtension::new(),
                 policy: CacheCreated,
                 body_limit: 1024 * 1024,
+                record_limit: DEFAULT_RECORD_LIMIT,
                 body_timeout: None,
                 wait_timeout: Duration::from_secs(5),
                 replayed_headers: vec![CONTENT_TYPE, LOCATION, ETAG, LINK],
@@ -121,6 +126,7 @@ impl<E, P> IdempotencyLayer<E, P> {
             scope,
             policy,
             body_limit,
+            record_limit,
             body_timeout,
             wait_timeout,
             replayed_headers,
@@ -138,6 +144,7 @@ impl<E, P> IdempotencyLayer<E, P> {
                 scope,
                 policy,
                 body_limit,
+                record_limit,
                 body_timeout,
                 wait_timeout,
                 replayed_headers,
@@ -152,6 +159,18 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// The largest request body buffered, in bytes (default 1 MiB); larger ones get `413`.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
         self.config.body_limit = bytes;
+        self
+    }
+
+    /// The largest response recorded, in bytes (default 1 MiB, as the request
+    /// limit). A recorded response streams to the caller as it is produced
+    /// while a copy is kept; one over the limit is still delivered in full,
+    /// but not kept: the key is completed as "response unavailable" (a retry
+    /// gets `410 idempotency_response_unavailable`, never a second run). The
+    /// copy is held in memory until recorded, and a replay is served from
+    /// memory, so this bounds both per request.
+    pub fn with_record_limit(mut self, bytes: usize) -> Self {
+        self.config.record_limit = bytes;
         self
     }
 

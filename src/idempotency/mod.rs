@@ -94,6 +94,7 @@
 mod claimed;
 mod future;
 mod layer;
+mod record;
 mod service;
 
 pub use claimed::InFlight;

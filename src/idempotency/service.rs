@@ -1,6 +1,7 @@
 use super::claimed::kept_alive;
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
+use super::record::{self, Copy, Read, Recorder};
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::{buffer_body, collect};
 use crate::policy::CachePolicy;
@@ -13,6 +14,7 @@ use crate::store::{
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
 use bytes::Bytes;
+use bytes::BytesMut;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body::Body;
@@ -115,7 +117,7 @@ where
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body + Send + 'static,
-    ResBody::Data: Send,
+    ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,
 {
     let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
@@ -169,6 +171,7 @@ where
             Ok(Begin::Claimed(token)) => break token,
             Ok(Begin::Replay(stored)) => return (Ok(replay(&stored)), Outcome::Replayed),
             Ok(Begin::Mismatch) => return refuse(Refusal::KeyReuse),
+            Ok(Begin::ResponseUnavailable) => return refuse(Refusal::ResponseUnavailable),
             Ok(Begin::InProgress) => {
                 let now = Instant::now();
                 let until = *wait_until.get_or_insert(now + config.wait_timeout);
@@ -238,7 +241,8 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     P: CachePolicy,
     ReqBody: From<Bytes>,
-    ResBody: Body,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,
 {
     let store = &config.store;
@@ -266,28 +270,90 @@ where
     // The handler's effects have happened: from here on a dropped future keeps
     // the claim until its lock expires rather than letting a retry run them again.
     let (record, token) = claim.keep();
-    // A recorded response is buffered whole: a replay returns exactly these bytes.
-    let body = match collect(res_body).await {
-        Ok(body) => body,
-        Err(error) => {
-            // Never recorded as success: free the key for a retry.
-            let _ = store.release(&record, token).await;
+    let recorder = Recorder {
+        store: store.clone(),
+        record,
+        token,
+        status: res_parts.status,
+        headers: recorded_headers(&config.replayed_headers, &res_parts),
+    };
+    // What the body has ready now: most bodies are whole at once and are
+    // recorded before the answer, as they are replayed.
+    let mut body = Box::pin(res_body);
+    let (mut copy, mut frames) = (Copy::new(config.record_limit), Vec::new());
+    match record::read(&mut body, &mut copy, &mut frames, false).await {
+        Read::Ended if copy.is_over() => {
+            recorder
+                .unavailable("the response is over the record limit")
+                .await;
+            let response = Response::from_parts(res_parts, ResponseBody::full(concat(frames)));
+            (Ok(response), Outcome::Unavailable)
+        }
+        Read::Ended => {
+            let body = copy.into_bytes();
+            let outcome = match recorder.complete(body.clone()).await {
+                true => Outcome::Claimed,
+                // The handler has still run: answer with its response and keep
+                // the claim, so no retry runs it again before the lock expires.
+                false => Outcome::StoreError,
+            };
+            let response = Response::from_parts(res_parts, ResponseBody::full(body));
+            (Ok(response), outcome)
+        }
+        Read::Failed(error) => {
+            // The effects happened: never released, never run again.
+            recorder.unavailable("the response body failed").await;
             let response = Response::from_parts(res_parts, ResponseBody::failed(error));
-            return (Ok(response), Outcome::Released);
+            (Ok(response), Outcome::Unavailable)
         }
-    };
-    let stored = to_record(&config.replayed_headers, &res_parts, &body);
-    // If recording fails the handler has still run: answer with its response and
-    // keep the claim, so no retry runs it again before the lock expires.
-    let outcome = match store.complete(&record, token, stored).await {
-        Ok(()) => Outcome::Claimed,
-        Err(error) => {
-            tracing::warn!(%error, "the handler ran but its response could not be recorded");
-            Outcome::StoreError
+        // A body still streaming: the caller gets it as it is produced, and
+        // the record (or, over the limit, "unavailable") follows at its end.
+        Read::Continues => {
+            let handed_over = match config.cancel_on_drop {
+                // Cut with the caller's future: read here, as the handler ran.
+                true => Err((body, copy, frames, Some(recorder))),
+                false => {
+                    let running = config.in_flight.enter();
+                    record::spawn_rest(body, copy, frames, Some(recorder), running)
+                }
+            };
+            match handed_over {
+                Ok(rest) => {
+                    let response = Response::from_parts(res_parts, ResponseBody::streamed(rest));
+                    (Ok(response), Outcome::Claimed)
+                }
+                // No runtime to stream from, or cancel-on-drop: read it all here.
+                Err((mut body, mut copy, mut frames, recorder)) => {
+                    let recorder = recorder.expect("given");
+                    match record::read(&mut body, &mut copy, &mut frames, true).await {
+                        Read::Failed(error) => {
+                            recorder.unavailable("the response body failed").await;
+                            let response =
+                                Response::from_parts(res_parts, ResponseBody::failed(error));
+                            (Ok(response), Outcome::Unavailable)
+                        }
+                        _ if copy.is_over() => {
+                            recorder
+                                .unavailable("the response is over the record limit")
+                                .await;
+                            let rest = collect(body).await.unwrap_or_default();
+                            frames.push(http_body::Frame::data(rest));
+                            let response =
+                                Response::from_parts(res_parts, ResponseBody::full(concat(frames)));
+                            (Ok(response), Outcome::Unavailable)
+                        }
+                        _ => {
+                            let body = copy.into_bytes();
+                            recorder.complete(body.clone()).await;
+                            let response =
+                                Response::from_parts(res_parts, ResponseBody::full(body));
+                            (Ok(response), Outcome::Claimed)
+                        }
+                    }
+                }
+            }
         }
-    };
-    let response = Response::from_parts(res_parts, ResponseBody::full(body));
-    (Ok(response), outcome)
+    }
 }
 
 /// Runs the inner service for a claimed key inside the store's transaction,
@@ -304,7 +370,8 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     P: CachePolicy,
     ReqBody: From<Bytes>,
-    ResBody: Body,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,
 {
     let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
@@ -351,16 +418,50 @@ where
         let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
         return (Ok(response), Outcome::Released);
     }
-    let body = match collect(res_body).await {
-        Ok(body) => body,
-        Err(error) => {
-            transaction.rollback().await;
+    // Read whole before the commit (nothing the handler wrote is visible
+    // before it), up to the record limit.
+    let mut body = Box::pin(res_body);
+    let (mut copy, mut frames) = (Copy::new(config.record_limit), Vec::new());
+    let read = record::read(&mut body, &mut copy, &mut frames, true).await;
+    if let Read::Failed(error) = read {
+        transaction.rollback().await;
+        claim.release().await;
+        let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+        return (Ok(response), Outcome::Released);
+    }
+    if copy.is_over() {
+        // Too large to record: the writes commit, marked as not replayable.
+        if let Err(error) = transaction.commit_unavailable().await {
+            tracing::warn!(%error, "the handler's transaction did not commit");
             claim.release().await;
-            let response = Response::from_parts(res_parts, ResponseBody::failed(error));
-            return (Ok(response), Outcome::Released);
+            return refuse(Refusal::StoreUnavailable);
         }
+        let _ = claim.keep();
+        let body = match read {
+            Read::Ended => ResponseBody::full(concat(frames)),
+            _ => {
+                let running = config.in_flight.enter();
+                match record::spawn_rest(body, copy, frames, None, running) {
+                    Ok(rest) => ResponseBody::streamed(rest),
+                    Err((body, _, mut frames, _)) => {
+                        let rest = collect(body).await.unwrap_or_default();
+                        frames.push(http_body::Frame::data(rest));
+                        ResponseBody::full(concat(frames))
+                    }
+                }
+            }
+        };
+        return (
+            Ok(Response::from_parts(res_parts, body)),
+            Outcome::Unavailable,
+        );
+    }
+    let body = copy.into_bytes();
+    let stored = StoredResponse {
+        status: res_parts.status,
+        headers: recorded_headers(&config.replayed_headers, &res_parts),
+        body: body.clone(),
     };
-    let stored = to_record(&config.replayed_headers, &res_parts, &body);
     match transaction.commit(stored).await {
         Ok(()) => {
             let _ = claim.keep();
@@ -377,13 +478,12 @@ where
     }
 }
 
-/// What is recorded of a response: its status, allow-listed headers and body.
-fn to_record(
+/// The allow-listed headers of a response, as they are recorded.
+fn recorded_headers(
     replayed_headers: &[http::HeaderName],
     parts: &http::response::Parts,
-    body: &Bytes,
-) -> StoredResponse {
-    let headers = replayed_headers
+) -> Vec<(http::HeaderName, HeaderValue)> {
+    replayed_headers
         .iter()
         .flat_map(|name| {
             parts
@@ -392,12 +492,18 @@ fn to_record(
                 .iter()
                 .map(move |value| (name.clone(), value.clone()))
         })
-        .collect();
-    StoredResponse {
-        status: parts.status,
-        headers,
-        body: body.clone(),
+        .collect()
+}
+
+/// The data of `frames`, joined (trailers are not recorded or replayed).
+fn concat(frames: Vec<http_body::Frame<Bytes>>) -> Bytes {
+    let mut joined = BytesMut::new();
+    for frame in frames {
+        if let Ok(data) = frame.into_data() {
+            joined.extend_from_slice(&data);
+        }
     }
+    joined.freeze()
 }
 
 fn replay<B>(stored: &StoredResponse) -> Answer<B> {

@@ -182,6 +182,34 @@ impl MemoryStore {
         (record, token)
     }
 
+    /// Completes the claim `token` holds with the state `completed` makes of it.
+    fn finish(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        completed: impl FnOnce(&Claim) -> State,
+    ) -> Result<(), StoreError> {
+        let now = self.now();
+        let id = self.shared.ids.of(key);
+        let mut record = match self.shared.records.get_mut(&id) {
+            Some(r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => r,
+            _ => return Err(StoreError::ClaimLost),
+        };
+        let deadline = now.saturating_add(record::saturate(self.shared.retention));
+        let completed = match record.in_progress().map(|c| &**c) {
+            Some(Cold::Claim(claim)) => completed(claim),
+            _ => unreachable!("checked above"),
+        };
+        record.deadline = deadline;
+        let old = std::mem::replace(&mut record.state, completed);
+        drop(record);
+        if let State::Cold(claim) = old {
+            claim.notify();
+        }
+        lock(&self.shared.retention_deadlines).push_back(Deadline { at: deadline, id });
+        Ok(())
+    }
+
     /// Removes every record `remove` selects, waking the waiters of removed
     /// claims; returns how many were removed.
     fn remove_all(&self, mut remove: impl FnMut(&Record) -> bool) -> usize {
@@ -256,6 +284,7 @@ fn begin_of(answer: Answer) -> Begin {
         Answer::Packed(packed) => Begin::Replay(Arc::new(packed::unpack(&packed))),
         Answer::Replay(response) => Begin::Replay(response),
         Answer::InProgress => Begin::InProgress,
+        Answer::Unavailable => Begin::ResponseUnavailable,
     }
 }
 
@@ -350,25 +379,15 @@ impl Store for MemoryStore {
         token: FencingToken,
         response: StoredResponse,
     ) -> Result<(), StoreError> {
-        let now = self.now();
-        let id = self.shared.ids.of(key);
-        let mut record = match self.shared.records.get_mut(&id) {
-            Some(r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => r,
-            _ => return Err(StoreError::ClaimLost),
-        };
-        let deadline = now.saturating_add(record::saturate(self.shared.retention));
-        let completed = match record.in_progress().map(|c| &**c) {
-            Some(Cold::Claim(claim)) => record::completed(claim, response),
-            _ => unreachable!("checked above"),
-        };
-        record.deadline = deadline;
-        let old = std::mem::replace(&mut record.state, completed);
-        drop(record);
-        if let State::Cold(claim) = old {
-            claim.notify();
-        }
-        lock(&self.shared.retention_deadlines).push_back(Deadline { at: deadline, id });
-        Ok(())
+        self.finish(key, token, |claim| record::completed(claim, response))
+    }
+
+    async fn complete_unavailable(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        self.finish(key, token, record::unavailable)
     }
 
     fn lock_timeout(&self) -> Duration {

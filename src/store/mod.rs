@@ -87,6 +87,10 @@ pub enum Begin {
     Mismatch,
     /// The same request is still running under an unexpired lock.
     InProgress,
+    /// The same request ran (its effects happened) but its response could not
+    /// be recorded: its body failed, or was larger than the record limit. It is
+    /// not run again while the record is retained.
+    ResponseUnavailable,
 }
 
 /// A store failure. The layer answers `503` and never runs the request.
@@ -149,6 +153,17 @@ pub trait Store: Send + Sync + 'static {
         key: &RecordKey,
         token: FencingToken,
         response: StoredResponse,
+    ) -> Result<(), StoreError>;
+
+    /// Completes a claim without a replayable response, if `token` still owns
+    /// it (otherwise [`StoreError::ClaimLost`]): the request ran, its effects
+    /// happened, and its answer cannot be replayed. Until the retention
+    /// expires, `begin` answers [`Begin::ResponseUnavailable`] to the same
+    /// request and [`Begin::Mismatch`] to another.
+    async fn complete_unavailable(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
     ) -> Result<(), StoreError>;
 
     /// How long a claim holds its key unless it is extended: the longest a dead
@@ -222,6 +237,10 @@ pub trait RecordTransaction: Send {
     /// unknown: either both are committed or neither.
     async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError>;
 
+    /// Commits everything the handler wrote with a completion that has no
+    /// replayable response (see [`Store::complete_unavailable`]).
+    async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError>;
+
     /// Discards everything the handler wrote.
     async fn rollback(self: Box<Self>);
 }
@@ -244,6 +263,14 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         response: StoredResponse,
     ) -> Result<(), StoreError> {
         (**self).complete(key, token, response).await
+    }
+
+    async fn complete_unavailable(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        (**self).complete_unavailable(key, token).await
     }
 
     fn lock_timeout(&self) -> Duration {

@@ -47,7 +47,7 @@ async fn many_tasks_one_holder_per_key() {
                     Begin::InProgress => {
                         store.wait(&key, Duration::from_secs(5)).await.unwrap();
                     }
-                    Begin::Mismatch => panic!("mismatch on key {k}"),
+                    other => panic!("{other:?} on key {k}"),
                 }
             }
         }));

@@ -141,6 +141,8 @@ pub(super) enum State {
 pub(super) enum Cold {
     Claim(Claim),
     Large(Large),
+    /// Completed without a replayable response.
+    Unavailable(RecordKey, Fingerprint),
 }
 
 pub(super) struct Claim {
@@ -162,6 +164,7 @@ pub(super) enum Answer {
     Packed(Arc<[u8]>),
     Replay(Arc<StoredResponse>),
     InProgress,
+    Unavailable,
 }
 
 impl Claim {
@@ -197,6 +200,7 @@ impl Record {
             State::Cold(cold) => match &**cold {
                 Cold::Claim(claim) => claim.fingerprint,
                 Cold::Large(large) => large.fingerprint,
+                Cold::Unavailable(_, fingerprint) => *fingerprint,
             },
         }
     }
@@ -216,6 +220,7 @@ impl Record {
             State::Cold(cold) => match &**cold {
                 Cold::Claim(_) => Answer::InProgress,
                 Cold::Large(large) => Answer::Replay(large.response.clone()),
+                Cold::Unavailable(..) => Answer::Unavailable,
             },
         }
     }
@@ -233,6 +238,7 @@ impl Cold {
         match self {
             Cold::Claim(claim) => &claim.key,
             Cold::Large(large) => &large.key,
+            Cold::Unavailable(key, _) => key,
         }
     }
 
@@ -242,6 +248,14 @@ impl Cold {
             claim.done.notify_waiters();
         }
     }
+}
+
+/// The completed state of `claim` without a replayable response.
+pub(super) fn unavailable(claim: &Claim) -> State {
+    State::Cold(Arc::new(Cold::Unavailable(
+        claim.key.clone(),
+        claim.fingerprint,
+    )))
 }
 
 /// The completed state of `claim` with `response`: packed in one buffer when it

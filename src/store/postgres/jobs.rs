@@ -28,7 +28,7 @@ use tokio_postgres::Row;
 ///   issues a higher one and the dead owner's writes change nothing.
 ///
 /// ```no_run
-/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::JobStoreError> {
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::store::JobStoreError> {
 /// use std::time::Duration;
 /// use tower_idempotency::store::PostgresJobStore;
 ///

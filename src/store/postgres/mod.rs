@@ -441,6 +441,7 @@ fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
         }
         "mismatch" => Begin::Mismatch,
         "in_progress" => Begin::InProgress,
+        "unavailable" => Begin::ResponseUnavailable,
         other => return Err(backend(format!("unexpected begin outcome {other:?}"))),
     })
 }

@@ -81,6 +81,29 @@ impl Store for PostgresStore {
             .await
     }
 
+    async fn complete_unavailable(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let id = key_id(key);
+        inner
+            .timed(async {
+                let client = inner.client().await?;
+                let params: [&(dyn ToSql + Sync); 4] = [&scope, &k, &token.0, &id];
+                let rows = inner
+                    .query(&client, &inner.sql.complete_unavailable, &params)
+                    .await?;
+                if rows.is_empty() {
+                    return Err(StoreError::ClaimLost);
+                }
+                Ok(())
+            })
+            .await
+    }
+
     fn lock_timeout(&self) -> Duration {
         self.inner.config.lock_timeout
     }

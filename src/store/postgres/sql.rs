@@ -45,6 +45,8 @@ pub(super) struct Sql {
     pub(super) begin: String,
     pub(super) complete: String,
     pub(super) extend: String,
+    pub(super) complete_unavailable: String,
+    pub(super) complete_locked_unavailable: String,
     pub(super) release: String,
     pub(super) lock_remaining: String,
     pub(super) lock_claim: String,
@@ -68,14 +70,17 @@ impl Sql {
         let seq_name = derived_name(table, "token_seq");
         let seq = format!(r#""{schema}"."{seq_name}""#);
         let index = derived_name(table, "expires_at_idx");
+        let state_check = derived_name(table, "state_check");
+        let response_check = derived_name(table, "response_check");
         let lock_ms = millis(lock);
         let retention_ms = millis(retention);
         let held_recheck_ms = super::wait::RECHECK_FIRST.as_millis();
 
         // Numbered migrations (see `migrate`); the first one adopts a table
         // created before versions were recorded.
-        let migrations = vec![format!(
-            r#"CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
+        let migrations = vec![
+            format!(
+                r#"CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint;
 CREATE TABLE IF NOT EXISTS {t} (
     scope       text        NOT NULL,
     key         text        NOT NULL,
@@ -91,7 +96,23 @@ CREATE TABLE IF NOT EXISTS {t} (
     CHECK ((state = 'completed') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL))
 );
 CREATE INDEX IF NOT EXISTS "{index}" ON {t} (expires_at);"#
-        )];
+            ),
+            // 2: a completed request whose response is not replayable (its body
+            // failed, or was over the record limit): state 'unavailable', no
+            // response. The checks of version 1 are replaced by named ones.
+            format!(
+                r#"DO $$ DECLARE c record; BEGIN
+    FOR c IN SELECT conname FROM pg_constraint
+             WHERE conrelid = '{t}'::regclass AND contype = 'c' LOOP
+        EXECUTE format('ALTER TABLE {t} DROP CONSTRAINT %I', c.conname);
+    END LOOP;
+END $$;
+ALTER TABLE {t} ADD CONSTRAINT "{state_check}"
+    CHECK (state IN ('in_progress', 'completed', 'unavailable'));
+ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
+    CHECK ((state = 'completed') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL));"#
+            ),
+        ];
 
         // One statement in every case. `live` is the unexpired row in the statement's
         // snapshot; only when there is none does the INSERT produce a row (so a replay,
@@ -105,7 +126,8 @@ CREATE INDEX IF NOT EXISTS "{index}" ON {t} (expires_at);"#
         // statement's snapshot; the caller then runs the statement again.
         let begin = format!(
             r#"WITH live AS (
-    SELECT fingerprint = $3 AS same, state = 'completed' AS done, status, headers, body
+    SELECT fingerprint = $3 AS same, state = 'completed' AS done,
+           state = 'unavailable' AS unavailable, status, headers, body
     FROM {t}
     WHERE scope = $1 AND key = $2 AND expires_at > now()
 ), expired AS (
@@ -130,7 +152,8 @@ SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
        NULL::bytea AS headers, NULL::bytea AS body
 FROM claimed
 UNION ALL
-SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay' ELSE 'in_progress' END,
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
+            WHEN unavailable THEN 'unavailable' ELSE 'in_progress' END,
        NULL::bigint,
        CASE WHEN same AND done THEN status END,
        CASE WHEN same AND done THEN headers END,
@@ -151,6 +174,27 @@ WHERE EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM free)
     RETURNING 1
 )
 SELECT pg_notify('{channel}', $7) FROM done"#
+        );
+
+        let complete_unavailable = format!(
+            r#"WITH done AS (
+    UPDATE {t}
+    SET state = 'unavailable', expires_at = now() + interval '{retention_ms} milliseconds'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT pg_notify('{channel}', $4) FROM done"#
+        );
+
+        // Inside the handler's transaction, as `complete_locked`.
+        let complete_locked_unavailable = format!(
+            r#"WITH done AS (
+    UPDATE {t}
+    SET state = 'unavailable', expires_at = now() + interval '{retention_ms} milliseconds'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM done), pg_notify('{channel}', $4)"#
         );
 
         let extend = format!(
@@ -243,6 +287,8 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             begin,
             complete,
             extend,
+            complete_unavailable,
+            complete_locked_unavailable,
             release,
             lock_remaining,
             lock_claim,

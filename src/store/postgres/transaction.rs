@@ -373,6 +373,34 @@ impl RecordTransaction for PgRecordTransaction {
         }
     }
 
+    async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let connection = self.take_connection().await?;
+        let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
+        let id = super::key_id(&self.key);
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+            [&scope, &k, &self.token.0, &id];
+        let committed = inner
+            .timed(async {
+                let statement = inner
+                    .prepare(&connection, &inner.sql.complete_locked_unavailable)
+                    .await?;
+                inner.count_round_trips(1);
+                let (completed, commit) = pipelined(
+                    connection.query(&statement, &params),
+                    connection.batch_execute("COMMIT"),
+                )
+                .await;
+                completed.map_err(backend)?;
+                commit.map_err(backend)
+            })
+            .await;
+        if committed.is_err() {
+            discard(connection);
+        }
+        committed
+    }
+
     async fn rollback(self: Box<Self>) {
         // Otherwise a clone of the handle holds it past the handler's end: the
         // last clone dropped discards it.
