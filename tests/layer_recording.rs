@@ -1,5 +1,7 @@
 //! Once the handler returned a response to record, its effects have happened:
-//! a client that disconnects while the body is buffered must not free the key.
+//! a client that disconnects mid-body, a body that streams without end or is
+//! over the record limit must never free the key for a second run. Recorded
+//! responses stream to the caller as they are produced.
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -74,5 +76,144 @@ async fn dropping_the_future_while_recording_keeps_the_claim() {
         runs.load(Ordering::SeqCst),
         1,
         "the handler did not run again"
+    );
+}
+
+/// An endless event stream (a chat completion, server-sent events).
+struct Ticks(u64);
+
+impl Body for Ticks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0 += 1;
+        let event = format!("data: tick {:06}\n\n{}", self.0, " ".repeat(200));
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+    }
+}
+
+/// The handler answers `size` bytes, or with `x-stream` an endless stream.
+fn layer_over(
+    runs: &Arc<AtomicUsize>,
+    layer: IdempotencyLayer,
+    size: usize,
+) -> impl tower::Service<
+    Request<Full<Bytes>>,
+    Response = Response<
+        tower_idempotency::ResponseBody<
+            http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>,
+        >,
+    >,
+    Error = Infallible,
+    Future = impl Send,
+> + Clone {
+    let counter = runs.clone();
+    layer.layer(service_fn(move |req: Request<Full<Bytes>>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let endless = req.headers().contains_key("x-stream");
+        async move {
+            let body = if endless {
+                Ticks(0).boxed_unsync()
+            } else {
+                Full::new(Bytes::from(vec![b'x'; size])).boxed_unsync()
+            };
+            Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap())
+        }
+    }))
+}
+
+async fn code_of(res: Response<impl Body<Error = impl std::fmt::Debug>>) -> (StatusCode, String) {
+    let status = res.status();
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test]
+async fn a_response_over_the_record_limit_is_delivered_whole_and_never_run_again() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_record_limit(1024);
+    let svc = layer_over(&runs, layer, 10 * 1024);
+    let first = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body.len(), 10 * 1024, "the first caller gets all of it");
+    let (status, retry) = code_of(svc.clone().oneshot(request()).await.unwrap()).await;
+    assert_eq!(status, StatusCode::GONE);
+    assert!(
+        retry.contains("idempotency_response_unavailable"),
+        "{retry}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// An endless recorded stream: headers and the first events arrive at once,
+/// nothing is buffered past the limit, and once over it the key answers
+/// `410` while the stream still runs.
+#[tokio::test]
+async fn an_endless_recorded_stream_flows_at_once_and_never_holds_the_key() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_record_limit(4096);
+    let svc = layer_over(&runs, layer, 0);
+    let mut req = request();
+    req.headers_mut().insert("x-stream", "1".parse().unwrap());
+    let first = tokio::time::timeout(Duration::from_secs(1), svc.clone().oneshot(req))
+        .await
+        .expect("headers at once")
+        .unwrap();
+    let mut body = first.into_body();
+    let mut received = 0;
+    while received < 64 * 1024 {
+        let frame = body.frame().await.unwrap().unwrap();
+        received += frame.into_data().unwrap().len();
+    }
+    let mut retry = request();
+    retry.headers_mut().insert("x-stream", "1".parse().unwrap());
+    let (status, text) = code_of(svc.clone().oneshot(retry).await.unwrap()).await;
+    assert_eq!(status, StatusCode::GONE, "{text}");
+    drop(body); // the client leaves; the recorder stops reading
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// The cache policy sees the response head: declining an event stream frees
+/// the key at once (as any response not recorded), so a retry runs again.
+#[tokio::test]
+async fn a_cache_policy_can_decline_event_streams_by_their_head() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_cache_policy(
+        |head: &http::response::Parts| {
+            head.status == StatusCode::CREATED
+                && head
+                    .headers
+                    .get("content-type")
+                    .is_none_or(|v| v != "text/event-stream")
+        },
+    );
+    let svc = layer.layer(service_fn(move |_req: Request<Full<Bytes>>| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(201)
+                    .header("content-type", "text/event-stream")
+                    .body(Full::new(Bytes::from_static(b"data: hi\n\n")))
+                    .unwrap(),
+            )
+        }
+    }));
+    for _ in 0..2 {
+        let res = svc.clone().oneshot(request()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+        assert!(!res.headers().contains_key("idempotent-replayed"));
+        res.into_body().collect().await.unwrap();
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "declined: each request runs"
     );
 }

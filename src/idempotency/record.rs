@@ -114,7 +114,8 @@ where
                     copy.keep(data);
                 }
                 read.push(frame);
-                if wait && copy.is_over() {
+                if copy.is_over() {
+                    // Never recorded: the rest is only forwarded.
                     return Poll::Ready(Read::Continues);
                 }
             }

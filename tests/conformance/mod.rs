@@ -353,6 +353,42 @@ pub async fn an_extended_claim_outlives_its_lock_and_only_its_token_extends<S: S
     store.extend(&other, fresh).await.unwrap();
 }
 
+/// A claim completed without a replayable response: the same request is told
+/// so (never claimed again), another is a mismatch, only its token completes
+/// it, and after the retention the key is free.
+pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(store: S) {
+    let key = record(&unique("scope"), "key-0000000u");
+    let (fp, other) = (fingerprint("a"), fingerprint("b"));
+    let token = claim(&store, &key, &fp).await;
+    assert!(matches!(
+        store
+            .complete_unavailable(&key, FencingToken(token.0 + 1_000_000))
+            .await,
+        Err(StoreError::ClaimLost)
+    ));
+    store.complete_unavailable(&key, token).await.unwrap();
+    for _ in 0..2 {
+        assert!(matches!(
+            store.begin(&key, &fp).await.unwrap(),
+            Begin::ResponseUnavailable
+        ));
+    }
+    assert!(matches!(
+        store.begin(&key, &other).await.unwrap(),
+        Begin::Mismatch
+    ));
+    assert!(matches!(
+        store.complete(&key, token, response(b"late")).await,
+        Err(StoreError::ClaimLost)
+    ));
+    assert!(matches!(
+        store.complete_unavailable(&key, token).await,
+        Err(StoreError::ClaimLost)
+    ));
+    tokio::time::sleep(SHORT.retention + Duration::from_millis(200)).await;
+    claim(&store, &key, &fp).await;
+}
+
 /// Needs a store built with [`SHORT`] durations.
 pub async fn expired_records_are_reusable_and_purged<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-0000000b");
@@ -447,6 +483,7 @@ macro_rules! store_conformance_tests {
             expired_lock_is_taken_over_and_the_old_token_is_fenced,
             expired_records_are_reusable_and_purged,
             an_extended_claim_outlives_its_lock_and_only_its_token_extends,
+            a_completion_without_a_response_is_never_claimed_again,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {

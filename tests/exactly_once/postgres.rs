@@ -452,3 +452,29 @@ async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
     .unwrap();
     assert_eq!(store.round_trips() - before, 2);
 }
+
+/// Transactional mode, a response over the record limit: the writes commit
+/// (the effects are real), marked unavailable; the caller gets the whole
+/// body; a retry is `410` and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_response_over_the_record_limit_commits_and_is_never_run_again() {
+    let Some(url) = pg::database_url("transactional_response_over_the_record_limit") else {
+        return;
+    };
+    let (store, table) = setup(&url, Duration::from_secs(10), 4).await;
+    let effects = Effects {
+        pool: None,
+        table: table.clone(),
+        step: Duration::ZERO,
+    };
+    // The handler's body (`{"order":"..."}`) is over a 4-byte limit.
+    let layer = IdempotencyLayer::transactional(store).with_record_limit(4);
+    let app = app(layer, effects);
+    let first = send(&app, "order-big-1", None).await;
+    assert_eq!(first.0, StatusCode::CREATED);
+    assert_eq!(first.1, r#"{"order":"order-big-1"}"#, "delivered whole");
+    let retry = send(&app, "order-big-1", None).await;
+    assert_eq!(retry.0, StatusCode::GONE, "{}", retry.1);
+    assert_eq!(count(&url, &table, "order-big-1", "charge").await, 1);
+    assert_eq!(count(&url, &table, "order-big-1", "order").await, 1);
+}
