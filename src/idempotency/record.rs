@@ -179,25 +179,37 @@ impl Forward {
     }
 }
 
-/// Hands the rest of `body` to a task that forwards it to the returned
-/// receiver and, with a `recorder`, records it (or completes the key as
-/// unavailable) at its end, keeping the claim alive meanwhile. `None` outside
-/// a tokio runtime.
+/// A body part-read: what is left of it, its copy so far, the frames read
+/// and not yet forwarded, and what records it at its end (none once it cannot
+/// be recorded, or when it is only forwarded).
+pub(crate) struct Rest<B> {
+    pub(crate) body: Pinned<B>,
+    pub(crate) copy: Copy,
+    pub(crate) read: Vec<Frame<Bytes>>,
+    pub(crate) recorder: Option<Recorder>,
+}
+
+/// Hands `rest` to a task that forwards it to the returned receiver and, with
+/// a recorder, records it (or completes the key as unavailable), keeping the
+/// claim alive meanwhile. Given back outside a tokio runtime.
 pub(crate) fn spawn_rest<B>(
-    body: Pinned<B>,
-    mut copy: Copy,
-    read: Vec<Frame<Bytes>>,
-    recorder: Option<Recorder>,
+    rest: Rest<B>,
     running: Running,
-) -> Result<crate::body::Frames, (Pinned<B>, Copy, Vec<Frame<Bytes>>, Option<Recorder>)>
+) -> Result<crate::body::Frames, Box<Rest<B>>>
 where
     B: Body + Send + 'static,
     B::Data: Into<Bytes> + Send,
     B::Error: Into<BoxError>,
 {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return Err((body, copy, read, recorder));
+        return Err(Box::new(rest));
     };
+    let Rest {
+        body,
+        mut copy,
+        read,
+        recorder,
+    } = rest;
     let (tx, rx) = mpsc::channel(FORWARD_FRAMES);
     let heartbeat = recorder
         .as_ref()

@@ -1,7 +1,7 @@
 use super::claimed::kept_alive;
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
-use super::record::{self, Copy, Read, Recorder};
+use super::record::{self, Copy, Read, Recorder, Rest};
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::{buffer_body, collect};
 use crate::policy::CachePolicy;
@@ -309,13 +309,16 @@ where
         // A body still streaming: the caller gets it as it is produced, and
         // the record (or, over the limit, "unavailable") follows at its end.
         Read::Continues => {
+            let rest = Rest {
+                body,
+                copy,
+                read: frames,
+                recorder: Some(recorder),
+            };
             let handed_over = match config.cancel_on_drop {
                 // Cut with the caller's future: read here, as the handler ran.
-                true => Err((body, copy, frames, Some(recorder))),
-                false => {
-                    let running = config.in_flight.enter();
-                    record::spawn_rest(body, copy, frames, Some(recorder), running)
-                }
+                true => Err(Box::new(rest)),
+                false => record::spawn_rest(rest, config.in_flight.enter()),
             };
             match handed_over {
                 Ok(rest) => {
@@ -323,7 +326,13 @@ where
                     (Ok(response), Outcome::Claimed)
                 }
                 // No runtime to stream from, or cancel-on-drop: read it all here.
-                Err((mut body, mut copy, mut frames, recorder)) => {
+                Err(rest) => {
+                    let Rest {
+                        mut body,
+                        mut copy,
+                        read: mut frames,
+                        recorder,
+                    } = *rest;
                     let recorder = recorder.expect("given");
                     match record::read(&mut body, &mut copy, &mut frames, true).await {
                         Read::Failed(error) => {
@@ -440,10 +449,20 @@ where
         let body = match read {
             Read::Ended => ResponseBody::full(concat(frames)),
             _ => {
-                let running = config.in_flight.enter();
-                match record::spawn_rest(body, copy, frames, None, running) {
+                let rest = Rest {
+                    body,
+                    copy,
+                    read: frames,
+                    recorder: None,
+                };
+                match record::spawn_rest(rest, config.in_flight.enter()) {
                     Ok(rest) => ResponseBody::streamed(rest),
-                    Err((body, _, mut frames, _)) => {
+                    Err(rest) => {
+                        let Rest {
+                            body,
+                            read: mut frames,
+                            ..
+                        } = *rest;
                         let rest = collect(body).await.unwrap_or_default();
                         frames.push(http_body::Frame::data(rest));
                         ResponseBody::full(concat(frames))
