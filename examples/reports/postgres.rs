@@ -30,21 +30,7 @@ pub async fn job_store(
         config.connect_timeout(Duration::from_secs(3));
     }
     let place = describe(&config);
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
-    let pool = Pool::builder(manager)
-        .max_size(POOL_SIZE)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(Duration::from_secs(5)))
-        .create_timeout(Some(Duration::from_secs(3)))
-        .recycle_timeout(Some(Duration::from_secs(3)))
-        .build()?;
-    let mut store = PostgresJobStore::new(pool).with_lease(lease);
+    let mut store = PostgresJobStore::new(pool(config)?).with_lease(lease);
     let mut table = "lease_jobs".to_owned();
     if let Ok(name) = std::env::var("REPORT_JOBS_TABLE") {
         if !is_identifier(&name) {
@@ -65,24 +51,29 @@ pub async fn job_store(
 /// The idempotency records of `POST /reports`, in the jobs' database.
 pub async fn records_store(jobs_url: &str) -> Result<PostgresStore, Box<dyn Error>> {
     let config: tokio_postgres::Config = jobs_url.parse()?;
+    let store = PostgresStore::new(pool(config.clone())?)
+        .with_table("report_idempotency_records")
+        .with_listener(config);
+    store.migrate().await?;
+    Ok(store)
+}
+
+/// A pool that fails fast when the database is down.
+fn pool(config: tokio_postgres::Config) -> Result<Pool, Box<dyn Error>> {
     let manager = Manager::from_config(
-        config.clone(),
+        config,
         NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
         },
     );
-    let pool = Pool::builder(manager)
+    Ok(Pool::builder(manager)
         .max_size(POOL_SIZE)
         .runtime(Runtime::Tokio1)
         .wait_timeout(Some(Duration::from_secs(5)))
         .create_timeout(Some(Duration::from_secs(3)))
-        .build()?;
-    let store = PostgresStore::new(pool)
-        .with_table("report_idempotency_records")
-        .with_listener(config);
-    store.migrate().await?;
-    Ok(store)
+        .recycle_timeout(Some(Duration::from_secs(3)))
+        .build()?)
 }
 
 /// `database NAME on HOST:PORT`, without credentials.

@@ -319,6 +319,37 @@ async fn rollback(inner: &Inner, connection: Object) {
 }
 
 impl PgRecordTransaction {
+    /// Runs the completion `sql` pipelined with `COMMIT`. The completion fails
+    /// (and so aborts the transaction, which turns the COMMIT into a rollback)
+    /// unless it matched the claim: the handler's writes never commit
+    /// unrecorded.
+    async fn complete_and_commit(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let connection = self.take_connection().await?;
+        let committed = inner
+            .timed(async {
+                let statement = inner.prepare(&connection, sql).await?;
+                inner.count_round_trips(1);
+                let (completed, commit) = pipelined(
+                    connection.query(&statement, params),
+                    connection.batch_execute("COMMIT"),
+                )
+                .await;
+                completed.map_err(backend)?;
+                commit.map_err(backend)
+            })
+            .await;
+        if committed.is_err() {
+            // Aborted or unknown: never back to the pool in a transaction.
+            discard(connection);
+        }
+        committed
+    }
+
     /// The connection, once the handler's clones of the handle let go of it.
     async fn take_connection(&self) -> Result<Object, StoreError> {
         let taken = self
@@ -336,8 +367,6 @@ impl RecordTransaction for PgRecordTransaction {
     }
 
     async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let connection = self.take_connection().await?;
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
         let status = response.status.as_u16() as i16;
         let headers = super::encode_headers(&response.headers);
@@ -345,60 +374,17 @@ impl RecordTransaction for PgRecordTransaction {
         let id = super::key_id(&self.key);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
             [&scope, &k, &self.token.0, &status, &headers, &body, &id];
-        let committed = inner
-            .timed(async {
-                let statement = inner
-                    .prepare(&connection, &inner.sql.complete_locked)
-                    .await?;
-                inner.count_round_trips(1);
-                // The completion fails (and so aborts the transaction, which
-                // turns the pipelined COMMIT into a rollback) unless it matched
-                // the claim: the handler's writes never commit unrecorded.
-                let (completed, commit) = pipelined(
-                    connection.query(&statement, &params),
-                    connection.batch_execute("COMMIT"),
-                )
-                .await;
-                completed.map_err(backend)?;
-                commit.map_err(backend)
-            })
-            .await;
-        match committed {
-            Ok(()) => Ok(()),
-            Err(error) => {
-                // Aborted or unknown: never back to the pool in a transaction.
-                discard(connection);
-                Err(error)
-            }
-        }
+        self.complete_and_commit(&self.inner.sql.complete_locked, &params)
+            .await
     }
 
     async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let connection = self.take_connection().await?;
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
         let id = super::key_id(&self.key);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
             [&scope, &k, &self.token.0, &id];
-        let committed = inner
-            .timed(async {
-                let statement = inner
-                    .prepare(&connection, &inner.sql.complete_locked_unavailable)
-                    .await?;
-                inner.count_round_trips(1);
-                let (completed, commit) = pipelined(
-                    connection.query(&statement, &params),
-                    connection.batch_execute("COMMIT"),
-                )
-                .await;
-                completed.map_err(backend)?;
-                commit.map_err(backend)
-            })
-            .await;
-        if committed.is_err() {
-            discard(connection);
-        }
-        committed
+        self.complete_and_commit(&self.inner.sql.complete_locked_unavailable, &params)
+            .await
     }
 
     async fn rollback(self: Box<Self>) {
