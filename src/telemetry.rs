@@ -2,13 +2,17 @@
 //! and a latency histogram per outcome.
 //!
 //! Each request the layers decide runs in a span (`idempotency` or `lease`) with
-//! the scope, a hash of the key (never the key itself: it may be guessable or
-//! carry meaning) and the outcome, and ends with one event at `DEBUG` (`WARN`
+//! the scope, a keyed hash of the key (never the key itself, nor an unkeyed
+//! digest a log reader could match against guesses; see
+//! [`set_key_hash_secret`]) and the outcome, and ends with one event at `DEBUG` (`WARN`
 //! for store errors). With the `metrics` feature, the `metrics` crate's facade
 //! receives `tower_idempotency_requests_total{layer, outcome}` and
 //! `tower_idempotency_request_duration_seconds{layer, outcome}`.
 
+use highway::{HighwayHash, HighwayHasher, Key};
+#[cfg(test)]
 use sha2::{Digest, Sha256};
+use std::sync::OnceLock;
 use std::time::Duration;
 
 /// What the idempotency layer did with a request.
@@ -131,12 +135,56 @@ where
     }
 }
 
-/// A short, stable, non-reversible id of a key for logs: 16 hex digits of SHA-256.
+/// The secret of `key_hash`: drawn at random once per process, unless
+/// [`set_key_hash_secret`] chose one first.
+static KEY_HASH_SECRET: OnceLock<Key> = OnceLock::new();
+
+/// Makes the `key_hash` of logged decisions the same in every process that
+/// sets the same `secret`, so logs of several instances can be correlated by
+/// key. Without it each process draws a random secret: a `key_hash` then
+/// tells keys apart within one process's logs only.
+///
+/// The hash is keyed so that a log reader cannot recover a short or guessable
+/// key by hashing candidates; keep the secret as secret as the keys. Call it
+/// at start-up, before the first request: it returns `false` (and changes
+/// nothing) once a secret is in use.
+pub fn set_key_hash_secret(secret: [u8; 32]) -> bool {
+    let lanes = std::array::from_fn(|i| {
+        u64::from_le_bytes(secret[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    });
+    KEY_HASH_SECRET.set(Key(lanes)).is_ok()
+}
+
+/// A short, stable id of a key for logs: 16 hex digits of a keyed hash
+/// (HighwayHash), never reversible by hashing guesses without the secret.
 pub(crate) fn key_hash(key: &str) -> String {
-    Sha256::digest(key.as_bytes())[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    let secret = KEY_HASH_SECRET.get_or_init(crate::fingerprint::random_key);
+    keyed_hash(secret, key)
+}
+
+fn keyed_hash(secret: &Key, key: &str) -> String {
+    let mut hasher = HighwayHasher::new(*secret);
+    hasher.append(key.as_bytes());
+    format!("{:016x}", hasher.finalize64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_hashes_are_keyed_stable_and_not_the_unkeyed_digest() {
+        let (a, b) = (Key([1, 2, 3, 4]), Key([5, 6, 7, 8]));
+        assert_eq!(keyed_hash(&a, "order-0001"), keyed_hash(&a, "order-0001"));
+        assert_ne!(keyed_hash(&a, "order-0001"), keyed_hash(&a, "order-0002"));
+        assert_ne!(keyed_hash(&a, "order-0001"), keyed_hash(&b, "order-0001"));
+        assert_eq!(keyed_hash(&a, "k").len(), 16);
+        let unkeyed: String = Sha256::digest(b"order-0001")[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_ne!(key_hash("order-0001"), unkeyed);
+    }
 }
 
 /// Emits the request's closing event and metrics. `elapsed` is `None` when the
