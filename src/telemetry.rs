@@ -168,25 +168,6 @@ fn keyed_hash(secret: &Key, key: &str) -> String {
     format!("{:016x}", hasher.finalize64())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_hashes_are_keyed_stable_and_not_the_unkeyed_digest() {
-        let (a, b) = (Key([1, 2, 3, 4]), Key([5, 6, 7, 8]));
-        assert_eq!(keyed_hash(&a, "order-0001"), keyed_hash(&a, "order-0001"));
-        assert_ne!(keyed_hash(&a, "order-0001"), keyed_hash(&a, "order-0002"));
-        assert_ne!(keyed_hash(&a, "order-0001"), keyed_hash(&b, "order-0001"));
-        assert_eq!(keyed_hash(&a, "k").len(), 16);
-        let unkeyed: String = Sha256::digest(b"order-0001")[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect();
-        assert_ne!(key_hash("order-0001"), unkeyed);
-    }
-}
-
 /// Emits the request's closing event and metrics. `elapsed` is `None` when the
 /// decision was not timed: the event then has no `micros` field rather than a
 /// false zero (for example, events forwarded to `log` without a subscriber).
@@ -221,5 +202,24 @@ pub(crate) fn identify(scope: &str, key: &str) {
     if !span.is_disabled() {
         span.record("scope", scope);
         span.record("key_hash", key_hash(key).as_str());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_hashes_are_keyed_stable_and_not_the_unkeyed_digest() {
+        let (a, b) = (Key([1, 2, 3, 4]), Key([5, 6, 7, 8]));
+        assert_eq!(keyed_hash(&a, "order-0001"), keyed_hash(&a, "order-0001"));
+        assert_ne!(keyed_hash(&a, "order-0001"), keyed_hash(&a, "order-0002"));
+        assert_ne!(keyed_hash(&a, "order-0001"), keyed_hash(&b, "order-0001"));
+        assert_eq!(keyed_hash(&a, "k").len(), 16);
+        let unkeyed: String = Sha256::digest(b"order-0001")[..8]
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        assert_ne!(key_hash("order-0001"), unkeyed);
     }
 }
