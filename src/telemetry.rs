@@ -196,6 +196,23 @@ pub(crate) fn finish(layer: &'static str, outcome: impl Label, elapsed: Option<D
     }
 }
 
+/// A request without a scope: at `DEBUG` every time, and once per process at
+/// `WARN` with the likely cause, since a layer mounted outside the auth layer
+/// answers every valid caller `401`.
+pub(crate) fn no_scope(layer: &'static str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            layer,
+            "a request reached the layer without a scope and was answered 401; if \
+             authenticated requests get this too, the layer runs before the \
+             authentication that sets the scope: add it inside (after) your auth \
+             layer (in axum, the layer added later is the outer one)"
+        );
+    }
+    tracing::debug!(layer, "no scope: 401 unauthorized");
+}
+
 /// Records the scope and key hash on the current span, if anyone listens.
 pub(crate) fn identify(scope: &str, key: &str) {
     let span = tracing::Span::current();

@@ -138,3 +138,39 @@ async fn every_decision_is_traced_with_scope_key_hash_and_outcome_never_the_key(
         }
     }
 }
+
+/// A layer mounted outside the auth layer answers everyone `401`: the first
+/// such request is warned with the likely cause, later ones only at `DEBUG`.
+/// (The only test of this binary that sends requests without a scope: the
+/// warning is once per process.)
+#[tokio::test]
+async fn a_missing_scope_is_warned_once_with_its_likely_cause() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn(
+        |_req: Request<Full<Bytes>>| async move {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        },
+    ));
+    for _ in 0..3 {
+        let mut req = request("order-no-scope-1", "{}");
+        req.extensions_mut().remove::<Scope>();
+        let res = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), http::StatusCode::UNAUTHORIZED);
+    }
+    let events = capture.events.lock().unwrap();
+    let warned: Vec<_> = events
+        .iter()
+        .filter(|e| {
+            e.get("message")
+                .is_some_and(|m| m.contains("before the authentication"))
+        })
+        .collect();
+    assert_eq!(warned.len(), 1, "{events:#?}");
+    let noted = events
+        .iter()
+        .filter(|e| e.get("message").is_some_and(|m| m.contains("no scope")))
+        .count();
+    assert_eq!(noted, 3);
+}

@@ -125,6 +125,7 @@ where
 
     // Authentication comes first, so an anonymous caller learns nothing about keys.
     let Some(scope) = config.scope.extract(&parts) else {
+        telemetry::no_scope("idempotency");
         return refuse(Refusal::Unauthorized);
     };
     let Some(key) = IdempotencyKey::from_header_values(parts.headers.get_all(&config.header))

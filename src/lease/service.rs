@@ -112,6 +112,7 @@ where
     let refuse = |refusal: JobRefusal| (Ok(refusal.respond(&config.responder)), refusal.into());
     let (mut parts, body) = req.into_parts();
     let Some(scope) = config.scope.extract(&parts) else {
+        telemetry::no_scope("lease");
         return refuse(JobRefusal::Unauthorized);
     };
     let bytes =
