@@ -103,3 +103,14 @@ async fn abandoned_claims_are_swept_when_the_store_is_full() {
     ));
     assert_eq!(store.len(), 1, "the expired claims were swept");
 }
+
+/// A clone configured on its own would be a second store sharing nothing (a
+/// purge through it would erase nothing, both would claim the same key):
+/// configuring a store that has clones is refused loudly.
+#[test]
+#[should_panic(expected = "before cloning or using it")]
+fn a_cloned_memory_store_cannot_be_configured_apart() {
+    let store = tower_idempotency::MemoryStore::new();
+    let _handle = store.clone();
+    let _ = store.with_lock_timeout(std::time::Duration::from_secs(1));
+}

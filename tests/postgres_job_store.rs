@@ -665,3 +665,21 @@ async fn weighted_starts_from_two_instances_never_overshoot() {
     // 14 × 700 = 9800 fits in 10 000; a 15th would not.
     assert_eq!(accepted, 14);
 }
+
+#[test]
+#[should_panic(expected = "before cloning or using it")]
+fn a_cloned_postgres_store_cannot_be_configured_apart() {
+    let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
+    let store = tower_idempotency::PostgresStore::new(pool);
+    let _handle = store.clone();
+    let _ = store.with_retention(Duration::from_secs(60));
+}
+
+#[test]
+#[should_panic(expected = "before cloning or using it")]
+fn a_cloned_postgres_job_store_cannot_be_configured_apart() {
+    let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
+    let store = PostgresJobStore::new(pool);
+    let _handle = store.clone();
+    let _ = store.with_lease(Duration::from_secs(60));
+}

@@ -33,7 +33,9 @@ const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Records live as long as the process: use `PostgresStore` when several
 /// instances serve the same clients or when replays must survive a restart.
 ///
-/// Clones share the same records.
+/// Clones share the same records. Configure a store before cloning it: a
+/// `with_*` call on a store that has clones panics rather than make a second
+/// store that shares nothing with the first.
 ///
 /// ```
 /// use std::time::Duration;
@@ -125,9 +127,11 @@ impl MemoryStore {
         let s = &self.shared;
         let mut cfg = (s.retention, s.lock_timeout, s.capacity);
         f(&mut cfg);
+        // Clones share everything: one configured apart would split them.
         assert!(
-            s.records.is_empty(),
-            "configure a MemoryStore before using it"
+            Arc::strong_count(&self.shared) == 1 && s.records.is_empty(),
+            "configure a MemoryStore before cloning or using it: a clone configured on its own \
+             would be a second store, sharing nothing with the first"
         );
         Self::build(cfg.0, cfg.1, cfg.2)
     }

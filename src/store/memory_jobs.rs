@@ -115,9 +115,11 @@ impl MemoryJobStore {
 
     /// How long a lease lives without a heartbeat (default 45 s).
     pub fn with_lease(self, lease: Duration) -> Self {
+        // Clones share everything: one configured apart would split them.
         assert!(
-            self.state().jobs.is_empty(),
-            "configure a MemoryJobStore before using it"
+            Arc::strong_count(&self.shared) == 1 && self.state().jobs.is_empty(),
+            "configure a MemoryJobStore before cloning or using it: a clone configured on its own \
+             would be a second store, sharing nothing with the first"
         );
         Self::with_lease_duration(lease)
     }

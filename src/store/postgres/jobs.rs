@@ -100,6 +100,11 @@ impl PostgresJobStore {
     }
 
     fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
+        assert!(
+            Arc::strong_count(&self.inner) == 1,
+            "configure a PostgresJobStore before cloning or using it: a clone configured on its own \
+             would be a second store, sharing nothing with the first"
+        );
         let mut config = self.inner.config.clone();
         f(&mut config);
         Self::build(self.inner.pool.clone(), config)

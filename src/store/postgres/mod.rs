@@ -96,7 +96,9 @@ const BEGIN_ATTEMPTS: usize = 8;
 /// Call [`migrate`](Self::migrate) once at startup (any number of instances may
 /// run it at once), and [`purge_expired`](Store::purge_expired) periodically.
 ///
-/// Clones share the pool, the listener and the waiters.
+/// Clones share the pool, the listener and the waiters. Configure a store
+/// before cloning or using it: a `with_*` call on one that has clones panics
+/// rather than make a second store that shares nothing with the first.
 ///
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
@@ -204,6 +206,13 @@ impl PostgresStore {
     }
 
     fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
+        // Clones share waiters, flights and counters: one configured apart
+        // would be a second store.
+        assert!(
+            Arc::strong_count(&self.inner) == 1,
+            "configure a PostgresStore before cloning or using it: a clone configured on its own \
+             would be a second store, sharing nothing with the first"
+        );
         let mut config = self.inner.config.clone();
         f(&mut config);
         Self::build(self.inner.pool.clone(), config)
