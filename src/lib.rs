@@ -214,6 +214,7 @@ pub mod idempotency;
 mod key;
 #[cfg(feature = "leases")]
 pub mod lease;
+mod limits;
 mod policy;
 mod response;
 mod scope;

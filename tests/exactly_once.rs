@@ -245,3 +245,31 @@ async fn a_claim_lost_while_running_is_not_recorded() {
     );
     assert!(store.is_empty(), "nothing recorded for a lost claim");
 }
+
+/// Extreme durations never become a panic, a failed completion or a re-run:
+/// `Duration::MAX` means "forever" (100 years), zero locks are 100 ms.
+#[tokio::test]
+async fn extreme_durations_neither_panic_nor_run_twice() {
+    let effects = Effects::default();
+    let store = MemoryStore::new()
+        .with_retention(Duration::MAX)
+        .with_lock_timeout(Duration::ZERO);
+    assert_eq!(store.lock_timeout(), Duration::from_millis(100));
+    let layer = IdempotencyLayer::new(store)
+        .with_wait_timeout(Duration::MAX)
+        .with_body_timeout(Duration::MAX)
+        .with_retry_after(Duration::MAX);
+    let app = app(layer, &effects, STEP);
+    // A duplicate waits as long as the first runs (it is kept alive past the
+    // 100 ms lock), then replays; nothing ran twice.
+    let (first, second) = tokio::join!(send(&app, "order-extreme-1"), async {
+        sleep(STEP / 2).await;
+        send(&app, "order-extreme-1").await
+    });
+    assert_eq!((first.0, first.2), (StatusCode::CREATED, false));
+    assert_eq!(
+        (second.0, &second.1, second.2),
+        (StatusCode::CREATED, &first.1, true)
+    );
+    assert_eq!(effects.counts(), (1, 1));
+}

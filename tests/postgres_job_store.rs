@@ -683,3 +683,57 @@ fn a_cloned_postgres_job_store_cannot_be_configured_apart() {
     let _handle = store.clone();
     let _ = store.with_lease(Duration::from_secs(60));
 }
+
+/// `Duration::MAX` for retention and lease means 100 years: completions and
+/// starts still work (an interval past PostgreSQL's timestamps would not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn durations_of_max_mean_forever_on_postgres() {
+    use tower_idempotency::{Begin, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store};
+    let Some(url) = pg::database_url("durations_of_max_mean_forever_on_postgres") else {
+        return;
+    };
+    let records = pg::store(&url, &pg::unique_table("forever"), |s| {
+        s.with_retention(Duration::MAX)
+            .with_lock_timeout(Duration::MAX)
+            .with_operation_timeout(Duration::MAX)
+    })
+    .await;
+    let key = IdempotencyKey::parse(b"order-forever-1").unwrap();
+    let record = RecordKey::new(Scope::new("acme"), key.clone());
+    let request = || RequestFingerprint::new(&http::Method::POST, "/o", &key, "acme", None, b"{}");
+    let Begin::Claimed(token) = records.begin(&record, &request()).await.unwrap() else {
+        panic!("claim")
+    };
+    records.extend(&record, token).await.unwrap();
+    let response = tower_idempotency::StoredResponse {
+        status: http::StatusCode::CREATED,
+        headers: Vec::new(),
+        body: Bytes::from_static(b"done"),
+    };
+    records
+        .complete(&record, token, response)
+        .await
+        .expect("a completion, not an overflow");
+    assert!(matches!(
+        records.begin(&record, &request()).await.unwrap(),
+        Begin::Replay(_)
+    ));
+
+    let jobs = job_store(&url, &pg::unique_table("jobs_forever"), Duration::MAX).await;
+    let start = StartJob {
+        tenant: "acme",
+        kind: "report",
+        key: "2026-08",
+        owner: "w",
+        budget: None,
+        cost: 1,
+    };
+    assert!(matches!(
+        jobs.start(&start).await.unwrap(),
+        StartOutcome::Created(..)
+    ));
+    assert!(matches!(
+        jobs.start(&start).await.unwrap(),
+        StartOutcome::Joined(..)
+    ));
+}

@@ -1,5 +1,6 @@
 use super::claimed::InFlight;
 use super::service::IdempotencyService;
+use crate::limits;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
@@ -177,15 +178,17 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// How long the whole request body may take to arrive (default: no limit);
     /// slower ones get `408 request_timeout`.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
-        self.config.body_timeout = Some(timeout);
+        self.config.body_timeout = Some(limits::clamp(timeout, Duration::ZERO));
         self
     }
 
     /// How long a duplicate waits for the first request to finish before it gets
     /// `409 idempotency_in_progress` (default 5 s, timed from the store's first
     /// "in progress" answer; zero answers at once).
+    ///
+    /// At most 100 years (`Duration::MAX`: as long as the first request runs).
     pub fn with_wait_timeout(mut self, timeout: Duration) -> Self {
-        self.config.wait_timeout = timeout;
+        self.config.wait_timeout = limits::clamp(timeout, Duration::ZERO);
         self
     }
 
@@ -247,7 +250,7 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// The `Retry-After` sent with `idempotency_in_progress` and
     /// `idempotency_store_unavailable` (default 1 s, rounded up to whole seconds).
     pub fn with_retry_after(mut self, after: Duration) -> Self {
-        self.config.responder.retry_after = after;
+        self.config.responder.retry_after = limits::clamp(after, Duration::ZERO);
         self
     }
 }

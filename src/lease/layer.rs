@@ -152,7 +152,7 @@ impl<K, E> LeaseLayer<K, E> {
 
     /// How long the start body may take to arrive (default: no limit) → else `408`.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
-        self.config.body_timeout = Some(timeout);
+        self.config.body_timeout = Some(crate::limits::clamp(timeout, Duration::ZERO));
         self
     }
 

@@ -2,6 +2,7 @@ mod packed;
 mod record;
 
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::limits;
 use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
 use dashmap::mapref::entry::Entry;
@@ -136,8 +137,10 @@ impl MemoryStore {
         Self::build(cfg.0, cfg.1, cfg.2)
     }
 
-    /// How long a completed response is replayed (default 24 h).
+    /// How long a completed response is replayed (default 24 h). Clamped to
+    /// between 100 ms and 100 years (`Duration::MAX` means "forever": 100 years).
     pub fn with_retention(self, retention: Duration) -> Self {
+        let retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
         self.reconfigure(|c| c.0 = retention)
     }
 
@@ -146,7 +149,10 @@ impl MemoryStore {
     /// The layer extends a claim every third of this while its handler runs,
     /// so it bounds how long a *dead* owner blocks its key (a claim left behind
     /// by a process that stopped), not how long a handler may take.
+    ///
+    /// Clamped to between 100 ms and 100 years.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
+        let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);
         self.reconfigure(|c| c.1 = lock_timeout)
     }
 

@@ -113,8 +113,10 @@ impl MemoryJobStore {
         }
     }
 
-    /// How long a lease lives without a heartbeat (default 45 s).
+    /// How long a lease lives without a heartbeat (default 45 s). Clamped to
+    /// between 100 ms and 100 years.
     pub fn with_lease(self, lease: Duration) -> Self {
+        let lease = crate::limits::clamp(lease, crate::limits::SHORTEST_LOCK);
         // Clones share everything: one configured apart would split them.
         assert!(
             Arc::strong_count(&self.shared) == 1 && self.state().jobs.is_empty(),

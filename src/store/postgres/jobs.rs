@@ -136,8 +136,10 @@ impl PostgresJobStore {
         self.reconfigure(|c| c.table = table.to_owned())
     }
 
-    /// How long a lease lives without a heartbeat (default 45 s), on the database clock.
+    /// How long a lease lives without a heartbeat (default 45 s), on the
+    /// database clock. Clamped to between 100 ms and 100 years.
     pub fn with_lease(self, lease: Duration) -> Self {
+        let lease = crate::limits::clamp(lease, crate::limits::SHORTEST_LOCK);
         self.reconfigure(|c| c.lease = lease)
     }
 
@@ -145,6 +147,7 @@ impl PostgresJobStore {
     /// 5 s); slower ones fail with [`JobStoreError::Backend`], which the lease
     /// layer answers `503 job_store_unavailable`.
     pub fn with_operation_timeout(self, timeout: Duration) -> Self {
+        let timeout = crate::limits::clamp(timeout, Duration::ZERO);
         self.reconfigure(|c| c.operation_timeout = timeout)
     }
 

@@ -51,6 +51,7 @@ use self::sql::{is_identifier, Sql};
 use self::wait::{listener_connect, ListenerConnect, Waits};
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::body::BoxError;
+use crate::limits;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -242,7 +243,12 @@ impl PostgresStore {
 
     /// How long a completed response is replayed (default 24 h), from its completion
     /// on the database's clock.
+    ///
+    /// Clamped to between 100 ms and 100 years (`Duration::MAX` means "forever":
+    /// 100 years; a longer interval would overflow PostgreSQL's timestamps,
+    /// and every completion would fail).
     pub fn with_retention(self, retention: Duration) -> Self {
+        let retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
         self.reconfigure(|c| c.retention = retention)
     }
 
@@ -253,13 +259,19 @@ impl PostgresStore {
     /// (one `UPDATE` each time), so it bounds how long a *dead* owner (a
     /// crashed process, a lost network) blocks its key, not how long a handler
     /// may take. Give it room for two slow extensions in a row.
+    ///
+    /// Clamped to between 100 ms and 100 years.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
+        let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);
         self.reconfigure(|c| c.lock_timeout = lock_timeout)
     }
 
     /// The longest one operation may take, pool checkout included (default 5 s);
     /// slower ones fail with [`StoreError::Backend`].
+    ///
+    /// At most 100 years.
     pub fn with_operation_timeout(self, timeout: Duration) -> Self {
+        let timeout = limits::clamp(timeout, Duration::ZERO);
         self.reconfigure(|c| c.operation_timeout = timeout)
     }
 
