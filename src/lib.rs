@@ -229,7 +229,7 @@ pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 pub use lease::{Lease, LeaseLayer};
 
 /// The Rust examples of `docs/leases.md`, compiled and run as doctests.
-#[cfg(all(doctest, feature = "leases"))]
+#[cfg(all(doctest, feature = "leases", feature = "postgres"))]
 #[doc = include_str!("../docs/leases.md")]
 pub struct LeasesGuide;
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
