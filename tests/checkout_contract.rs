@@ -1,6 +1,6 @@
-//! The frozen contract (`shared/seeds/idempotency-contract-orders.txt`) against
-//! the checkout demo: its four tests and every row of its status mapping, over a
-//! real loopback HTTP server, plus races and disconnects.
+//! The `POST /v1/orders` contract (the decision table of `docs/idempotency.md`)
+//! against the checkout demo: its four tests and every row of its status
+//! mapping, over a real loopback HTTP server, plus races and disconnects.
 
 #[path = "../examples/checkout/app.rs"]
 mod app;
