@@ -8,8 +8,9 @@
 //! retry is told so instead of running the handler again.
 
 use super::claimed::{kept_alive, Running};
-use crate::body::BoxError;
+use crate::body::{BoxError, ResponseBody};
 use crate::store::{FencingToken, RecordKey, Store, StoredResponse};
+use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
 use http_body::{Body, Frame};
@@ -79,6 +80,8 @@ pub(crate) enum Read {
     Ended,
     /// It failed.
     Failed(BoxError),
+    /// It went over the record limit: it will never be recorded.
+    Over,
     /// More is to come; the frames read so far are waiting to be forwarded.
     Continues,
 }
@@ -115,8 +118,7 @@ where
                 }
                 read.push(frame);
                 if copy.is_over() {
-                    // Never recorded: the rest is only forwarded.
-                    return Poll::Ready(Read::Continues);
+                    return Poll::Ready(Read::Over);
                 }
             }
             Poll::Pending if wait => return Poll::Pending,
@@ -172,7 +174,7 @@ impl Forward {
     async fn send(&mut self, frame: Result<Frame<Bytes>, BoxError>) {
         if let Some(tx) = &self.0 {
             if tx.send(frame).await.is_err() {
-                // The caller is gone: the body is still read to its end.
+                // The caller is gone: a body being recorded is still read to its end.
                 self.0 = None;
             }
         }
@@ -180,8 +182,8 @@ impl Forward {
 }
 
 /// A body part-read: what is left of it, its copy so far, the frames read
-/// and not yet forwarded, and what records it at its end (none once it cannot
-/// be recorded, or when it is only forwarded).
+/// and not yet forwarded, and what records it at its end (none when it is
+/// only forwarded).
 pub(crate) struct Rest<B> {
     pub(crate) body: Pinned<B>,
     pub(crate) copy: Copy,
@@ -189,9 +191,82 @@ pub(crate) struct Rest<B> {
     pub(crate) recorder: Option<Recorder>,
 }
 
+async fn next_frame<B>(body: &mut Pinned<B>) -> Option<Result<Frame<Bytes>, BoxError>>
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let frame = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await?;
+    Some(frame.map(data_frame).map_err(Into::into))
+}
+
+/// Forwards and records the rest of a body until it ends, fails or passes
+/// the limit, then completes the key accordingly. `true` when it stopped at
+/// the limit with more to come (to be forwarded only).
+async fn record_rest<B>(
+    body: &mut Pinned<B>,
+    mut copy: Copy,
+    forward: &mut Forward,
+    recorder: Recorder,
+) -> bool
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    loop {
+        if copy.is_over() {
+            // Said now, not at an end that may never come (an endless stream).
+            recorder
+                .unavailable("the response is over the record limit")
+                .await;
+            return true;
+        }
+        match next_frame(body).await {
+            None => {
+                recorder.complete(copy.into_bytes()).await;
+                return false;
+            }
+            Some(Err(error)) => {
+                forward.send(Err(error)).await;
+                recorder.unavailable("the response body failed").await;
+                return false;
+            }
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    copy.keep(data);
+                }
+                forward.send(Ok(frame)).await;
+            }
+        }
+    }
+}
+
+/// Forwards the rest of a body for as long as someone listens.
+async fn forward_rest<B>(body: &mut Pinned<B>, forward: &mut Forward)
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    while forward.0.is_some() {
+        match next_frame(body).await {
+            None => return,
+            Some(frame) => {
+                let failed = frame.is_err();
+                forward.send(frame).await;
+                if failed {
+                    return;
+                }
+            }
+        }
+    }
+}
+
 /// Hands `rest` to a task that forwards it to the returned receiver and, with
 /// a recorder, records it (or completes the key as unavailable), keeping the
-/// claim alive meanwhile. Given back outside a tokio runtime.
+/// claim alive until it is completed. Given back outside a tokio runtime.
 pub(crate) fn spawn_rest<B>(
     rest: Rest<B>,
     running: Running,
@@ -204,76 +279,106 @@ where
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return Err(Box::new(rest));
     };
-    let Rest {
-        body,
-        mut copy,
-        read,
-        recorder,
-    } = rest;
     let (tx, rx) = mpsc::channel(FORWARD_FRAMES);
-    let heartbeat = recorder
-        .as_ref()
-        .map(|r| (r.store.clone(), r.record.clone(), r.token));
-    let rest = async move {
-        let mut body = body;
+    let task = async move {
+        let Rest {
+            mut body,
+            copy,
+            read,
+            recorder,
+        } = rest;
         let mut forward = Forward(Some(tx));
         for frame in read {
             forward.send(Ok(frame)).await;
         }
-        let mut recorder = recorder;
-        let failed: Option<BoxError> = loop {
-            if copy.is_over() {
-                // It will never be recorded: say so now, not at an end that may
-                // never come (an endless stream), and stop holding the key.
-                if let Some(recorder) = recorder.take() {
-                    recorder
-                        .unavailable("the response is over the record limit")
-                        .await;
-                }
-                if forward.0.is_none() {
-                    // Nobody reads it and nothing keeps it: stop producing it.
-                    return;
-                }
+        if let Some(recorder) = recorder {
+            let (store, record, token) = (
+                recorder.store.clone(),
+                recorder.record.clone(),
+                recorder.token,
+            );
+            let recording = record_rest(&mut body, copy, &mut forward, recorder);
+            if !kept_alive(recording, store, record, token).await {
+                return;
             }
-            let frame = match std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await {
-                None => break None,
-                Some(Err(error)) => break Some(error.into()),
-                Some(Ok(frame)) => data_frame(frame),
+        }
+        // Past the limit, or nothing to record: no claim to keep any more.
+        forward_rest(&mut body, &mut forward).await;
+        drop(running);
+    };
+    runtime.spawn(tracing::Instrument::instrument(
+        task,
+        tracing::Span::current(),
+    ));
+    Ok(rx)
+}
+
+/// Concludes a body that ended or failed: answers it whole (or failing) and,
+/// with a recorder, records it or completes the key as unavailable.
+pub(crate) async fn conclude<X>(
+    end: Read,
+    copy: Copy,
+    read: Vec<Frame<Bytes>>,
+    recorder: Option<Recorder>,
+) -> (ResponseBody<X>, Outcome) {
+    match (end, recorder) {
+        (Read::Failed(error), Some(recorder)) => {
+            // The effects happened: never released, never run again.
+            recorder.unavailable("the response body failed").await;
+            (ResponseBody::failed(error), Outcome::Unavailable)
+        }
+        (Read::Failed(error), None) => (ResponseBody::failed(error), Outcome::Unavailable),
+        (_, Some(recorder)) if copy.is_over() => {
+            recorder
+                .unavailable("the response is over the record limit")
+                .await;
+            (ResponseBody::full(concat(read)), Outcome::Unavailable)
+        }
+        (_, Some(recorder)) => {
+            let body = copy.into_bytes();
+            let outcome = match recorder.complete(body.clone()).await {
+                true => Outcome::Claimed,
+                // The handler has still run: it answers, and its claim is kept
+                // until the lock expires, so no retry runs it again before.
+                false => Outcome::StoreError,
             };
-            if let Some(data) = frame.data_ref() {
-                copy.keep(data);
-            }
-            forward.send(Ok(frame)).await;
-        };
-        if let Some(error) = failed {
-            forward.send(Err(error)).await;
-            if let Some(recorder) = recorder {
-                recorder.unavailable("the response body failed").await;
-            }
-        } else if let Some(recorder) = recorder {
-            recorder.complete(copy.into_bytes()).await;
+            (ResponseBody::full(body), outcome)
+        }
+        (_, None) => (ResponseBody::full(concat(read)), Outcome::Unavailable),
+    }
+}
+
+/// Reads the rest here, without a task (no runtime, or cancel-on-drop), then
+/// [`conclude`]s it.
+pub(crate) async fn finish_here<B, X>(rest: Rest<B>) -> (ResponseBody<X>, Outcome)
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let Rest {
+        mut body,
+        mut copy,
+        read: mut frames,
+        recorder,
+    } = rest;
+    let end = loop {
+        match read(&mut body, &mut copy, &mut frames, true).await {
+            // Past the limit the frames are still gathered, for the caller.
+            Read::Over | Read::Continues => continue,
+            end => break end,
         }
     };
-    let span = tracing::Span::current();
-    match heartbeat {
-        Some((store, record, token)) => {
-            runtime.spawn(tracing::Instrument::instrument(
-                async move {
-                    kept_alive(rest, store, record, token).await;
-                    drop(running);
-                },
-                span,
-            ));
-        }
-        None => {
-            runtime.spawn(tracing::Instrument::instrument(
-                async move {
-                    rest.await;
-                    drop(running);
-                },
-                span,
-            ));
+    conclude(end, copy, frames, recorder).await
+}
+
+/// The data of `frames`, joined (trailers are not recorded or replayed).
+fn concat(frames: Vec<Frame<Bytes>>) -> Bytes {
+    let mut joined = BytesMut::new();
+    for frame in frames {
+        if let Ok(data) = frame.into_data() {
+            joined.extend_from_slice(&data);
         }
     }
-    Ok(rx)
+    joined.freeze()
 }

@@ -3,7 +3,7 @@ use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use super::record::{self, Copy, Read, Recorder, Rest};
 use crate::body::{BoxError, ResponseBody};
-use crate::buffer::{buffer_body, collect};
+use crate::buffer::buffer_body;
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
@@ -14,7 +14,6 @@ use crate::store::{
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
 use bytes::Bytes;
-use bytes::BytesMut;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body::Body;
@@ -282,34 +281,13 @@ where
     // recorded before the answer, as they are replayed.
     let mut body = Box::pin(res_body);
     let (mut copy, mut frames) = (Copy::new(config.record_limit), Vec::new());
-    match record::read(&mut body, &mut copy, &mut frames, false).await {
-        Read::Ended if copy.is_over() => {
-            recorder
-                .unavailable("the response is over the record limit")
-                .await;
-            let response = Response::from_parts(res_parts, ResponseBody::full(concat(frames)));
-            (Ok(response), Outcome::Unavailable)
+    let (body, outcome) = match record::read(&mut body, &mut copy, &mut frames, false).await {
+        end @ (Read::Ended | Read::Failed(_)) => {
+            record::conclude(end, copy, frames, Some(recorder)).await
         }
-        Read::Ended => {
-            let body = copy.into_bytes();
-            let outcome = match recorder.complete(body.clone()).await {
-                true => Outcome::Claimed,
-                // The handler has still run: answer with its response and keep
-                // the claim, so no retry runs it again before the lock expires.
-                false => Outcome::StoreError,
-            };
-            let response = Response::from_parts(res_parts, ResponseBody::full(body));
-            (Ok(response), outcome)
-        }
-        Read::Failed(error) => {
-            // The effects happened: never released, never run again.
-            recorder.unavailable("the response body failed").await;
-            let response = Response::from_parts(res_parts, ResponseBody::failed(error));
-            (Ok(response), Outcome::Unavailable)
-        }
-        // A body still streaming: the caller gets it as it is produced, and
-        // the record (or, over the limit, "unavailable") follows at its end.
-        Read::Continues => {
+        // Still streaming, or past the limit: the caller gets it as it is
+        // produced, and the record (or "unavailable") follows.
+        Read::Over | Read::Continues => {
             let rest = Rest {
                 body,
                 copy,
@@ -322,48 +300,12 @@ where
                 false => record::spawn_rest(rest, config.in_flight.enter()),
             };
             match handed_over {
-                Ok(rest) => {
-                    let response = Response::from_parts(res_parts, ResponseBody::streamed(rest));
-                    (Ok(response), Outcome::Claimed)
-                }
-                // No runtime to stream from, or cancel-on-drop: read it all here.
-                Err(rest) => {
-                    let Rest {
-                        mut body,
-                        mut copy,
-                        read: mut frames,
-                        recorder,
-                    } = *rest;
-                    let recorder = recorder.expect("given");
-                    match record::read(&mut body, &mut copy, &mut frames, true).await {
-                        Read::Failed(error) => {
-                            recorder.unavailable("the response body failed").await;
-                            let response =
-                                Response::from_parts(res_parts, ResponseBody::failed(error));
-                            (Ok(response), Outcome::Unavailable)
-                        }
-                        _ if copy.is_over() => {
-                            recorder
-                                .unavailable("the response is over the record limit")
-                                .await;
-                            let rest = collect(body).await.unwrap_or_default();
-                            frames.push(http_body::Frame::data(rest));
-                            let response =
-                                Response::from_parts(res_parts, ResponseBody::full(concat(frames)));
-                            (Ok(response), Outcome::Unavailable)
-                        }
-                        _ => {
-                            let body = copy.into_bytes();
-                            recorder.complete(body.clone()).await;
-                            let response =
-                                Response::from_parts(res_parts, ResponseBody::full(body));
-                            (Ok(response), Outcome::Claimed)
-                        }
-                    }
-                }
+                Ok(frames) => (ResponseBody::streamed(frames), Outcome::Claimed),
+                Err(rest) => record::finish_here(*rest).await,
             }
         }
-    }
+    };
+    (Ok(Response::from_parts(res_parts, body)), outcome)
 }
 
 /// Runs the inner service for a claimed key inside the store's transaction,
@@ -432,49 +374,38 @@ where
     // before it), up to the record limit.
     let mut body = Box::pin(res_body);
     let (mut copy, mut frames) = (Copy::new(config.record_limit), Vec::new());
-    let read = record::read(&mut body, &mut copy, &mut frames, true).await;
-    if let Read::Failed(error) = read {
-        transaction.rollback().await;
-        claim.release().await;
-        let response = Response::from_parts(res_parts, ResponseBody::failed(error));
-        return (Ok(response), Outcome::Released);
-    }
-    if copy.is_over() {
-        // Too large to record: the writes commit, marked as not replayable.
-        if let Err(error) = transaction.commit_unavailable().await {
-            tracing::warn!(%error, "the handler's transaction did not commit");
+    match record::read(&mut body, &mut copy, &mut frames, true).await {
+        Read::Failed(error) => {
+            transaction.rollback().await;
             claim.release().await;
-            return refuse(Refusal::StoreUnavailable);
+            let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+            return (Ok(response), Outcome::Released);
         }
-        let _ = claim.keep();
-        let body = match read {
-            Read::Ended => ResponseBody::full(concat(frames)),
-            _ => {
-                let rest = Rest {
-                    body,
-                    copy,
-                    read: frames,
-                    recorder: None,
-                };
-                match record::spawn_rest(rest, config.in_flight.enter()) {
-                    Ok(rest) => ResponseBody::streamed(rest),
-                    Err(rest) => {
-                        let Rest {
-                            body,
-                            read: mut frames,
-                            ..
-                        } = *rest;
-                        let rest = collect(body).await.unwrap_or_default();
-                        frames.push(http_body::Frame::data(rest));
-                        ResponseBody::full(concat(frames))
-                    }
-                }
+        Read::Ended => {}
+        // Too large to record: the writes commit, marked as not replayable,
+        // and the body goes on to the caller.
+        Read::Over | Read::Continues => {
+            if let Err(error) = transaction.commit_unavailable().await {
+                tracing::warn!(%error, "the handler's transaction did not commit");
+                claim.release().await;
+                return refuse(Refusal::StoreUnavailable);
             }
-        };
-        return (
-            Ok(Response::from_parts(res_parts, body)),
-            Outcome::Unavailable,
-        );
+            let _ = claim.keep();
+            let rest = Rest {
+                body,
+                copy,
+                read: frames,
+                recorder: None,
+            };
+            let body = match record::spawn_rest(rest, config.in_flight.enter()) {
+                Ok(frames) => ResponseBody::streamed(frames),
+                Err(rest) => record::finish_here(*rest).await.0,
+            };
+            return (
+                Ok(Response::from_parts(res_parts, body)),
+                Outcome::Unavailable,
+            );
+        }
     }
     let body = copy.into_bytes();
     let stored = StoredResponse {
@@ -513,17 +444,6 @@ fn recorded_headers(
                 .map(move |value| (name.clone(), value.clone()))
         })
         .collect()
-}
-
-/// The data of `frames`, joined (trailers are not recorded or replayed).
-fn concat(frames: Vec<http_body::Frame<Bytes>>) -> Bytes {
-    let mut joined = BytesMut::new();
-    for frame in frames {
-        if let Ok(data) = frame.into_data() {
-            joined.extend_from_slice(&data);
-        }
-    }
-    joined.freeze()
 }
 
 fn replay<B>(stored: &StoredResponse) -> Answer<B> {
