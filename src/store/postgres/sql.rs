@@ -165,37 +165,33 @@ WHERE EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM free)
   AND NOT EXISTS (SELECT 1 FROM live)"#
         );
 
-        let complete = format!(
-            r#"WITH done AS (
+        // A completion, fenced by the claim's token, and its notification. In
+        // the handler's transaction (`locked`) it also fails unless it completed
+        // the claim (a division by zero), so that the COMMIT pipelined after it
+        // rolls back instead: the handler's writes never commit unrecorded.
+        let completion = |set: &str, id: &str, locked: bool| {
+            let select = match locked {
+                true => format!(
+                    "SELECT 1 / (SELECT count(*)::int FROM done), pg_notify('{channel}', {id})"
+                ),
+                false => format!("SELECT pg_notify('{channel}', {id}) FROM done"),
+            };
+            format!(
+                r#"WITH done AS (
     UPDATE {t}
-    SET state = 'completed', status = $4, headers = $5, body = $6,
-        expires_at = now() + interval '{retention_ms} milliseconds'
+    SET {set}, expires_at = now() + interval '{retention_ms} milliseconds'
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
     RETURNING 1
 )
-SELECT pg_notify('{channel}', $7) FROM done"#
-        );
-
-        let complete_unavailable = format!(
-            r#"WITH done AS (
-    UPDATE {t}
-    SET state = 'unavailable', expires_at = now() + interval '{retention_ms} milliseconds'
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-    RETURNING 1
-)
-SELECT pg_notify('{channel}', $4) FROM done"#
-        );
-
-        // Inside the handler's transaction, as `complete_locked`.
-        let complete_locked_unavailable = format!(
-            r#"WITH done AS (
-    UPDATE {t}
-    SET state = 'unavailable', expires_at = now() + interval '{retention_ms} milliseconds'
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-    RETURNING 1
-)
-SELECT 1 / (SELECT count(*)::int FROM done), pg_notify('{channel}', $4)"#
-        );
+{select}"#
+            )
+        };
+        let response = "state = 'completed', status = $4, headers = $5, body = $6";
+        let unavailable = "state = 'unavailable'";
+        let complete = completion(response, "$7", false);
+        let complete_locked = completion(response, "$7", true);
+        let complete_unavailable = completion(unavailable, "$4", false);
+        let complete_locked_unavailable = completion(unavailable, "$4", true);
 
         let extend = format!(
             r#"UPDATE {t}
@@ -242,19 +238,6 @@ FOR UPDATE SKIP LOCKED"#
             r#"SELECT 1 FROM {t}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
-        );
-
-        // Inside the handler's transaction: fails unless it completed the claim
-        // (a division by zero), so that the COMMIT pipelined after it rolls back.
-        let complete_locked = format!(
-            r#"WITH done AS (
-    UPDATE {t}
-    SET state = 'completed', status = $4, headers = $5, body = $6,
-        expires_at = now() + interval '{retention_ms} milliseconds'
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-    RETURNING 1
-)
-SELECT 1 / (SELECT count(*)::int FROM done), pg_notify('{channel}', $7)"#
         );
 
         let purge = format!(
