@@ -244,14 +244,7 @@ impl TransactionalStore for PostgresStore {
         let connection = pending.0.take();
         match (begun.clone(), connection) {
             (Begin::Claimed(token), Some(connection)) => {
-                let transaction = PgRecordTransaction {
-                    inner: inner.clone(),
-                    key: key.clone(),
-                    token,
-                    handle: PostgresTransaction {
-                        connection: Arc::new(Mutex::new(Held(Some(connection)))),
-                    },
-                };
+                let transaction = PgRecordTransaction::new(inner, key, token, connection);
                 Ok((begun, Some(Box::new(transaction))))
             }
             (_, Some(connection)) => {
@@ -287,14 +280,9 @@ impl TransactionalStore for PostgresStore {
             })
             .await;
         match locked {
-            Ok(true) => Ok(Box::new(PgRecordTransaction {
-                inner: inner.clone(),
-                key: key.clone(),
-                token,
-                handle: PostgresTransaction {
-                    connection: Arc::new(Mutex::new(Held(Some(connection)))),
-                },
-            })),
+            Ok(true) => Ok(Box::new(PgRecordTransaction::new(
+                inner, key, token, connection,
+            ))),
             Ok(false) => {
                 rollback(inner, connection).await;
                 Err(StoreError::ClaimLost)
@@ -319,6 +307,18 @@ async fn rollback(inner: &Inner, connection: Object) {
 }
 
 impl PgRecordTransaction {
+    /// The transaction of `key`'s claim under `token`, open on `connection`.
+    fn new(inner: &Arc<Inner>, key: &RecordKey, token: FencingToken, connection: Object) -> Self {
+        Self {
+            inner: inner.clone(),
+            key: key.clone(),
+            token,
+            handle: PostgresTransaction {
+                connection: Arc::new(Mutex::new(Held(Some(connection)))),
+            },
+        }
+    }
+
     /// Runs the completion `sql` pipelined with `COMMIT`. The completion fails
     /// (and so aborts the transaction, which turns the COMMIT into a rollback)
     /// unless it matched the claim: the handler's writes never commit
