@@ -3,7 +3,7 @@
 //! policy, store failure, error formats. Release paths, body limits and
 //! concurrency are in `layer_failures.rs`.
 //!
-//! Test names cite the rule from `shared/lessons-from-peers.md` they defend.
+//! Test names state the rule they defend (docs/security.md lists them by threat).
 //! Every refusal is checked by `Reply::assert_refusal`: status, content type
 //! `application/json`, a `code` and a non-empty `message`.
 

@@ -2,7 +2,7 @@
 //! (inner error, panic, a future dropped with `with_cancel_on_drop`, failing response body), request body
 //! limits and timeouts, hostile JSON, concurrent duplicates and waiters.
 //!
-//! Test names cite the rule from `shared/lessons-from-peers.md` they defend.
+//! Test names state the rule they defend (docs/security.md lists them by threat).
 //! Time is only an upper bound for correctness here, never a speed assertion.
 
 mod oneshot;

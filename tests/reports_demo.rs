@@ -1,6 +1,6 @@
 //! The reports demo over a real loopback HTTP server, against every job
-//! store: every row of the seed's decision matrix
-//! (`shared/seeds/lease-report-jobs.txt`) and its six closing checks.
+//! store: every row of the start decision table in `docs/leases.md` and its
+//! six closing checks.
 //! Readers (cursor, SSE, attempts) are in `reports_readers.rs`, the worker
 //! side in `reports_workers.rs`, keys and budgets in `reports_budget.rs`, the
 //! example as a process in `reports_binary.rs`; the harness is

@@ -119,7 +119,7 @@ async fn a_thousand_waiters_on_one_key_share_their_rechecks() {
     let elapsed = started.elapsed();
     let queries = store.round_trips() - before;
     eprintln!("1000 waiters for {elapsed:?} issued {queries} queries");
-    // Unshared, 1000 waiters would issue 1000 first checks and ~4000 re-checks.
+    // Unshared, 1000 waiters would send 1000 first checks and ~4000 re-checks.
     assert!(queries <= 50, "{queries} queries");
     assert_eq!(store.watched_keys(), 0);
 }
