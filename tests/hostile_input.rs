@@ -415,6 +415,61 @@ async fn duplicate_json_keys_are_fingerprinted_as_raw_bytes_deterministically() 
 }
 
 #[tokio::test]
+async fn bodies_a_handler_can_tell_apart_are_never_one_request() {
+    // Each pair parses, through serde_json into integers or decimals (or as
+    // raw text), into values a handler can tell apart, though the IEEE 754
+    // doubles RFC 8785 would compare are equal. The second body under the
+    // first one's key is another request (409), never the first one's replay.
+    let pairs = [
+        (
+            r#"{"amount":9007199254740992}"#,
+            r#"{"amount":9007199254740993}"#,
+        ),
+        (
+            r#"{"id":12345678901234567890}"#,
+            r#"{"id":12345678901234567891}"#,
+        ),
+        (r#"{"rate":0.1}"#, r#"{"rate":0.10000000000000001}"#),
+        (r#"{"x":0}"#, r#"{"x":1e-400}"#),
+        (r#"{"x":0}"#, r#"{"x":-0}"#),
+        (r#"{"x":0.0}"#, r#"{"x":-0.0}"#),
+        (r#"{"a":1}"#, r#"{"a":1}garbage"#),
+        (r#"{"a":1}"#, r#"{"a":1} {"a":1}"#),
+    ];
+    let orders = Orders::default();
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(orders.service());
+    for (i, (first, second)) in pairs.iter().enumerate() {
+        let key = format!("order-exact-{i:04}");
+        send(&svc, post(&key, *first))
+            .await
+            .assert_order(i + 1, false);
+        send(&svc, post(&key, *second))
+            .await
+            .assert_code(StatusCode::CONFLICT, "idempotency_key_reuse");
+        send(&svc, post(&key, *first))
+            .await
+            .assert_order(i + 1, true);
+    }
+    assert_eq!(orders.runs.get(), pairs.len());
+    // Equivalent spellings of one value stay one request.
+    for (i, same) in [
+        r#"{"amount": 9007199254740993.0}"#,
+        r#"{"amount":90071992547409930e-1}"#,
+    ]
+    .iter()
+    .enumerate()
+    {
+        let key = format!("order-same-{i:04}");
+        send(&svc, post(&key, r#"{"amount":9007199254740993}"#))
+            .await
+            .assert_order(pairs.len() + i + 1, false);
+        send(&svc, post(&key, *same))
+            .await
+            .assert_order(pairs.len() + i + 1, true);
+    }
+}
+
+#[tokio::test]
 async fn invalid_utf8_and_lone_surrogates_are_fingerprinted_as_raw_bytes() {
     let orders = Orders::default();
     let svc = IdempotencyLayer::new(MemoryStore::new()).layer(orders.service());

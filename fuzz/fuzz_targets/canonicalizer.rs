@@ -1,89 +1,23 @@
 //! `canonicalize_json` on arbitrary bytes: never panics; when it succeeds the
-//! output is valid JSON with the same value, canonicalising it again changes
-//! nothing, it equals an independent serialisation of the parsed value (keys
-//! sorted by UTF-16 code units, minimal escapes, no whitespace), and the
-//! request fingerprint of the input equals that of the output. When it fails,
-//! the fingerprint is the one of the raw bytes.
+//! output is valid JSON holding exactly the input's values (numbers compared as
+//! exact decimals, so a number a double would round cannot hide), canonicalising
+//! it again changes nothing, it equals an independent canonical writer's text
+//! for the independently parsed input, and the request fingerprint of the input
+//! equals that of the output. When it fails, the fingerprint is the one of the
+//! raw bytes, and the independent parser refuses the input too (or it has an
+//! exponent past 2^30, which the crate leaves to the raw bytes).
 #![no_main]
+
+#[path = "../../tests/support/exact_json.rs"]
+mod exact_json;
 
 use http::{HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
-use serde_json::Value;
 use tower_idempotency::fingerprint::canonicalize_json;
 use tower_idempotency::{Fingerprint, IdempotencyKey};
 
-/// The same value with every number as a double (canonical numbers are doubles).
-fn as_doubles(value: Value) -> Value {
-    match value {
-        Value::Number(n) => n
-            .as_f64()
-            .and_then(serde_json::Number::from_f64)
-            .map_or(Value::Null, Value::Number),
-        Value::Array(items) => Value::Array(items.into_iter().map(as_doubles).collect()),
-        Value::Object(map) => {
-            Value::Object(map.into_iter().map(|(k, v)| (k, as_doubles(v))).collect())
-        }
-        other => other,
-    }
-}
-
-/// JCS of a parsed value, written independently of the crate (numbers aside:
-/// a lone number goes through `canonicalize_json`, whose number form the RFC
-/// vectors and property tests check).
-fn reference(value: &Value, out: &mut String) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Value::Number(n) => {
-            let text = n.to_string();
-            let canonical = canonicalize_json(text.as_bytes()).expect("a number canonicalises");
-            out.push_str(std::str::from_utf8(&canonical).unwrap());
-        }
-        Value::String(s) => escape(s, out),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                reference(item, out);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            let mut members: Vec<_> = map.iter().collect();
-            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
-            out.push('{');
-            for (i, (k, v)) in members.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                escape(k, out);
-                out.push(':');
-                reference(v, out);
-            }
-            out.push('}');
-        }
-    }
-}
-
-fn escape(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
+/// serde_json's nesting limit (127 levels), which the crate keeps.
+const MAX_DEPTH: usize = 127;
 
 /// Whether `json` has a whitespace byte outside its string literals.
 fn whitespace_outside_strings(json: &[u8]) -> bool {
@@ -112,20 +46,22 @@ fuzz_target!(|data: &[u8]| {
     let fp = |ct: &HeaderValue, body: &[u8]| {
         Fingerprint::compute(&Method::POST, "/v1/orders", &key, "tenant", Some(ct), body)
     };
+    let model = exact_json::parse(data, MAX_DEPTH);
     match canonicalize_json(data) {
         Ok(out) => {
             let again = canonicalize_json(&out).expect("canonical output canonicalises");
             assert_eq!(again, out, "canonicalisation is idempotent");
-            let parsed_out: Value = serde_json::from_slice(&out).expect("output is JSON");
-            let parsed_in: Value = serde_json::from_slice(data).expect("accepted input is JSON");
-            let mut expected = String::new();
-            reference(&parsed_in, &mut expected);
+            let model = model.expect("accepted input is JSON to the independent parser");
+            assert_eq!(
+                exact_json::parse(&out, MAX_DEPTH).as_ref(),
+                Some(&model),
+                "the canonical text holds exactly the input's values"
+            );
             assert_eq!(
                 std::str::from_utf8(&out).expect("canonical output is UTF-8"),
-                expected,
-                "differs from the reference serialisation"
+                exact_json::canonical(&model),
+                "differs from the independent canonical writer"
             );
-            assert_eq!(as_doubles(parsed_in), as_doubles(parsed_out), "same value");
             assert!(
                 !whitespace_outside_strings(&out),
                 "insignificant whitespace in {out:?}"
@@ -137,6 +73,12 @@ fuzz_target!(|data: &[u8]| {
             );
         }
         Err(_) => {
+            if let Some(model) = model {
+                assert!(
+                    has_huge_exponent(&model),
+                    "refused JSON the independent parser accepts"
+                );
+            }
             assert_eq!(
                 fp(&json, data),
                 fp(&text, data),
@@ -145,3 +87,16 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// Whether a number's exponent is past the 2^30 the crate writes.
+fn has_huge_exponent(value: &exact_json::Exact) -> bool {
+    use exact_json::Exact;
+    match value {
+        Exact::Number(_, digits, exponent) => {
+            !digits.is_empty() && (exponent + digits.len() as i64 - 1).abs() > 1 << 30
+        }
+        Exact::Array(items) => items.iter().any(has_huge_exponent),
+        Exact::Object(map) => map.values().any(has_huge_exponent),
+        _ => false,
+    }
+}

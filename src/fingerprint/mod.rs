@@ -49,7 +49,8 @@ impl Fingerprint {
     /// Computes the fingerprint of a request.
     ///
     /// JSON bodies (`application/json`, `application/*+json`) are canonicalised per
-    /// RFC 8785; other bodies, and JSON that fails to parse (invalid, nested deeper
+    /// RFC 8785, numbers with their exact value (see [`canonicalize_json`]); other
+    /// bodies, and JSON that fails to parse (invalid, trailing text, nested deeper
     /// than 128 levels, duplicate object keys, numbers out of range), are hashed as
     /// raw bytes.
     pub fn compute(
@@ -120,18 +121,31 @@ impl std::error::Error for CanonicalizeError {}
 /// Serialises a JSON text in its RFC 8785 (JCS) canonical form.
 ///
 /// Objects are sorted by the UTF-16 code units of their keys, whitespace is
-/// dropped, numbers use the ECMAScript `Number.prototype.toString` form of their
-/// IEEE 754 double value, and strings use the minimal JSON escapes.
+/// dropped, strings use the minimal JSON escapes, and numbers are laid out as
+/// ECMAScript's `Number.prototype.toString` does. A number is written with its
+/// exact value: for every literal that is the shortest form of its IEEE 754
+/// double (`1.5`, `4.50`, `1E30`, any literal of at most 15 significant digits)
+/// that is RFC 8785's output; a literal that a double would round
+/// (`9007199254740993`, `0.10000000000000001`, `1e-400`) and negative zero keep
+/// their value, because a handler can tell them apart from the rounded double.
+/// So two texts canonicalise alike exactly when they hold the same values.
+///
 /// Duplicate object keys are an error rather than last-wins, so a fingerprint
-/// never hides a value the handler might read. Nesting is bounded at 128 levels
-/// by the parser, so hostile input cannot overflow the stack.
+/// never hides a value the handler might read, and so are numbers out of double
+/// range and text after the value. Nesting is bounded at 128 levels by the
+/// parser, so hostile input cannot overflow the stack.
 ///
 /// ```
 /// use tower_idempotency::fingerprint::canonicalize_json;
 ///
-/// let out = canonicalize_json(br#"{ "b": [1e2, 0.5, -0], "a": "\u00e9" }"#).unwrap();
+/// let out = canonicalize_json(br#"{ "b": [1e2, 0.50, 0.0], "a": "\u00e9" }"#).unwrap();
 /// assert_eq!(out, "{\"a\":\"é\",\"b\":[100,0.5,0]}".as_bytes());
+/// // Values a double would round, and -0, keep their exact value.
+/// let big = canonicalize_json(b"[9007199254740993, -0]").unwrap();
+/// assert_eq!(big, b"[9007199254740993,-0]");
+/// assert_ne!(canonicalize_json(b"0.10000000000000001").unwrap(), b"0.1");
 /// assert!(canonicalize_json(br#"{"a":1,"a":2}"#).is_err());
+/// assert!(canonicalize_json(br#"{"a":1}garbage"#).is_err());
 /// ```
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
     let mut buffers = Buffers {
@@ -156,16 +170,18 @@ pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
 }
 
 /// The general path: serde_json parses, [`CanonicalValue`] writes.
-fn canonicalize_with_serde(
-    input: &[u8],
-    mut buffers: Buffers,
-) -> Result<Vec<u8>, CanonicalizeError> {
+fn canonicalize_with_serde(input: &[u8], buf: Buffers) -> Result<Vec<u8>, CanonicalizeError> {
     let mut de = serde_json::Deserializer::from_slice(input);
-    CanonicalValue { buf: &mut buffers }
+    let mut state = SerdeState {
+        buf,
+        input,
+        numbers_at: 0,
+    };
+    CanonicalValue { state: &mut state }
         .deserialize(&mut de)
         .and_then(|()| de.end())
         .map_err(|e| CanonicalizeError(e.to_string()))?;
-    Ok(buffers.out)
+    Ok(state.buf.out)
 }
 
 /// The canonical output, and a scratch buffer reused by every object to

@@ -3,11 +3,65 @@
 use super::*;
 
 /// Writes one JSON value in canonical form to `buf.out`.
-pub(super) struct CanonicalValue<'a> {
-    pub(super) buf: &'a mut Buffers,
+///
+/// serde_json hands numbers over as doubles or 64-bit integers, which lose
+/// what [`write_number_literal`] keeps, so each number is written from its
+/// literal in `input`: serde_json visits values in document order, and
+/// [`next_number_literal`] finds the literals in the same order.
+///
+/// One reference wide: serde_json recurses through it up to 128 levels, and
+/// every byte of it is copied into several frames per level in a debug build.
+pub(super) struct CanonicalValue<'a, 'i> {
+    pub(super) state: &'a mut SerdeState<'i>,
 }
 
-impl<'de> DeserializeSeed<'de> for CanonicalValue<'_> {
+/// What the visitors share: the output buffers and the input.
+pub(super) struct SerdeState<'i> {
+    pub(super) buf: Buffers,
+    pub(super) input: &'i [u8],
+    /// Where the search for the next number literal starts.
+    pub(super) numbers_at: usize,
+}
+
+impl CanonicalValue<'_, '_> {
+    fn number<E: de::Error>(self) -> Result<(), E> {
+        let state = self.state;
+        next_number_literal(state.input, &mut state.numbers_at)
+            .and_then(|literal| write_number_literal(&mut state.buf.out, literal))
+            .ok_or_else(|| E::custom("number out of range"))
+    }
+}
+
+/// The next number literal at or after `*at` in a JSON text (strings, which
+/// may contain digits, are skipped), moving `*at` past it.
+pub(super) fn next_number_literal<'a>(input: &'a [u8], at: &mut usize) -> Option<&'a [u8]> {
+    let mut i = *at;
+    while let Some(&b) = input.get(i) {
+        match b {
+            b'"' => {
+                i += 1;
+                while let Some(&c) = input.get(i) {
+                    i += if c == b'\\' { 2 } else { 1 };
+                    if c == b'"' {
+                        break;
+                    }
+                }
+            }
+            b'-' | b'0'..=b'9' => {
+                let end = input[i..]
+                    .iter()
+                    .position(|c| !matches!(c, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                    .map_or(input.len(), |len| i + len);
+                *at = end;
+                return Some(&input[i..end]);
+            }
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+impl<'de> DeserializeSeed<'de> for CanonicalValue<'_, '_> {
     type Value = ();
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
@@ -15,7 +69,7 @@ impl<'de> DeserializeSeed<'de> for CanonicalValue<'_> {
     }
 }
 
-impl<'de> Visitor<'de> for CanonicalValue<'_> {
+impl<'de> Visitor<'de> for CanonicalValue<'_, '_> {
     type Value = ();
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -23,78 +77,76 @@ impl<'de> Visitor<'de> for CanonicalValue<'_> {
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<(), E> {
-        self.buf.out.extend_from_slice(b"null");
+        self.state.buf.out.extend_from_slice(b"null");
         Ok(())
     }
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
-        self.buf
+        self.state
+            .buf
             .out
             .extend_from_slice(if v { b"true" } else { b"false" });
         Ok(())
     }
 
-    fn visit_i64<E: de::Error>(self, v: i64) -> Result<(), E> {
-        write_integer_or_double(&mut self.buf.out, v.unsigned_abs(), v < 0);
-        Ok(())
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.number()
     }
 
-    fn visit_u64<E: de::Error>(self, v: u64) -> Result<(), E> {
-        write_integer_or_double(&mut self.buf.out, v, false);
-        Ok(())
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.number()
     }
 
-    fn visit_f64<E: de::Error>(self, v: f64) -> Result<(), E> {
-        write_es6_number(&mut self.buf.out, v);
-        Ok(())
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.number()
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
-        write_json_string(&mut self.buf.out, v);
+        write_json_string(&mut self.state.buf.out, v);
         Ok(())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        self.buf.out.push(b'[');
+        self.state.buf.out.push(b'[');
         let mut first = true;
         loop {
-            let mark = self.buf.out.len();
+            let mark = self.state.buf.out.len();
             if !first {
-                self.buf.out.push(b',');
+                self.state.buf.out.push(b',');
             }
             if seq
                 .next_element_seed(CanonicalValue {
-                    buf: &mut *self.buf,
+                    state: &mut *self.state,
                 })?
                 .is_none()
             {
-                self.buf.out.truncate(mark);
+                self.state.buf.out.truncate(mark);
                 break;
             }
             first = false;
         }
-        self.buf.out.push(b']');
+        self.state.buf.out.push(b']');
         Ok(())
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
         // Values are written in arrival order after `start`, then the region is
         // rewritten in key order; this avoids an allocation per member.
-        let start = self.buf.out.len();
+        let start = self.state.buf.out.len();
         let mut members: Vec<(Cow<'de, str>, usize, usize)> = Vec::new();
         while let Some(key) = map.next_key_seed(KeySeed)? {
-            let from = self.buf.out.len();
+            let from = self.state.buf.out.len();
             map.next_value_seed(CanonicalValue {
-                buf: &mut *self.buf,
+                state: &mut *self.state,
             })?;
-            members.push((key, from, self.buf.out.len()));
+            members.push((key, from, self.state.buf.out.len()));
         }
         members.sort_unstable_by(|a, b| cmp_utf16(&a.0, &b.0));
         if members.windows(2).any(|w| w[0].0 == w[1].0) {
             return Err(de::Error::custom("duplicate object key"));
         }
         // Nested objects finished using the scratch buffer before this one.
-        let Buffers { out, scratch } = &mut *self.buf;
+        let Buffers { out, scratch } = &mut self.state.buf;
         scratch.clear();
         scratch.extend_from_slice(&out[start..]);
         out.truncate(start);

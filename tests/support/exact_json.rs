@@ -1,0 +1,345 @@
+//! An exact model of a JSON text, written independently of the crate: the
+//! oracle for "two bodies share a canonical form exactly when a handler cannot
+//! tell them apart". Numbers are kept as exact decimals (sign, significant
+//! digits, exponent), so `9007199254740993` and `9007199254740992`, `0.1` and
+//! `0.10000000000000001`, `-0` and `0` are different values, while `1`, `1.0`
+//! and `10e-1` are one. Object members are kept sorted, so key order and
+//! whitespace do not count. Also used by the fuzz target (`fuzz/`).
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+/// A JSON value with exact numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exact {
+    Null,
+    Bool(bool),
+    /// `negative`, significant digits without leading or trailing zeros (empty
+    /// for zero), and the decimal exponent of the last digit.
+    Number(bool, String, i64),
+    String(String),
+    Array(Vec<Exact>),
+    Object(BTreeMap<String, Exact>),
+}
+
+/// Parses `text` as one JSON value (RFC 8259): `None` when it is not JSON,
+/// has a duplicate key, a lone surrogate, or nests deeper than `max_depth`.
+pub fn parse(text: &[u8], max_depth: usize) -> Option<Exact> {
+    let mut p = Parser {
+        s: text,
+        i: 0,
+        max_depth,
+    };
+    let v = p.value(0)?;
+    p.ws();
+    (p.i == text.len()).then_some(v)
+}
+
+struct Parser<'a> {
+    s: &'a [u8],
+    i: usize,
+    max_depth: usize,
+}
+
+impl Parser<'_> {
+    fn ws(&mut self) {
+        while matches!(self.s.get(self.i), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, b: u8) -> bool {
+        self.ws();
+        if self.s.get(self.i) == Some(&b) {
+            self.i += 1;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Exact> {
+        self.ws();
+        match *self.s.get(self.i)? {
+            b'{' | b'[' if depth >= self.max_depth => None,
+            b'{' => {
+                self.i += 1;
+                let mut map = BTreeMap::new();
+                if self.eat(b'}') {
+                    return Some(Exact::Object(map));
+                }
+                loop {
+                    self.ws();
+                    if self.s.get(self.i) != Some(&b'"') {
+                        return None;
+                    }
+                    let key = self.string()?;
+                    if !self.eat(b':') {
+                        return None;
+                    }
+                    let v = self.value(depth + 1)?;
+                    if map.insert(key, v).is_some() {
+                        return None;
+                    }
+                    if self.eat(b'}') {
+                        return Some(Exact::Object(map));
+                    }
+                    if !self.eat(b',') {
+                        return None;
+                    }
+                }
+            }
+            b'[' => {
+                self.i += 1;
+                let mut items = Vec::new();
+                if self.eat(b']') {
+                    return Some(Exact::Array(items));
+                }
+                loop {
+                    items.push(self.value(depth + 1)?);
+                    if self.eat(b']') {
+                        return Some(Exact::Array(items));
+                    }
+                    if !self.eat(b',') {
+                        return None;
+                    }
+                }
+            }
+            b'"' => self.string().map(Exact::String),
+            b't' => self.word(b"true", Exact::Bool(true)),
+            b'f' => self.word(b"false", Exact::Bool(false)),
+            b'n' => self.word(b"null", Exact::Null),
+            _ => self.number(),
+        }
+    }
+
+    fn word(&mut self, w: &[u8], v: Exact) -> Option<Exact> {
+        if self.s[self.i..].starts_with(w) {
+            self.i += w.len();
+            Some(v)
+        } else {
+            None
+        }
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let h = std::str::from_utf8(self.s.get(self.i..self.i + 4)?).ok()?;
+        if !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.i += 4;
+        u32::from_str_radix(h, 16).ok()
+    }
+
+    fn string(&mut self) -> Option<String> {
+        self.i += 1; // the opening quote
+        let mut out = String::new();
+        loop {
+            let rest = self.s.get(self.i..)?;
+            let run = rest
+                .iter()
+                .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
+            out.push_str(std::str::from_utf8(&rest[..run]).ok()?);
+            self.i += run;
+            match self.s[self.i] {
+                b'"' => {
+                    self.i += 1;
+                    return Some(out);
+                }
+                b'\\' => {
+                    self.i += 1;
+                    let e = *self.s.get(self.i)?;
+                    self.i += 1;
+                    let c = match e {
+                        b'"' => '"',
+                        b'\\' => '\\',
+                        b'/' => '/',
+                        b'b' => '\u{8}',
+                        b'f' => '\u{c}',
+                        b'n' => '\n',
+                        b'r' => '\r',
+                        b't' => '\t',
+                        b'u' => {
+                            let hi = self.hex4()?;
+                            if (0xD800..0xDC00).contains(&hi) {
+                                if self.s.get(self.i..self.i + 2)? != b"\\u" {
+                                    return None;
+                                }
+                                self.i += 2;
+                                let lo = self.hex4()?;
+                                if !(0xDC00..0xE000).contains(&lo) {
+                                    return None;
+                                }
+                                char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00))?
+                            } else {
+                                char::from_u32(hi)?
+                            }
+                        }
+                        _ => return None,
+                    };
+                    out.push(c);
+                }
+                _ => return None, // a control character
+            }
+        }
+    }
+
+    fn digits(&mut self) -> &[u8] {
+        let start = self.i;
+        while self.s.get(self.i).is_some_and(u8::is_ascii_digit) {
+            self.i += 1;
+        }
+        &self.s[start..self.i]
+    }
+
+    fn number(&mut self) -> Option<Exact> {
+        let start = self.i;
+        let negative = self.s.get(self.i) == Some(&b'-');
+        self.i += usize::from(negative);
+        let int = self.digits().to_vec();
+        if int.is_empty() || (int.len() > 1 && int[0] == b'0') {
+            return None;
+        }
+        let mut frac = Vec::new();
+        if self.s.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            frac = self.digits().to_vec();
+            if frac.is_empty() {
+                return None;
+            }
+        }
+        let mut exponent: i64 = 0;
+        if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
+            self.i += 1;
+            let sign = match self.s.get(self.i) {
+                Some(b'-') => {
+                    self.i += 1;
+                    -1
+                }
+                Some(b'+') => {
+                    self.i += 1;
+                    1
+                }
+                _ => 1,
+            };
+            let e = self.digits();
+            if e.is_empty() {
+                return None;
+            }
+            // Clamped: past 10^13 a non-zero number is out of range anyway.
+            let e = e.iter().fold(0i64, |acc, &d| {
+                (acc * 10 + i64::from(d - b'0')).min(10_000_000_000_000)
+            });
+            exponent = sign * e;
+        }
+        // Out of double range: serde_json refuses it, and so does the crate.
+        let literal = std::str::from_utf8(&self.s[start..self.i]).ok()?;
+        if !literal.parse::<f64>().ok()?.is_finite() {
+            return None;
+        }
+        let all: String = int.iter().chain(&frac).map(|&b| b as char).collect();
+        let exponent = exponent - frac.len() as i64;
+        let trimmed_end = all.trim_end_matches('0');
+        let exponent = exponent + (all.len() - trimmed_end.len()) as i64;
+        let digits = trimmed_end.trim_start_matches('0').to_string();
+        if digits.is_empty() {
+            return Some(Exact::Number(negative, String::new(), 0));
+        }
+        Some(Exact::Number(negative, digits, exponent))
+    }
+}
+
+/// The canonical text of `value`, written independently of the crate: members
+/// sorted by UTF-16 code units, minimal string escapes, no whitespace, and each
+/// number's exact value laid out as ECMAScript's `Number.prototype.toString`
+/// lays out a double (RFC 8785 section 3.2.2.3), negative zero as `-0`.
+pub fn canonical(value: &Exact) -> String {
+    let mut out = String::new();
+    write(value, &mut out);
+    out
+}
+
+fn write(value: &Exact, out: &mut String) {
+    match value {
+        Exact::Null => out.push_str("null"),
+        Exact::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Exact::Number(negative, digits, exponent) => {
+            if *negative {
+                out.push('-');
+            }
+            if digits.is_empty() {
+                out.push('0');
+                return;
+            }
+            // ECMA-262 Number::toString: k digits, the point after n of them.
+            let k = digits.len() as i64;
+            let n = k + exponent;
+            if k <= n && n <= 21 {
+                out.push_str(digits);
+                out.extend(std::iter::repeat_n('0', (n - k) as usize));
+            } else if 0 < n && n <= 21 {
+                out.push_str(&digits[..n as usize]);
+                out.push('.');
+                out.push_str(&digits[n as usize..]);
+            } else if -6 < n && n <= 0 {
+                out.push_str("0.");
+                out.extend(std::iter::repeat_n('0', (-n) as usize));
+                out.push_str(digits);
+            } else {
+                out.push_str(&digits[..1]);
+                if k > 1 {
+                    out.push('.');
+                    out.push_str(&digits[1..]);
+                }
+                out.push_str(&format!(
+                    "e{}{}",
+                    if n > 0 { "+" } else { "-" },
+                    (n - 1).abs()
+                ));
+            }
+        }
+        Exact::String(s) => escape(s, out),
+        Exact::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                write(item, out);
+            }
+            out.push(']');
+        }
+        Exact::Object(map) => {
+            let mut members: Vec<_> = map.iter().collect();
+            members.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            out.push('{');
+            for (i, (k, v)) in members.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                escape(k, out);
+                out.push(':');
+                write(v, out);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn escape(s: &str, out: &mut String) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
