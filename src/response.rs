@@ -30,6 +30,13 @@ pub enum Refusal {
     ResponseUnavailable,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
+    /// `429 idempotency_quota_exceeded`: the request's scope holds as many
+    /// records as the store's per-scope quota allows; nothing was run.
+    QuotaExceeded,
+    /// `503 overloaded` with `Retry-After`: as many claimed handlers as
+    /// [`with_max_in_flight`](crate::IdempotencyLayer::with_max_in_flight)
+    /// allows are running; this one was not started and its key is free.
+    Overloaded,
     /// `500 internal_error`: the handler panicked (or its runtime shut down)
     /// before it answered; its claim was released, so a retry runs it again.
     HandlerFailed,
@@ -48,6 +55,8 @@ impl Refusal {
             Self::InProgress => "idempotency_in_progress",
             Self::ResponseUnavailable => "idempotency_response_unavailable",
             Self::StoreUnavailable => "idempotency_store_unavailable",
+            Self::QuotaExceeded => "idempotency_quota_exceeded",
+            Self::Overloaded => "overloaded",
             Self::HandlerFailed => "internal_error",
         }
     }
@@ -73,6 +82,11 @@ impl Refusal {
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
             }
+            Self::QuotaExceeded => {
+                "this account holds as many idempotency keys as it may; the request was not \
+                 processed, retry once earlier keys have expired"
+            }
+            Self::Overloaded => "the server is busy; the request was not processed, retry later",
             Self::HandlerFailed => "the request failed before it completed; it was not recorded",
         }
     }
@@ -87,7 +101,8 @@ impl Refusal {
             // Not 409: clients following the IETF draft retry a 409 later,
             // and this answer never changes while the record is retained.
             Self::ResponseUnavailable => StatusCode::GONE,
-            Self::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             Self::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -133,7 +148,10 @@ impl Responder {
 
     pub(crate) fn refuse<B>(&self, refusal: Refusal) -> Response<ResponseBody<B>> {
         let mut response = self.error(self.status(refusal), refusal.code(), refusal.message());
-        if matches!(refusal, Refusal::InProgress | Refusal::StoreUnavailable) {
+        if matches!(
+            refusal,
+            Refusal::InProgress | Refusal::StoreUnavailable | Refusal::Overloaded
+        ) {
             self.retry_after(&mut response);
         }
         response

@@ -35,6 +35,10 @@ pub enum Outcome {
     Rejected,
     /// Ran, but its response could not be recorded (`410` to retries).
     Unavailable,
+    /// `429 idempotency_quota_exceeded`: the scope is at its store quota.
+    OverQuota,
+    /// `503 overloaded`: shed at the layer's cap on claimed handlers.
+    Shed,
 }
 
 impl Outcome {
@@ -49,6 +53,8 @@ impl Outcome {
             Self::StoreError => "store_error",
             Self::Rejected => "rejected",
             Self::Unavailable => "unavailable",
+            Self::OverQuota => "over_quota",
+            Self::Shed => "shed",
         }
     }
 }
@@ -79,6 +85,8 @@ impl From<crate::Refusal> for Outcome {
             Refusal::StoreUnavailable => Self::StoreError,
             Refusal::HandlerFailed => Self::Released,
             Refusal::ResponseUnavailable => Self::Unavailable,
+            Refusal::QuotaExceeded => Self::OverQuota,
+            Refusal::Overloaded => Self::Shed,
             _ => Self::Rejected,
         }
     }

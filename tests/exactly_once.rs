@@ -273,3 +273,98 @@ async fn extreme_durations_neither_panic_nor_run_twice() {
     );
     assert_eq!(effects.counts(), (1, 1));
 }
+
+/// Load shedding: with `with_max_in_flight(2)`, a third key claimed while two
+/// handlers run is `503 overloaded` with `Retry-After`, its handler never
+/// starts and its key is free; replays are served under the cap, and the shed
+/// key runs once when retried later.
+#[tokio::test]
+async fn over_the_in_flight_cap_a_claim_is_shed_before_its_handler_and_its_key_freed() {
+    let effects = Effects::default();
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_in_flight(2);
+    let in_flight = layer.in_flight();
+    let app = app(layer, &effects, STEP);
+    // A completed request, to replay while the cap is reached.
+    assert_eq!(send(&app, "order-shed-done").await.0, StatusCode::CREATED);
+    let slow: Vec<_> = ["order-shed-slow-1", "order-shed-slow-2"]
+        .into_iter()
+        .map(|key| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, key).await })
+        })
+        .collect();
+    while in_flight.count() < 2 {
+        sleep(Duration::from_millis(5)).await;
+    }
+    let res = app
+        .clone()
+        .oneshot(order("order-shed-third"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains(r#""code":"overloaded""#));
+    let (status, _, replayed) = send(&app, "order-shed-done").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, true));
+    for task in slow {
+        assert_eq!(task.await.unwrap().0, StatusCode::CREATED);
+    }
+    assert_eq!(effects.counts(), (3, 3), "the shed handler never started");
+    // The shed key was released, not left in progress: it runs now, once.
+    let (status, _, replayed) = send(&app, "order-shed-third").await;
+    assert_eq!((status, replayed), (StatusCode::CREATED, false));
+    assert!(send(&app, "order-shed-third").await.2, "replayed");
+    assert_eq!(effects.counts(), (4, 4));
+    assert_eq!(in_flight.count(), 0);
+}
+
+/// The issue a global capacity alone has: one tenant's fresh keys fill the
+/// store. With a per-scope quota that tenant gets `429` and the others `201`.
+#[tokio::test]
+async fn a_tenant_flooding_fresh_keys_gets_429_and_the_others_keep_working() {
+    let effects = Effects::default();
+    let store = MemoryStore::new()
+        .with_capacity(1_000)
+        .with_scope_quota(100);
+    let app = app(IdempotencyLayer::new(store), &effects, Duration::ZERO);
+    let tenant = |key: String, scope: &str| {
+        let mut req = order(&key);
+        req.extensions_mut().insert(Scope::new(scope));
+        req
+    };
+    let mut refused = 0;
+    for i in 0..150 {
+        let res = app
+            .clone()
+            .oneshot(tenant(format!("flood-key-{i:06}"), "noisy"))
+            .await
+            .unwrap();
+        match res.status() {
+            StatusCode::CREATED => {}
+            StatusCode::TOO_MANY_REQUESTS => {
+                let body = res.into_body().collect().await.unwrap().to_bytes();
+                assert!(String::from_utf8_lossy(&body).contains("idempotency_quota_exceeded"));
+                refused += 1;
+            }
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(refused, 50);
+    assert_eq!(effects.counts(), (100, 100), "refused requests never ran");
+    for i in 0..100 {
+        let res = app
+            .clone()
+            .oneshot(tenant(format!("quiet-key-{i:06}"), "quiet"))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::CREATED);
+    }
+    // The noisy tenant's own keys still replay.
+    let res = app
+        .clone()
+        .oneshot(tenant("flood-key-000000".into(), "noisy"))
+        .await
+        .unwrap();
+    assert!(res.headers().contains_key("idempotent-replayed"));
+}

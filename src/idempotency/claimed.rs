@@ -75,6 +75,17 @@ impl InFlight {
         self.shared.count.fetch_add(1, Ordering::AcqRel);
         Running(self.shared.clone())
     }
+
+    /// Counts one more, unless `max` are running already.
+    pub(crate) fn try_enter(&self, max: usize) -> Option<Running> {
+        self.shared
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Running(self.shared.clone()))
+    }
 }
 
 impl std::fmt::Debug for InFlight {

@@ -43,6 +43,7 @@ pub(crate) struct Config<E, P> {
     pub(crate) responder: Responder,
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
+    pub(crate) max_in_flight: Option<usize>,
     /// Set by [`IdempotencyLayer::transactional`]: the same store as `store`.
     pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
 }
@@ -90,6 +91,7 @@ impl IdempotencyLayer {
                 responder: Responder::default(),
                 cancel_on_drop: false,
                 in_flight: InFlight::new(),
+                max_in_flight: None,
                 transactions,
             },
         }
@@ -134,6 +136,7 @@ impl<E, P> IdempotencyLayer<E, P> {
             responder,
             cancel_on_drop,
             in_flight,
+            max_in_flight,
             transactions,
         } = self.config;
         let (scope, policy) = f(scope, policy);
@@ -152,6 +155,7 @@ impl<E, P> IdempotencyLayer<E, P> {
                 responder,
                 cancel_on_drop,
                 in_flight,
+                max_in_flight,
                 transactions,
             },
         }
@@ -234,6 +238,22 @@ impl<E, P> IdempotencyLayer<E, P> {
         self
     }
 
+    /// Sheds load: at most `max` claimed handlers run at once (default: no
+    /// cap). A request that claims its key while `max` are running is answered
+    /// `503 overloaded` with `Retry-After`, its handler is not called and its
+    /// key is released at once, so the retry runs normally once there is room.
+    ///
+    /// The cap applies after the store's decision: replays, refusals and waits
+    /// for a request in progress are answered as usual under load (retries of
+    /// completed requests are what an overloaded server should still serve).
+    /// It counts what [`in_flight`](Self::in_flight) counts: claimed handlers,
+    /// and responses still being recorded after their head was sent, across
+    /// every layer sharing that [`InFlight`].
+    pub fn with_max_in_flight(mut self, max: usize) -> Self {
+        self.config.max_in_flight = Some(max);
+        self
+    }
+
     /// Plain JSON refusals (default) or RFC 9457 `application/problem+json`.
     pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
         self.config.responder.format = format;
@@ -247,8 +267,9 @@ impl<E, P> IdempotencyLayer<E, P> {
         self
     }
 
-    /// The `Retry-After` sent with `idempotency_in_progress` and
-    /// `idempotency_store_unavailable` (default 1 s, rounded up to whole seconds).
+    /// The `Retry-After` sent with `idempotency_in_progress`,
+    /// `idempotency_store_unavailable` and `overloaded` (default 1 s, rounded
+    /// up to whole seconds).
     pub fn with_retry_after(mut self, after: Duration) -> Self {
         self.config.responder.retry_after = limits::clamp(after, Duration::ZERO);
         self

@@ -182,12 +182,28 @@ where
                     return refuse(Refusal::StoreUnavailable);
                 }
             }
+            Err(StoreError::ScopeQuotaExceeded) => return refuse(Refusal::QuotaExceeded),
             Err(_) => return refuse(Refusal::StoreUnavailable),
         }
     };
 
     drop(fingerprint); // it borrows `parts`
-    let running = config.in_flight.enter();
+    let admitted = match config.max_in_flight {
+        None => Some(config.in_flight.enter()),
+        Some(max) => config.in_flight.try_enter(max),
+    };
+    let Some(running) = admitted else {
+        // Shed before the handler: its claim (and transaction) go back at once.
+        if let Some(transaction) = opened {
+            transaction.rollback().await;
+        }
+        let claim = ClaimGuard {
+            store: store.clone(),
+            armed: Some((record, token)),
+        };
+        claim.release().await;
+        return refuse(Refusal::Overloaded);
+    };
     let shared = config.clone();
     let claimed = async move {
         let config = shared;

@@ -1,4 +1,5 @@
 mod packed;
+mod quota;
 mod record;
 
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
@@ -7,6 +8,7 @@ use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use quota::ScopeQuota;
 use record::{Answer, BuildIdHasher, Claim, Clock, Cold, Id, Ids, Nanos, Record, State};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
@@ -31,6 +33,11 @@ const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// [`StoreError::CapacityExceeded`] and the layer answers `503`, rather than
 /// forgetting a record it promised to keep.
 ///
+/// One tenant cannot lock the others out: with
+/// [`with_scope_quota`](Self::with_scope_quota) a scope that holds its quota of
+/// records is refused new keys ([`StoreError::ScopeQuotaExceeded`], `429`)
+/// while every other scope keeps claiming.
+///
 /// Records live as long as the process: use `PostgresStore` when several
 /// instances serve the same clients or when replays must survive a restart.
 ///
@@ -45,7 +52,8 @@ const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// let store = MemoryStore::new()
 ///     .with_retention(Duration::from_secs(24 * 3600))
 ///     .with_lock_timeout(Duration::from_secs(60))
-///     .with_capacity(100_000);
+///     .with_capacity(100_000)
+///     .with_scope_quota(10_000);
 /// assert_eq!(store.len(), 0);
 /// ```
 #[derive(Clone)]
@@ -59,9 +67,9 @@ struct Shared {
     clock: Clock,
     live: AtomicUsize,
     next_token: AtomicI64,
-    retention: Duration,
-    lock_timeout: Duration,
-    capacity: usize,
+    config: Config,
+    /// Records held per scope, when a quota is set.
+    scope_quota: Option<ScopeQuota>,
     // Retention is fixed per store, so completions queue in deadline order.
     // Claims are not queued: almost all are completed or released within the
     // request, and queueing each one would hold memory for released claims
@@ -69,6 +77,15 @@ struct Shared {
     retention_deadlines: Mutex<VecDeque<Deadline>>,
     /// When the store last swept the whole map for expired records.
     last_full_sweep: Mutex<Option<Instant>>,
+}
+
+/// What a store is configured with, before it is shared.
+#[derive(Clone, Copy)]
+struct Config {
+    retention: Duration,
+    lock_timeout: Duration,
+    capacity: usize,
+    scope_quota: Option<usize>,
 }
 
 /// A completion's retention deadline. When it is due, the record with its id
@@ -89,9 +106,10 @@ impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStore")
             .field("records", &self.len())
-            .field("retention", &self.shared.retention)
-            .field("lock_timeout", &self.shared.lock_timeout)
-            .field("capacity", &self.shared.capacity)
+            .field("retention", &self.shared.config.retention)
+            .field("lock_timeout", &self.shared.config.lock_timeout)
+            .field("capacity", &self.shared.config.capacity)
+            .field("scope_quota", &self.shared.config.scope_quota)
             .finish()
     }
 }
@@ -100,14 +118,15 @@ impl MemoryStore {
     /// A store retaining records for 24 hours, locking claims for 10 seconds (extended while their handler runs),
     /// holding at most one million records.
     pub fn new() -> Self {
-        Self::build(
-            Duration::from_secs(24 * 3600),
-            Duration::from_secs(10),
-            1_000_000,
-        )
+        Self::build(Config {
+            retention: Duration::from_secs(24 * 3600),
+            lock_timeout: Duration::from_secs(10),
+            capacity: 1_000_000,
+            scope_quota: None,
+        })
     }
 
-    fn build(retention: Duration, lock_timeout: Duration, capacity: usize) -> Self {
+    fn build(config: Config) -> Self {
         Self {
             shared: Arc::new(Shared {
                 records: DashMap::default(),
@@ -115,33 +134,32 @@ impl MemoryStore {
                 clock: Clock::new(),
                 live: AtomicUsize::new(0),
                 next_token: AtomicI64::new(1),
-                retention,
-                lock_timeout,
-                capacity,
+                config,
+                scope_quota: config.scope_quota.map(ScopeQuota::new),
                 retention_deadlines: Mutex::new(VecDeque::new()),
                 last_full_sweep: Mutex::new(None),
             }),
         }
     }
 
-    fn reconfigure(self, f: impl FnOnce(&mut (Duration, Duration, usize))) -> Self {
+    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
         let s = &self.shared;
-        let mut cfg = (s.retention, s.lock_timeout, s.capacity);
-        f(&mut cfg);
+        let mut config = s.config;
+        f(&mut config);
         // Clones share everything: one configured apart would split them.
         assert!(
             Arc::strong_count(&self.shared) == 1 && s.records.is_empty(),
             "configure a MemoryStore before cloning or using it: a clone configured on its own \
              would be a second store, sharing nothing with the first"
         );
-        Self::build(cfg.0, cfg.1, cfg.2)
+        Self::build(config)
     }
 
     /// How long a completed response is replayed (default 24 h). Clamped to
     /// between 100 ms and 100 years (`Duration::MAX` means "forever": 100 years).
     pub fn with_retention(self, retention: Duration) -> Self {
         let retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
-        self.reconfigure(|c| c.0 = retention)
+        self.reconfigure(|c| c.retention = retention)
     }
 
     /// How long a claim holds its key unless it is extended (default 10 s).
@@ -153,12 +171,54 @@ impl MemoryStore {
     /// Clamped to between 100 ms and 100 years.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
         let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);
-        self.reconfigure(|c| c.1 = lock_timeout)
+        self.reconfigure(|c| c.lock_timeout = lock_timeout)
     }
 
     /// The most records held at once, in progress or completed (default 1 000 000).
+    ///
+    /// A full store refuses new keys with [`StoreError::CapacityExceeded`]
+    /// (`503`) until records expire; see
+    /// [`with_scope_quota`](Self::with_scope_quota) for keeping one scope from
+    /// filling it.
     pub fn with_capacity(self, capacity: usize) -> Self {
-        self.reconfigure(|c| c.2 = capacity)
+        self.reconfigure(|c| c.capacity = capacity)
+    }
+
+    /// The most records one scope (tenant) holds at once, in progress or
+    /// completed (default: no quota, only the capacity).
+    ///
+    /// A scope at its quota is refused new keys with
+    /// [`StoreError::ScopeQuotaExceeded`] (the layer answers `429
+    /// idempotency_quota_exceeded`) until its own records expire or are
+    /// purged; its replays and every other scope are unaffected. Without a
+    /// quota, one scope sending fresh keys can fill the whole capacity and
+    /// lock every other scope out for the retention period.
+    ///
+    /// Sizing: a scope needs about its peak rate of new keys times the
+    /// retention (100 new orders a minute kept 24 h: 144 000). With capacity
+    /// `c` and quota `q`, at least `c / q` scopes can reach their quota before
+    /// the store is full, so choose `q` no larger than `c` divided by the
+    /// number of scopes that must keep working when others misbehave. A quota
+    /// of 0 refuses every new key. Counting costs one more map update per new
+    /// or removed record.
+    pub fn with_scope_quota(self, quota: usize) -> Self {
+        self.reconfigure(|c| c.scope_quota = Some(quota))
+    }
+
+    /// Records the scope holds now, including expired ones not yet evicted:
+    /// counted as it changes with a quota, found by a scan of the whole store
+    /// without one.
+    pub fn scope_len(&self, scope: &Scope) -> usize {
+        let scope = scope.as_str().as_bytes();
+        match &self.shared.scope_quota {
+            Some(quota) => quota.held(scope),
+            None => self
+                .shared
+                .records
+                .iter()
+                .filter(|r| r.scope() == scope)
+                .count(),
+        }
     }
 
     /// Records currently held, including expired ones not yet evicted.
@@ -186,7 +246,7 @@ impl MemoryStore {
         let record = Record {
             exact: request.exact(),
             token,
-            deadline: now.saturating_add(record::saturate(self.shared.lock_timeout)),
+            deadline: now.saturating_add(record::saturate(self.shared.config.lock_timeout)),
             state: Claim::state(key.clone(), *request.fingerprint()),
         };
         (record, token)
@@ -205,7 +265,7 @@ impl MemoryStore {
             Some(r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => r,
             _ => return Err(StoreError::ClaimLost),
         };
-        let deadline = now.saturating_add(record::saturate(self.shared.retention));
+        let deadline = now.saturating_add(record::saturate(self.shared.config.retention));
         let completed = match record.in_progress().map(|c| &**c) {
             Some(Cold::Claim(claim)) => completed(claim),
             _ => unreachable!("checked above"),
@@ -228,6 +288,7 @@ impl MemoryStore {
             let keep = !remove(r);
             if !keep {
                 removed += 1;
+                self.forget_scope(r);
                 r.notify_if_claim();
             }
             keep
@@ -275,10 +336,39 @@ impl MemoryStore {
                 .records
                 .remove_if(&due.id, |_, r| r.deadline <= now);
             if let Some((_, record)) = removed {
-                self.shared.live.fetch_sub(1, Ordering::Relaxed);
-                record.notify_if_claim();
+                self.removed(&record);
             }
         }
+    }
+
+    /// Accounts for a record taken out of the map, and wakes its waiters.
+    fn removed(&self, record: &Record) {
+        self.shared.live.fetch_sub(1, Ordering::Relaxed);
+        self.forget_scope(record);
+        record.notify_if_claim();
+    }
+
+    fn forget_scope(&self, record: &Record) {
+        if let Some(quota) = &self.shared.scope_quota {
+            quota.forget(record.scope());
+        }
+    }
+
+    /// Whether a new record `id` of `scope` would exceed its quota, after
+    /// evicting what has expired (as a full store does).
+    fn over_scope_quota(&self, scope: &[u8], id: &Id, now: Nanos, instant: Instant) -> bool {
+        let Some(quota) = &self.shared.scope_quota else {
+            return false;
+        };
+        // A record the key already has is decided as usual (a replay, say).
+        if quota.has_room(scope) || self.shared.records.contains_key(id) {
+            return false;
+        }
+        self.evict(now, EVICTIONS_WHEN_FULL);
+        if !quota.has_room(scope) {
+            self.sweep_when_full(instant);
+        }
+        !quota.has_room(scope)
     }
 }
 
@@ -315,14 +405,18 @@ impl Store for MemoryStore {
         self.evict(now, EVICTIONS_PER_CALL);
         let id = self.shared.ids.of(key);
         let records = &self.shared.records;
-        if self.len() >= self.shared.capacity && !records.contains_key(&id) {
+        if self.len() >= self.shared.config.capacity && !records.contains_key(&id) {
             self.evict(now, EVICTIONS_WHEN_FULL);
-            if self.len() >= self.shared.capacity {
+            if self.len() >= self.shared.config.capacity {
                 self.sweep_when_full(instant);
             }
-            if self.len() >= self.shared.capacity {
+            if self.len() >= self.shared.config.capacity {
                 return Err(StoreError::CapacityExceeded);
             }
+        }
+        let scope = key.scope().as_str().as_bytes();
+        if self.over_scope_quota(scope, &id, now, instant) {
+            return Err(StoreError::ScopeQuotaExceeded);
         }
         let exact = request.exact();
         // A live record is decided from what its shard's read lock shows, without
@@ -351,6 +445,13 @@ impl Store for MemoryStore {
         let fingerprint = *request.fingerprint();
         let answer = match records.entry(id) {
             Entry::Vacant(vacant) => {
+                // Counted under the shard lock, so no two new keys of a scope
+                // at its quota minus one both get in.
+                if let Some(quota) = &self.shared.scope_quota {
+                    if !quota.admit(scope) {
+                        return Err(StoreError::ScopeQuotaExceeded);
+                    }
+                }
                 let (record, token) = self.new_claim(key, request, now);
                 // Counted before the shard lock is released: a purge that
                 // removes the new claim at once then subtracts it after this
@@ -364,9 +465,18 @@ impl Store for MemoryStore {
                 if record.deadline <= now {
                     // Expired: a completed record past retention, or a dead claim
                     // (of this key, or of another key with its id: both are free).
+                    let other_scope = record.scope() != scope;
+                    if let Some(quota) = self.shared.scope_quota.as_ref().filter(|_| other_scope) {
+                        if !quota.admit(scope) {
+                            return Err(StoreError::ScopeQuotaExceeded);
+                        }
+                    }
                     let (fresh, token) = self.new_claim(key, request, now);
                     let old = std::mem::replace(record, fresh);
                     drop(occupied);
+                    if other_scope {
+                        self.forget_scope(&old);
+                    }
                     old.notify_if_claim();
                     return Ok(Begin::Claimed(token));
                 }
@@ -401,7 +511,7 @@ impl Store for MemoryStore {
     }
 
     fn lock_timeout(&self) -> Duration {
-        self.shared.lock_timeout
+        self.shared.config.lock_timeout
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
@@ -410,7 +520,7 @@ impl Store for MemoryStore {
         match self.shared.records.get_mut(&id) {
             // Still this claim's token: nobody took it over, even if its lock ran out.
             Some(mut r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => {
-                r.deadline = now.saturating_add(record::saturate(self.shared.lock_timeout));
+                r.deadline = now.saturating_add(record::saturate(self.shared.config.lock_timeout));
                 Ok(())
             }
             _ => Err(StoreError::ClaimLost),
@@ -423,8 +533,7 @@ impl Store for MemoryStore {
             r.token == token && r.in_progress().is_some() && r.is_record_of(key)
         });
         if let Some((_, record)) = removed {
-            self.shared.live.fetch_sub(1, Ordering::Relaxed);
-            record.notify_if_claim();
+            self.removed(&record);
         }
         Ok(())
     }

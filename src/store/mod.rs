@@ -93,7 +93,8 @@ pub enum Begin {
     ResponseUnavailable,
 }
 
-/// A store failure. The layer answers `503` and never runs the request.
+/// A store failure. The layer never runs the request: it answers `503`, or `429`
+/// for [`ScopeQuotaExceeded`](Self::ScopeQuotaExceeded).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
@@ -102,6 +103,10 @@ pub enum StoreError {
     ClaimLost,
     /// The store is at its configured capacity and nothing has expired.
     CapacityExceeded,
+    /// The request's scope holds as many records as the store's per-scope
+    /// quota allows (`MemoryStore::with_scope_quota`); other scopes are not
+    /// affected. The layer answers `429 idempotency_quota_exceeded`.
+    ScopeQuotaExceeded,
     /// The backend failed (connection, timeout, query error).
     Backend(BoxError),
 }
@@ -111,6 +116,9 @@ impl fmt::Display for StoreError {
         match self {
             Self::ClaimLost => f.write_str("the claim's fencing token no longer owns the record"),
             Self::CapacityExceeded => f.write_str("the idempotency store is full"),
+            Self::ScopeQuotaExceeded => {
+                f.write_str("the scope holds as many idempotency records as its quota allows")
+            }
             Self::Backend(e) => write!(f, "idempotency store backend error: {e}"),
         }
     }

@@ -478,3 +478,44 @@ async fn transactional_response_over_the_record_limit_commits_and_is_never_run_a
     assert_eq!(count(&url, &table, "order-big-1", "charge").await, 1);
     assert_eq!(count(&url, &table, "order-big-1", "order").await, 1);
 }
+
+/// Load shedding in transactional mode: the shed claim's transaction is rolled
+/// back (its row lock gone) and its key released, so the retry claims and
+/// runs it once, and the running handler is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shed_transactional_claim_is_rolled_back_and_its_key_freed() {
+    let Some(url) = pg::database_url("a_shed_transactional_claim_is_rolled_back") else {
+        return;
+    };
+    let (store, table) = setup(&url, Duration::from_secs(10), 4).await;
+    let effects = Effects {
+        pool: None,
+        table: table.clone(),
+        step: Duration::from_millis(600),
+    };
+    let layer = IdempotencyLayer::transactional(store.clone()).with_max_in_flight(1);
+    let in_flight = layer.in_flight();
+    let app = app(layer, effects);
+    let slow = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, "order-shed-slow", None).await }
+    });
+    while in_flight.count() < 1 {
+        sleep(Duration::from_millis(5)).await;
+    }
+    let shed = send(&app, "order-shed-next", None).await;
+    assert_eq!(shed.0, StatusCode::SERVICE_UNAVAILABLE, "{}", shed.1);
+    assert!(shed.1.contains("overloaded"), "{}", shed.1);
+    assert_eq!(slow.await.unwrap().0, StatusCode::CREATED);
+    let retry = send(&app, "order-shed-next", None).await;
+    assert_eq!(
+        (retry.0, retry.2),
+        (StatusCode::CREATED, false),
+        "{}",
+        retry.1
+    );
+    for key in ["order-shed-slow", "order-shed-next"] {
+        assert_eq!(count(&url, &table, key, "charge").await, 1, "{key}");
+        assert_eq!(count(&url, &table, key, "order").await, 1, "{key}");
+    }
+}

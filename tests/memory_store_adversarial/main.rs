@@ -1,7 +1,7 @@
 //! Adversarial checks of `MemoryStore` beyond the conformance suite: fencing
 //! after takeovers, stale expiry-queue entries, waiters, `len()` accounting on
 //! every insertion and removal path, `purge_scope` on the id-keyed map, the
-//! packed encoding of odd responses, exact digest versus canonical fingerprint,
+//! packed encoding of odd responses, the per-scope quota, exact digest versus canonical fingerprint,
 //! and heavy concurrency.
 //!
 //! Tests that watch records expire run on tokio's paused clock (deterministic,
@@ -12,6 +12,7 @@ mod concurrency;
 mod digest;
 mod fencing;
 mod packed;
+mod quota;
 mod waiters;
 
 use bytes::Bytes;

@@ -105,7 +105,12 @@ pub(super) fn is_record_of(packed: &[u8], key: &RecordKey) -> bool {
 
 /// Whether `packed` belongs to `scope`.
 pub(super) fn is_in_scope(packed: &[u8], scope: &str) -> bool {
-    Reader::after_fingerprint(packed).bytes() == scope.as_bytes()
+    scope_of(packed) == scope.as_bytes()
+}
+
+/// The scope `packed` belongs to.
+pub(super) fn scope_of(packed: &[u8]) -> &[u8] {
+    Reader::after_fingerprint(packed).bytes()
 }
 
 /// The stored response, its header values and body sharing `packed`.

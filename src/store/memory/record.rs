@@ -194,6 +194,14 @@ impl Record {
         }
     }
 
+    /// The scope this record belongs to.
+    pub(super) fn scope(&self) -> &[u8] {
+        match &self.state {
+            State::Packed(packed) => packed::scope_of(packed),
+            State::Cold(cold) => cold.key().scope().as_str().as_bytes(),
+        }
+    }
+
     pub(super) fn fingerprint(&self) -> Fingerprint {
         match &self.state {
             State::Packed(packed) => packed::fingerprint(packed),
