@@ -228,6 +228,11 @@ pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 #[cfg(feature = "leases")]
 pub use lease::{Lease, LeaseLayer};
 
+/// The README's quick start, compiled as a doctest so that it works as written.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeQuickStart;
+
 /// The Rust examples of `docs/leases.md`, compiled and run as doctests.
 #[cfg(all(doctest, feature = "leases", feature = "postgres"))]
 #[doc = include_str!("../docs/leases.md")]
