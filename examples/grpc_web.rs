@@ -16,13 +16,16 @@
 //!
 //! The stack, outermost first:
 //!
-//! 1. `refusals_as_grpc_status` (axum `map_response`): the layer's JSON
-//!    refusals become gRPC-Web trailers-only answers with a `grpc-status`, so
-//!    gRPC-Web clients see `UNAUTHENTICATED`, `INVALID_ARGUMENT`, `ABORTED`
-//!    (in progress, with `retry-after`), `FAILED_PRECONDITION` (key reused),
-//!    `UNAVAILABLE` (store down).
-//! 2. `IdempotencyLayer`: sees the gRPC-Web request as sent (HTTP/1.1 POST,
-//!    `content-type: application/grpc-web+proto`). The body is not JSON, so
+//! 1. `IdempotencyLayer`: sees the gRPC-Web request as sent (HTTP/1.1 POST,
+//!    `content-type: application/grpc-web+proto`), and answers its refusals
+//!    as gRPC-Web trailers-only responses through its refusal hook
+//!    (`with_refusal_response(refusal_as_grpc_status)`): gRPC-Web clients see
+//!    `UNAUTHENTICATED`, `INVALID_ARGUMENT`, `ABORTED` (in progress, with
+//!    `retry-after`), `FAILED_PRECONDITION` (key reused), `UNAVAILABLE`
+//!    (store down), decided from the typed [`Refused`], never by parsing a
+//!    JSON body.
+//!
+//!    The body is not JSON, so
 //!    it is fingerprinted as raw bytes: the 5-byte frame header and the
 //!    protobuf message. The key travels as metadata, which gRPC-Web sends as
 //!    the `idempotency-key` header; the tenant comes from `authorization`
@@ -31,8 +34,8 @@
 //!    status there (a trailers-only response), and a success's `grpc-status: 0`
 //!    travels in the body's trailer frame, which is recorded and replayed with
 //!    the message.
-//! 3. `tonic_web::GrpcWebLayer`: gRPC-Web ⇄ gRPC translation.
-//! 4. `OrdersServer`: the gRPC service.
+//! 2. `tonic_web::GrpcWebLayer`: gRPC-Web ⇄ gRPC translation.
+//! 3. `OrdersServer`: the gRPC service.
 //!
 //! ```sh
 //! cargo run --example grpc_web
@@ -46,7 +49,6 @@
 //!
 //! Env: `BIND` (default `127.0.0.1:3004`).
 
-use axum::body::Body;
 use axum::http::{header, HeaderValue, Response, StatusCode};
 use axum::Router;
 use bytes::Bytes;
@@ -58,7 +60,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tonic::{Request, Status};
 use tower::{Service, ServiceBuilder};
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Refusal, Refused, Scope};
 
 /// `orders.v1.CreateOrderRequest`.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -152,47 +154,32 @@ pub fn app(created: Arc<AtomicU64>) -> Router {
         .layer(
             IdempotencyLayer::new(MemoryStore::new())
                 .with_scope(tenant_from_metadata)
-                .with_cache_policy(grpc_success),
+                .with_cache_policy(grpc_success)
+                .with_refusal_response(refusal_as_grpc_status),
         )
         .layer(tonic_web::GrpcWebLayer::new())
         .service(OrdersServer::new(created));
-    Router::new()
-        .fallback_service(grpc_web)
-        .layer(axum::middleware::map_response(refusals_as_grpc_status))
+    Router::new().fallback_service(grpc_web)
 }
 
-/// Turns the layer's JSON refusals (`{"code","message"}`) into gRPC-Web
-/// trailers-only answers; gRPC-Web responses pass through untouched.
-async fn refusals_as_grpc_status(response: Response<Body>) -> Response<Body> {
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|ct| ct.as_bytes().starts_with(b"application/json"));
-    if !is_json {
-        return response;
-    }
-    let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, 64 * 1024)
-        .await
-        .unwrap_or_default();
-    let refusal: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
-    let code = refusal["code"].as_str().unwrap_or_default();
-    let grpc_status = match code {
-        "unauthorized" => tonic::Code::Unauthenticated,
-        "idempotency_key_required" | "body_unreadable" => tonic::Code::InvalidArgument,
-        "payload_too_large" => tonic::Code::ResourceExhausted,
-        "request_timeout" => tonic::Code::DeadlineExceeded,
-        "idempotency_in_progress" => tonic::Code::Aborted,
-        "idempotency_key_reuse" => tonic::Code::FailedPrecondition,
-        "idempotency_store_unavailable" => tonic::Code::Unavailable,
+/// Answers the layer's refusals as gRPC-Web trailers-only responses, from the
+/// typed refusal (the default JSON answer is dropped).
+fn refusal_as_grpc_status(refused: &Refused, _json: Response<Bytes>) -> Response<Bytes> {
+    let grpc_status = match refused.refusal {
+        Refusal::Unauthorized => tonic::Code::Unauthenticated,
+        Refusal::KeyRequired | Refusal::BodyUnreadable => tonic::Code::InvalidArgument,
+        Refusal::PayloadTooLarge | Refusal::QuotaExceeded => tonic::Code::ResourceExhausted,
+        Refusal::BodyTimeout => tonic::Code::DeadlineExceeded,
+        Refusal::InProgress => tonic::Code::Aborted,
+        Refusal::KeyReuse | Refusal::ResponseUnavailable => tonic::Code::FailedPrecondition,
+        Refusal::StoreUnavailable | Refusal::Overloaded => tonic::Code::Unavailable,
+        Refusal::HandlerFailed => tonic::Code::Internal,
         _ => tonic::Code::Unknown,
     };
+    let code = refused.refusal.code();
     // grpc-message is percent-encoded; the layer's messages are plain ASCII without '%'.
-    let message = format!(
-        "{code}: {}",
-        refusal["message"].as_str().unwrap_or_default()
-    );
-    let mut answer = Response::new(Body::empty());
+    let message = format!("{code}: {}", refused.refusal.message());
+    let mut answer = Response::new(Bytes::new());
     let headers = answer.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
@@ -202,8 +189,8 @@ async fn refusals_as_grpc_status(response: Response<Body>) -> Response<Body> {
     if let Ok(message) = HeaderValue::from_str(&message) {
         headers.insert("grpc-message", message);
     }
-    if let Some(after) = parts.headers.get(header::RETRY_AFTER) {
-        headers.insert(header::RETRY_AFTER, after.clone());
+    if let Some(after) = refused.retry_after {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(after.as_secs()));
     }
     answer
 }

@@ -203,7 +203,7 @@
 
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod body;
 mod buffer;
@@ -238,7 +238,7 @@ pub struct ReadmeQuickStart;
 #[doc = include_str!("../docs/leases.md")]
 pub struct LeasesGuide;
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
-pub use response::{ErrorFormat, Refusal};
+pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
 pub use store::{
     Begin, FencingToken, MemoryStore, RecordKey, RecordTransaction, Store, StoreError,

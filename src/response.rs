@@ -4,6 +4,7 @@ use crate::body::ResponseBody;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A request the layer answers itself instead of calling the inner service.
@@ -91,6 +92,14 @@ impl Refusal {
         }
     }
 
+    /// Whether the answer carries `Retry-After`: the same request may succeed later.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::InProgress | Self::StoreUnavailable | Self::Overloaded
+        )
+    }
+
     fn default_status(self) -> StatusCode {
         match self {
             Self::KeyRequired | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
@@ -120,12 +129,82 @@ pub enum ErrorFormat {
     Problem,
 }
 
+/// A refusal as the idempotency layer answered it: in the extensions of every
+/// refusal response (`response.extensions().get::<Refused>()`), and handed to
+/// a [`RefusalResponse`] hook, so that an outer layer or the application can
+/// act on the refusal without parsing its body.
+///
+/// ```
+/// use http::{Request, StatusCode};
+/// use tower::{Layer, ServiceExt};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore, Refusal, Refused, Scope};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let svc = IdempotencyLayer::new(MemoryStore::new()).layer(tower::service_fn(|_req| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// }));
+/// let mut req = Request::post("/v1/orders").body(String::new()).unwrap();
+/// req.extensions_mut().insert(Scope::new("acme"));
+/// let res = svc.oneshot(req).await.unwrap(); // no Idempotency-Key
+/// let refused = res.extensions().get::<Refused>().unwrap();
+/// assert_eq!(refused.refusal, Refusal::KeyRequired);
+/// assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+/// assert_eq!(refused.retry_after, None);
+/// # }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Refused {
+    /// What was refused; [`Refusal::code`] is the `code` of the default body.
+    pub refusal: Refusal,
+    /// The status of the default answer (the configured one for key reuse).
+    pub status: StatusCode,
+    /// When to retry, for the refusals a retry may overcome (the default
+    /// answer's `Retry-After`, in whole seconds).
+    pub retry_after: Option<Duration>,
+}
+
+/// Builds the application's own answer to a refusal, in place of (or from)
+/// the default JSON one: a gRPC status, an HTML page, another error envelope.
+/// Set with
+/// [`IdempotencyLayer::with_refusal_response`](crate::IdempotencyLayer::with_refusal_response);
+/// any `Fn(&Refused, Response<Bytes>) -> Response<Bytes>` closure is one.
+///
+/// The returned response is sent as it is (its body as its bytes), with the
+/// [`Refused`] in its extensions. Whatever it says, the request was not run.
+pub trait RefusalResponse: Send + Sync + 'static {
+    /// The answer to `refused`; `default` is what the layer would send.
+    fn respond(&self, refused: &Refused, default: Response<Bytes>) -> Response<Bytes>;
+}
+
+impl<F> RefusalResponse for F
+where
+    F: Fn(&Refused, Response<Bytes>) -> Response<Bytes> + Send + Sync + 'static,
+{
+    fn respond(&self, refused: &Refused, default: Response<Bytes>) -> Response<Bytes> {
+        self(refused, default)
+    }
+}
+
 /// Builds refusals; the one place their status, headers and body are decided.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct Responder {
     pub(crate) format: ErrorFormat,
     pub(crate) reuse_status: StatusCode,
     pub(crate) retry_after: Duration,
+    /// The application's own refusal answers, if it has them.
+    pub(crate) hook: Option<Arc<dyn RefusalResponse>>,
+}
+
+impl std::fmt::Debug for Responder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Responder")
+            .field("format", &self.format)
+            .field("reuse_status", &self.reuse_status)
+            .field("retry_after", &self.retry_after)
+            .field("hook", &self.hook.is_some())
+            .finish()
+    }
 }
 
 impl Default for Responder {
@@ -134,6 +213,7 @@ impl Default for Responder {
             format: ErrorFormat::Json,
             reuse_status: StatusCode::CONFLICT,
             retry_after: Duration::from_secs(1),
+            hook: None,
         }
     }
 }
@@ -146,26 +226,45 @@ impl Responder {
         }
     }
 
+    /// The `Retry-After` sent: whole seconds, at least one.
+    fn retry_after_secs(&self) -> u64 {
+        self.retry_after.as_secs_f64().ceil().max(1.0) as u64
+    }
+
     pub(crate) fn refuse<B>(&self, refusal: Refusal) -> Response<ResponseBody<B>> {
-        let mut response = self.error(self.status(refusal), refusal.code(), refusal.message());
-        if matches!(
+        let status = self.status(refusal);
+        let refused = Refused {
             refusal,
-            Refusal::InProgress | Refusal::StoreUnavailable | Refusal::Overloaded
-        ) {
+            status,
+            retry_after: refusal
+                .is_retryable()
+                .then(|| Duration::from_secs(self.retry_after_secs())),
+        };
+        let mut response = self.error_bytes(
+            status,
+            refusal.code(),
+            refusal.message(),
+            Default::default(),
+        );
+        if refused.retry_after.is_some() {
             self.retry_after(&mut response);
         }
-        response
+        if let Some(hook) = &self.hook {
+            response = hook.respond(&refused, response);
+        }
+        response.extensions_mut().insert(refused);
+        response.map(ResponseBody::full)
     }
 
     /// Adds the configured `Retry-After` (whole seconds, at least one).
     pub(crate) fn retry_after<B>(&self, response: &mut Response<B>) {
-        let secs = self.retry_after.as_secs_f64().ceil().max(1.0) as u64;
         response
             .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(secs));
+            .insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs()));
     }
 
     /// Any error answer, in the configured format.
+    #[cfg(feature = "leases")]
     pub(crate) fn error<B>(
         &self,
         status: StatusCode,
@@ -177,6 +276,7 @@ impl Responder {
 
     /// An error answer with more members in its body (problem details
     /// extension members, in that format).
+    #[cfg(feature = "leases")]
     pub(crate) fn error_with<B>(
         &self,
         status: StatusCode,
@@ -184,6 +284,17 @@ impl Responder {
         message: &str,
         extra: serde_json::Map<String, serde_json::Value>,
     ) -> Response<ResponseBody<B>> {
+        self.error_bytes(status, code, message, extra)
+            .map(ResponseBody::full)
+    }
+
+    fn error_bytes(
+        &self,
+        status: StatusCode,
+        code: &str,
+        message: &str,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) -> Response<Bytes> {
         let (content_type, mut body) = match self.format {
             ErrorFormat::Json => (
                 "application/json",
@@ -203,17 +314,26 @@ impl Responder {
         if let Some(members) = body.as_object_mut() {
             members.extend(extra);
         }
-        json_response(status, content_type, &body)
+        json_bytes(status, content_type, &body)
     }
 }
 
 /// A response with a JSON body the layer built itself.
+#[cfg(feature = "leases")]
 pub(crate) fn json_response<B>(
     status: StatusCode,
     content_type: &'static str,
     body: &serde_json::Value,
 ) -> Response<ResponseBody<B>> {
-    let mut response = Response::new(ResponseBody::full(Bytes::from(body.to_string())));
+    json_bytes(status, content_type, body).map(ResponseBody::full)
+}
+
+fn json_bytes(
+    status: StatusCode,
+    content_type: &'static str,
+    body: &serde_json::Value,
+) -> Response<Bytes> {
+    let mut response = Response::new(Bytes::from(body.to_string()));
     *response.status_mut() = status;
     response
         .headers_mut()

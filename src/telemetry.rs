@@ -8,6 +8,16 @@
 //! for store errors). With the `metrics` feature, the `metrics` crate's facade
 //! receives `tower_idempotency_requests_total{layer, outcome}` and
 //! `tower_idempotency_request_duration_seconds{layer, outcome}`.
+//!
+//! The `outcome` of `layer="idempotency"`: `claimed` (ran and recorded),
+//! `released` (ran, not recorded: an error, a panic, a status the cache policy
+//! declines), `replayed`, `reused` (409 key reuse), `in_progress` (409),
+//! `unavailable` (ran, response not recordable; 410 to retries),
+//! `store_error` (503), `over_quota` (429, the scope at its store quota),
+//! `shed` (503, over `with_max_in_flight`) and `rejected` (no scope, a bad key,
+//! a body too large or too slow). Of `layer="lease"`: `created`, `joined`,
+//! `stolen`, `completed`, `budget_exhausted`, `start_failed`, `store_error`
+//! and `rejected`.
 
 use highway::{HighwayHash, HighwayHasher, Key};
 #[cfg(test)]
@@ -18,7 +28,7 @@ use std::time::Duration;
 /// What the idempotency layer did with a request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Claimed the key, ran the handler and recorded its response.
     Claimed,
     /// Ran the handler and released the key (response not recorded, error, body failure).

@@ -5,7 +5,7 @@
 //! Every handler here has two effects, A and B, with awaits around and between
 //! them; the tests cut the caller at each of those awaits.
 
-#[cfg(feature = "postgres")]
+#[cfg(all(feature = "postgres", feature = "test-util"))]
 #[path = "exactly_once/postgres.rs"]
 mod postgres;
 #[cfg(feature = "postgres")]

@@ -583,3 +583,72 @@ async fn problem_format_refusals_are_rfc9457_problem_details() {
     }
     assert_eq!(runs.get(), 1);
 }
+
+/// Every refusal carries its typed `Refused` in the response extensions, and
+/// one hook shapes every refusal the layer sends: the application's envelope,
+/// not a re-parse of the default JSON.
+#[tokio::test]
+async fn refusals_are_typed_in_extensions_and_shaped_by_one_hook() {
+    use bytes::Bytes;
+    use tower::ServiceExt;
+    use tower_idempotency::{Refusal, Refused};
+
+    let hooked = IdempotencyLayer::new(MemoryStore::new()).with_refusal_response(
+        |refused: &Refused, default: Response<Bytes>| {
+            let (mut parts, _) = default.into_parts();
+            parts.status = StatusCode::IM_A_TEAPOT;
+            parts
+                .headers
+                .insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+            Response::from_parts(
+                parts,
+                Bytes::from(format!("no: {}", refused.refusal.code())),
+            )
+        },
+    );
+    let (shaped, runs) = orders(hooked);
+    let (plain, _) = default_orders();
+    send(&plain, post(Some(KEY), ORDER))
+        .await
+        .assert_order(1, false);
+    send(&shaped, post(Some(KEY), ORDER))
+        .await
+        .assert_order(1, false);
+    let cases = || {
+        [
+            (unscoped(post(Some(KEY), ORDER)), Refusal::Unauthorized),
+            (post(None, ORDER), Refusal::KeyRequired),
+            (post(Some(KEY), "{}"), Refusal::KeyReuse),
+        ]
+    };
+    // The default answer: JSON, with the typed refusal beside it.
+    for (req, refusal) in cases() {
+        let res = plain.clone().oneshot(req).await.unwrap();
+        let refused = *res.extensions().get::<Refused>().expect("typed refusal");
+        assert_eq!((refused.refusal, refused.status), (refusal, res.status()));
+        assert_eq!(refused.retry_after, None);
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/json");
+    }
+    // Through the hook: its status and body, the typed refusal still there.
+    for (req, refusal) in cases() {
+        let res = shaped.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), StatusCode::IM_A_TEAPOT);
+        let refused = *res.extensions().get::<Refused>().unwrap();
+        assert_eq!(refused.refusal, refusal);
+        let body = http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        assert_eq!(body, format!("no: {}", refusal.code()));
+    }
+    assert_eq!(runs.get(), 1, "no refusal ran the handler");
+}
+
+#[test]
+fn the_service_hands_back_its_inner_service() {
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    let mut svc = layer.layer(7u32);
+    *svc.get_mut() += 1;
+    assert_eq!(*svc.get_ref(), 8);
+    assert_eq!(svc.into_inner(), 8);
+}

@@ -2,7 +2,7 @@ use super::claimed::InFlight;
 use super::service::IdempotencyService;
 use crate::limits;
 use crate::policy::{CacheCreated, CachePolicy};
-use crate::response::{ErrorFormat, Responder};
+use crate::response::{ErrorFormat, RefusalResponse, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::{Store, TransactionalStore};
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
@@ -257,6 +257,45 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// Plain JSON refusals (default) or RFC 9457 `application/problem+json`.
     pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
         self.config.responder.format = format;
+        self
+    }
+
+    /// Builds refusals the application's way: `respond(&refused, default)`
+    /// returns the answer to send instead of `default`, the layer's JSON one
+    /// (tower-governor's `error_handler`, for idempotency refusals).
+    ///
+    /// Every refusal passes through it: a gRPC status, an HTML page or the
+    /// application's own error envelope, without parsing the default body.
+    /// [`Refused`](crate::Refused) says what was refused, with which status and
+    /// when to retry; it stays in the sent response's extensions too.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::{Layer, ServiceExt};
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore, Refused, Scope};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).with_refusal_response(
+    ///     |refused: &Refused, default: Response<Bytes>| {
+    ///         let (mut parts, _) = default.into_parts();
+    ///         parts.headers.insert("content-type", "text/plain".parse().unwrap());
+    ///         let text = format!("{}: {}", refused.refusal.code(), refused.refusal.message());
+    ///         Response::from_parts(parts, Bytes::from(text))
+    ///     },
+    /// );
+    /// let svc = layer.layer(tower::service_fn(|_req| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// }));
+    /// let mut req = Request::post("/v1/orders").body(String::new()).unwrap();
+    /// req.extensions_mut().insert(Scope::new("acme"));
+    /// let res = svc.oneshot(req).await.unwrap();
+    /// assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    /// assert_eq!(res.headers()["content-type"], "text/plain");
+    /// # }
+    /// ```
+    pub fn with_refusal_response(mut self, respond: impl RefusalResponse) -> Self {
+        self.config.responder.hook = Some(Arc::new(respond));
         self
     }
 

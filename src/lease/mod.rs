@@ -62,6 +62,5 @@ pub use future::ResponseFuture;
 pub use handle::Lease;
 pub use key::{JobCost, JobKeyExtractor, JobKeyRejection, JsonJobKey};
 pub use layer::LeaseLayer;
-pub use outcome::JobOutcome;
-pub use refusal::JobRefusal;
+pub(crate) use refusal::JobRefusal;
 pub use service::LeaseService;

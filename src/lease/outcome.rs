@@ -3,7 +3,7 @@ use crate::telemetry::Label;
 /// What the lease layer did with a start, as its events and metrics label it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum JobOutcome {
+pub(crate) enum JobOutcome {
     /// A new job was created and its handler called.
     Created,
     /// A live job was joined; nothing new started.

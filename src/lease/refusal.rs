@@ -10,7 +10,7 @@ use http::{Response, StatusCode};
 /// responder as the idempotency layer's refusals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum JobRefusal {
+pub(crate) enum JobRefusal {
     /// `401 unauthorized`: the request has no tenant.
     Unauthorized,
     /// `413 payload_too_large`: the start body is over the layer's limit.

@@ -36,6 +36,16 @@ impl<S, K, E> LeaseService<S, K, E> {
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the wrapped service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
 }
 
 impl<S: Clone, K, E> Clone for LeaseService<S, K, E> {

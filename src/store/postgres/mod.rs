@@ -33,6 +33,8 @@
 //! # }
 //! ```
 
+#[cfg(feature = "test-util")]
+mod instrumentation;
 #[cfg(feature = "leases")]
 mod jobs;
 mod migrate;
@@ -318,68 +320,6 @@ impl PostgresStore {
     /// The `schema.table` the store uses.
     pub fn table(&self) -> String {
         format!("{}.{}", self.inner.config.schema, self.inner.config.table)
-    }
-
-    /// The text of the `begin` and `complete` statements, for benchmarks that
-    /// replay them elsewhere (pgbench). Not part of the API.
-    #[doc(hidden)]
-    pub fn begin_and_complete_sql(&self) -> (&str, &str) {
-        (&self.inner.sql.begin, &self.inner.sql.complete)
-    }
-
-    /// Statements sent to the database so far (executions, plus preparations that
-    /// missed a connection's statement cache). For tests of the round-trip budget.
-    #[doc(hidden)]
-    pub fn round_trips(&self) -> u64 {
-        self.inner.stats.round_trips.load(Ordering::Relaxed)
-    }
-
-    /// How often `begin` re-ran its statement after a concurrent commit.
-    #[doc(hidden)]
-    pub fn begin_retries(&self) -> u64 {
-        self.inner.stats.begin_retries.load(Ordering::Relaxed)
-    }
-
-    /// `begin` calls that waited for a concurrent identical call's query.
-    #[doc(hidden)]
-    pub fn begins_followed(&self) -> u64 {
-        self.inner.stats.begins_followed.load(Ordering::Relaxed)
-    }
-
-    /// `begin` calls answered by a concurrent identical call's query.
-    #[doc(hidden)]
-    pub fn begins_shared(&self) -> u64 {
-        self.inner.stats.begins_shared.load(Ordering::Relaxed)
-    }
-
-    /// `begin` queries still taking followers (waiting for a pooled connection).
-    #[doc(hidden)]
-    pub fn begins_open(&self) -> usize {
-        self.inner.flights.open()
-    }
-
-    /// Notifications received by the listener.
-    #[doc(hidden)]
-    pub fn notifications_received(&self) -> u64 {
-        self.inner.stats.notifications.load(Ordering::Relaxed)
-    }
-
-    /// Whether the listener connection is up and listening.
-    #[doc(hidden)]
-    pub fn is_listening(&self) -> bool {
-        self.inner.waits.listening.load(Ordering::Acquire)
-    }
-
-    /// Starts the listener (it otherwise starts with the first operation).
-    #[doc(hidden)]
-    pub fn start_listener(&self) {
-        self.inner.ensure_listener();
-    }
-
-    /// Keys that waiters in this process are waiting on.
-    #[doc(hidden)]
-    pub fn watched_keys(&self) -> usize {
-        self.inner.waits.watched_keys()
     }
 }
 

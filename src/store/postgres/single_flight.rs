@@ -83,6 +83,7 @@ impl Flights {
     }
 
     /// Flights taking followers.
+    #[cfg(feature = "test-util")]
     pub(super) fn open(&self) -> usize {
         self.open.len()
     }

@@ -149,6 +149,7 @@ impl Waits {
     }
 
     /// Keys with waiters in this process.
+    #[cfg(feature = "test-util")]
     pub(super) fn watched_keys(&self) -> usize {
         self.watches.len()
     }

@@ -1,0 +1,60 @@
+//! Counters and hooks for tests and benchmarks of `PostgresStore` (feature
+//! `test-util`): round-trip budgets, single-flight sharing, the listener.
+//! Not needed to use the store, and not covered by semver.
+
+use super::PostgresStore;
+use std::sync::atomic::Ordering;
+
+impl PostgresStore {
+    /// The text of the `begin` and `complete` statements, for benchmarks that
+    /// replay them elsewhere (pgbench).
+    pub fn begin_and_complete_sql(&self) -> (&str, &str) {
+        (&self.inner.sql.begin, &self.inner.sql.complete)
+    }
+
+    /// Statements sent to the database so far (executions, plus preparations that
+    /// missed a connection's statement cache). For tests of the round-trip budget.
+    pub fn round_trips(&self) -> u64 {
+        self.inner.stats.round_trips.load(Ordering::Relaxed)
+    }
+
+    /// How often `begin` re-ran its statement after a concurrent commit.
+    pub fn begin_retries(&self) -> u64 {
+        self.inner.stats.begin_retries.load(Ordering::Relaxed)
+    }
+
+    /// `begin` calls that waited for a concurrent identical call's query.
+    pub fn begins_followed(&self) -> u64 {
+        self.inner.stats.begins_followed.load(Ordering::Relaxed)
+    }
+
+    /// `begin` calls answered by a concurrent identical call's query.
+    pub fn begins_shared(&self) -> u64 {
+        self.inner.stats.begins_shared.load(Ordering::Relaxed)
+    }
+
+    /// `begin` queries still taking followers (waiting for a pooled connection).
+    pub fn begins_open(&self) -> usize {
+        self.inner.flights.open()
+    }
+
+    /// Notifications received by the listener.
+    pub fn notifications_received(&self) -> u64 {
+        self.inner.stats.notifications.load(Ordering::Relaxed)
+    }
+
+    /// Whether the listener connection is up and listening.
+    pub fn is_listening(&self) -> bool {
+        self.inner.waits.listening.load(Ordering::Acquire)
+    }
+
+    /// Starts the listener (it otherwise starts with the first operation).
+    pub fn start_listener(&self) {
+        self.inner.ensure_listener();
+    }
+
+    /// Keys that waiters in this process are waiting on.
+    pub fn watched_keys(&self) -> usize {
+        self.inner.waits.watched_keys()
+    }
+}
