@@ -233,10 +233,20 @@ pub use lease::{Lease, LeaseLayer};
 #[doc = include_str!("../README.md")]
 pub struct ReadmeQuickStart;
 
-/// The Rust examples of `docs/leases.md`, compiled and run as doctests.
-#[cfg(all(doctest, feature = "leases", feature = "postgres"))]
-#[doc = include_str!("../docs/leases.md")]
-pub struct LeasesGuide;
+/// The Rust examples of `docs/postgres.md` and `docs/operating-postgres.md`,
+/// compiled as doctests.
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../docs/postgres.md")]
+#[doc = include_str!("../docs/operating-postgres.md")]
+pub struct PostgresGuide;
+
+/// The Rust examples of `docs/ietf-draft.md` and `docs/migrating.md`, compiled
+/// and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/ietf-draft.md")]
+#[doc = include_str!("../docs/migrating.md")]
+pub struct Guides;
+
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};

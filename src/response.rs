@@ -135,15 +135,19 @@ pub enum ErrorFormat {
 /// act on the refusal without parsing its body.
 ///
 /// ```
+/// use bytes::Bytes;
 /// use http::{Request, StatusCode};
+/// use http_body_util::Full;
 /// use tower::{Layer, ServiceExt};
 /// use tower_idempotency::{IdempotencyLayer, MemoryStore, Refusal, Refused, Scope};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let svc = IdempotencyLayer::new(MemoryStore::new()).layer(tower::service_fn(|_req| async {
-///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
-/// }));
-/// let mut req = Request::post("/v1/orders").body(String::new()).unwrap();
+/// let svc = IdempotencyLayer::new(MemoryStore::new()).layer(tower::service_fn(
+///     |_req: Request<Full<Bytes>>| async {
+///         Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(Bytes::new())))
+///     },
+/// ));
+/// let mut req = Request::post("/v1/orders").body(Full::new(Bytes::new())).unwrap();
 /// req.extensions_mut().insert(Scope::new("acme"));
 /// let res = svc.oneshot(req).await.unwrap(); // no Idempotency-Key
 /// let refused = res.extensions().get::<Refused>().unwrap();

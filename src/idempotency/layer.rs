@@ -272,6 +272,7 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// ```
     /// use bytes::Bytes;
     /// use http::{Request, Response, StatusCode};
+    /// use http_body_util::Full;
     /// use tower::{Layer, ServiceExt};
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore, Refused, Scope};
     ///
@@ -284,10 +285,10 @@ impl<E, P> IdempotencyLayer<E, P> {
     ///         Response::from_parts(parts, Bytes::from(text))
     ///     },
     /// );
-    /// let svc = layer.layer(tower::service_fn(|_req| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// let svc = layer.layer(tower::service_fn(|_req: Request<Full<Bytes>>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::new())))
     /// }));
-    /// let mut req = Request::post("/v1/orders").body(String::new()).unwrap();
+    /// let mut req = Request::post("/v1/orders").body(Full::new(Bytes::new())).unwrap();
     /// req.extensions_mut().insert(Scope::new("acme"));
     /// let res = svc.oneshot(req).await.unwrap();
     /// assert_eq!(res.status(), StatusCode::BAD_REQUEST);

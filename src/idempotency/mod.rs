@@ -13,16 +13,13 @@
 //! 3. **Body**: buffered up to the limit (1 MiB) → else `413 payload_too_large`.
 //! 4. **Fingerprint**: SHA-256 of method, path and query, key, scope and the body,
 //!    JSON in its RFC 8785 canonical form ([`Fingerprint`](crate::Fingerprint)).
-//! 5. **Decision**, one atomic step in the [`Store`](crate::Store):
-//!
-//! | Store holds for (scope, key)          | Answer                                              |
-//! |---------------------------------------|-----------------------------------------------------|
-//! | nothing, or an expired record/lock    | claim it, run the inner service to completion       |
-//! | same fingerprint, completed           | replay status, allow-listed headers, body; `Idempotent-Replayed: true` |
-//! | other fingerprint                     | `409 idempotency_key_reuse` (or 422)                |
-//! | same fingerprint, in progress         | wait (5 s) to be woken, then decide again; else `409 idempotency_in_progress` + `Retry-After` |
-//! | store error                           | `503 idempotency_store_unavailable`, nothing runs   |
-//!
+//! 5. **Decision**, one atomic step in the [`Store`](crate::Store): a new key
+//!    is claimed and its handler runs; the same request replays the recorded
+//!    response (`Idempotent-Replayed: true`); another request under the key is
+//!    `409 idempotency_key_reuse`; a retry of a request still running waits to
+//!    be woken, then decides again; a store failure is `503` and nothing runs.
+//!    Every answer, in the order the checks run, is in the
+//!    [decision table](contract#decision-table).
 //! 6. **Run**: the claimed inner future runs in a task of its own, so a caller
 //!    that hangs up (or an outer `TimeoutLayer`) stops waiting, not the handler
 //!    ([`with_cancel_on_drop`](crate::IdempotencyLayer::with_cancel_on_drop) to
@@ -30,18 +27,23 @@
 //!    [`in_flight`](crate::IdempotencyLayer::in_flight) lets a server wait for
 //!    running handlers at shutdown.
 //! 7. **Record**: a response the [`CachePolicy`](crate::CachePolicy) accepts
-//!    (`201` by default) is buffered and stored under the claim's fencing token,
-//!    and the retry that waited for it replays it. Anything else (another
-//!    status, an inner error, a panic, a response body that fails) releases the
-//!    key so a corrected request runs.
+//!    (`201` by default) is stored under the claim's fencing token (streamed to
+//!    the caller as it is produced, its copy bounded by
+//!    [`with_record_limit`](crate::IdempotencyLayer::with_record_limit)), and the
+//!    retry that waited for it replays it. Another status, an inner error or a
+//!    panic releases the key so a corrected request runs; a recorded response
+//!    whose body fails or is too large keeps the key, and retries get `410
+//!    idempotency_response_unavailable`: the handler never runs twice.
 //!
 //! With [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)
 //! over `PostgresStore`, the handler writes through a `PostgresTransaction`
 //! from its request extensions, and its writes commit with the record or are
 //! rolled back with the key's release.
 //!
-//! Refusals are JSON `{"code","message"}` (or RFC 9457 problem details) and never
-//! change the inner service's error type.
+//! Refusals are JSON `{"code","message"}` (or RFC 9457 problem details, or
+//! what [`with_refusal_response`](crate::IdempotencyLayer::with_refusal_response)
+//! builds) with the typed [`Refused`](crate::Refused) in their extensions, and
+//! never change the inner service's error type.
 //!
 //! # Example
 //!
@@ -93,6 +95,14 @@
 
 mod claimed;
 mod future;
+
+/// The layer's contract in full: the order of checks, the decision table,
+/// running and recording the handler, transactional mode, locks, retention
+/// and errors, with the reasons behind each choice (the crate's
+/// `docs/idempotency.md`).
+#[doc = include_str!("../../docs/idempotency.md")]
+pub mod contract {}
+
 mod layer;
 mod record;
 mod service;

@@ -4,18 +4,12 @@
 //! one, yet "Acme's August health report" is still one job. [`LeaseLayer`]
 //! keys jobs by what they *are* — the tenant from authentication plus a key a
 //! [`JobKeyExtractor`] builds from the request — and decides each start
-//! atomically in a [`JobStore`](crate::store::JobStore):
-//!
-//! | Store holds for the natural key   | Answer                                                       |
-//! |-----------------------------------|--------------------------------------------------------------|
-//! | nothing (or only failed jobs)     | create the job with a lease, call the handler → `202 {"job_id","status":"queued","created":true}` + `Location` |
-//! | a job under a live lease          | `200 {"job_id","status","join":true}` + `Location`; nothing new starts |
-//! | a job whose lease expired         | steal it by compare-and-set (higher fencing token), call the handler → `202 {...,"stolen":true}` |
-//! | a complete job                    | `200 {"job_id","status":"complete","artifact_id"}`             |
-//! | a body naming another tenant      | `403 tenant_mismatch` (from the key extractor)               |
-//! | over the tenant's budget          | `429 budget_exhausted`, before anything starts               |
-//! | no tenant                         | `401 unauthorized`                                           |
-//! | store error                       | `503`, nothing starts                                        |
+//! atomically in a [`JobStore`](crate::store::JobStore). A new key creates the job with a lease and calls the handler (`202`); a
+//! start of a job under a live lease joins it (`200`, nothing new starts); an
+//! expired lease is stolen once, by compare-and-set with a higher fencing
+//! token; a complete job answers its artifact; a tenant over its budget is
+//! `429`, a store failure `503`, before anything starts. Every answer is in
+//! the [decision table](contract#start-one-atomic-decision).
 //!
 //! The handler receives a [`Lease`] in the request extensions and decides what
 //! starts the work; any `2xx` it returns becomes the `202` above, anything else
@@ -49,6 +43,13 @@
 //! );
 //! # let _ = app;
 //! ```
+
+/// The subsystem's contract in full: setting it up, the natural key, the
+/// start decision table, the worker's fenced writes, readers, endings,
+/// budgets and stores (the crate's `docs/leases.md`). Its examples need the
+/// `postgres` feature, so they are doctests only with it.
+#[cfg_attr(any(not(doctest), feature = "postgres"), doc = include_str!("../../docs/leases.md"))]
+pub mod contract {}
 
 mod future;
 mod handle;
