@@ -4,7 +4,7 @@
 
 #[path = "../examples/checkout/app.rs"]
 mod app;
-mod http;
+use crate::http;
 
 use app::{Ledger, MemoryLedger};
 use http::{serve, HttpClient, Reply};

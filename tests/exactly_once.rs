@@ -12,7 +12,7 @@ mod postgres;
 #[path = "exactly_once/processes.rs"]
 mod processes;
 #[cfg(feature = "postgres")]
-mod support;
+use crate::support;
 
 use axum::body::Body;
 use axum::routing::post;

@@ -5,7 +5,7 @@
 #[allow(dead_code)]
 #[path = "../examples/axum_per_route.rs"]
 mod example;
-mod http;
+use crate::http;
 
 use example::Ledger;
 use http::{serve, HttpClient};

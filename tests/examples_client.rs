@@ -2,7 +2,7 @@
 //! real server over loopback: a hyper client behind `IdempotencyKeyLayer` and
 //! `RetryLayer<IdempotentRetry>`.
 
-mod http;
+use crate::http;
 
 use axum::extract::{Request, State};
 use axum::middleware::{from_fn, from_fn_with_state, Next};

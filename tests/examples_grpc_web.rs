@@ -4,7 +4,7 @@
 #[allow(dead_code)]
 #[path = "../examples/grpc_web.rs"]
 mod example;
-mod http;
+use crate::http;
 
 use bytes::Bytes;
 use example::{frame, unframe, CreateOrderRequest, Order, CREATE_ORDER};

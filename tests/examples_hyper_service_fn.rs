@@ -5,7 +5,7 @@
 #[allow(dead_code)]
 #[path = "../examples/hyper_service_fn.rs"]
 mod example;
-mod http;
+use crate::http;
 
 use http::HttpClient;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -6,7 +6,7 @@
 #[allow(dead_code)]
 #[path = "../examples/layer_order.rs"]
 mod example;
-mod http;
+use crate::http;
 
 use example::Limits;
 use http::{serve, HttpClient, Reply};

@@ -17,7 +17,7 @@
 //! them against the real database, reading the rows in SQL.
 #![cfg(feature = "postgres")]
 
-mod support;
+use crate::support;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};

@@ -20,7 +20,7 @@
 //!   not run again before that.
 #![cfg(feature = "postgres")]
 
-mod support;
+use crate::support;
 #[path = "faults_pg_restart/transactional.rs"]
 mod transactional;
 

@@ -7,7 +7,7 @@
 //! Every refusal is checked by `Reply::assert_refusal`: status, content type
 //! `application/json`, a `code` and a non-empty `message`.
 
-mod oneshot;
+use crate::oneshot;
 
 use oneshot::*;
 

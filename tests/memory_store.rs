@@ -1,6 +1,6 @@
 //! The store conformance suite against `MemoryStore`, plus its own bounds.
 
-mod conformance;
+use crate::conformance;
 
 use conformance::Durations;
 use std::time::Duration;
@@ -14,7 +14,7 @@ async fn memory_store(d: Durations) -> Option<MemoryStore> {
     )
 }
 
-store_conformance_tests!(memory_store);
+crate::store_conformance_tests!(memory_store);
 
 #[tokio::test]
 async fn capacity_bounds_memory_and_fails_closed_when_full() {

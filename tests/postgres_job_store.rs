@@ -5,8 +5,8 @@
 //! (CI, `./scripts/test`) they fail instead.
 #![cfg(feature = "postgres")]
 
-mod job_conformance;
-mod support;
+use crate::job_conformance;
+use crate::support;
 
 use bytes::Bytes;
 use std::io::{BufRead, BufReader};
@@ -32,7 +32,7 @@ async fn postgres_job_store(lease: Duration) -> Option<PostgresJobStore> {
     Some(job_store(&url, &pg::unique_table("jobs"), lease).await)
 }
 
-job_store_conformance_tests!(postgres_job_store);
+crate::job_store_conformance_tests!(postgres_job_store);
 
 #[tokio::test]
 async fn migrate_is_idempotent_and_concurrent() {
@@ -186,14 +186,15 @@ impl Drop for ChildProcess {
 }
 
 fn spawn_child(role: &str, table: &str, extra: &[(&str, String)]) -> ChildProcess {
+    // The child test's name within this binary: this module's path without
+    // the crate's name.
+    let test = match module_path!().split_once("::") {
+        Some((_crate, path)) => format!("{path}::job_child_process"),
+        None => "job_child_process".to_owned(),
+    };
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args([
-            "--exact",
-            "job_child_process",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+        .args(["--exact", &test, "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, role)
         .env("CHILD_TABLE", table)
         .stdout(Stdio::piped())

@@ -8,7 +8,7 @@
 //! `listening on http://ADDR`.
 #![cfg(feature = "postgres")]
 
-mod support;
+use crate::support;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -125,6 +125,7 @@ async fn create_order(State(app): State<App>, headers: HeaderMap) -> Response {
 /// A server process on `table`, killed (SIGKILL) when dropped.
 fn spawn_server(url: &str, table: &str, lock_ms: u64, wait_ms: u64) -> ChildServer {
     ChildServer::spawn(
+        module_path!(),
         "child_server",
         &[
             (SERVER_ENV, table.to_owned()),

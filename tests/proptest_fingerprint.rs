@@ -20,8 +20,7 @@
 //! The unit tests in `src/fingerprint.rs` cover the RFC's section 3.2.2/3.2.3
 //! examples and Appendix B inside the crate; these go through the public API.
 
-#[path = "support/exact_json.rs"]
-mod exact_json;
+use crate::exact_json;
 
 use http::{HeaderValue, Method};
 use proptest::prelude::*;

@@ -4,9 +4,9 @@
 //! table per test via `REPORT_JOBS_TABLE`; skipped loudly without
 //! `DATABASE_URL`, failing under `REQUIRE_POSTGRES=1`).
 
-mod http;
+use crate::http;
 #[cfg(feature = "postgres")]
-mod support;
+use crate::support;
 
 use http::HttpClient;
 use std::io::{BufRead, BufReader, Read};

@@ -4,8 +4,7 @@
 //! reset makes room, concurrent starts cannot overshoot. The harness is
 //! `tests/reports/mod.rs`.
 
-#[macro_use]
-mod reports;
+use crate::reports;
 
 use reports::*;
 use serde_json::json;

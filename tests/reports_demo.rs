@@ -6,8 +6,7 @@
 //! example as a process in `reports_binary.rs`; the harness is
 //! `tests/reports/mod.rs`.
 
-#[macro_use]
-mod reports;
+use crate::reports;
 
 use bytes::Bytes;
 use reports::script::{run_script, Transport};

@@ -3,8 +3,7 @@
 //! a takeover's new attempt, which readers are told about and never splice
 //! into what they already had. The harness is `tests/reports/mod.rs`.
 
-#[macro_use]
-mod reports;
+use crate::reports;
 
 use reports::*;
 use serde_json::json;

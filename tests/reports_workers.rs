@@ -2,8 +2,7 @@
 //! store: numbered appends, the built-in worker, and the stale sweep that
 //! gives every abandoned job an ending. The harness is `tests/reports/mod.rs`.
 
-#[macro_use]
-mod reports;
+use crate::reports;
 
 use reports::app::Worker;
 use reports::*;

@@ -13,7 +13,7 @@
 //! at once in a normal run), as `postgres_processes.rs` does.
 #![cfg(feature = "postgres")]
 
-mod support;
+use crate::support;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -130,6 +130,7 @@ async fn create_order(State(app): State<App>, headers: HeaderMap) -> Response {
 /// A soak server process on `table`, killed (SIGKILL) when dropped.
 fn spawn_server(url: &str, table: &str) -> ChildServer {
     ChildServer::spawn(
+        module_path!(),
         "soak_server",
         &[
             (SERVER_ENV, table.to_owned()),

@@ -162,7 +162,8 @@ impl Shops {
 
     fn spawn(&self) -> ChildServer {
         ChildServer::spawn(
-            "processes::child_server",
+            module_path!(),
+            "child_server",
             &[
                 (CHILD_ENV, format!("{} {}", self.mode, self.table)),
                 ("DATABASE_URL", self.url.clone()),

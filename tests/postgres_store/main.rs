@@ -6,10 +6,8 @@
 //! `REQUIRE_POSTGRES=1` (CI, `./scripts/test`) they fail instead.
 #![cfg(feature = "postgres")]
 
-#[path = "../conformance/mod.rs"]
-mod conformance;
-#[path = "../support/mod.rs"]
-mod support;
+use crate::conformance;
+use crate::support;
 
 mod claims;
 mod layer;
@@ -46,7 +44,7 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
     Some(store)
 }
 
-store_conformance_tests!(postgres_store);
+crate::store_conformance_tests!(postgres_store);
 
 /// A key in a scope of its own.
 fn fresh_key() -> RecordKey {

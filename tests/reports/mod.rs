@@ -10,12 +10,10 @@
 
 #[path = "../../examples/reports/app.rs"]
 pub mod app;
-#[path = "../http/mod.rs"]
-pub mod client;
+pub(crate) use crate::http as client;
 pub mod script;
 #[cfg(feature = "postgres")]
-#[path = "../support/mod.rs"]
-pub mod support;
+pub(crate) use crate::support;
 
 use app::{Config, Worker};
 use async_trait::async_trait;

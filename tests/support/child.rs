@@ -19,10 +19,16 @@ pub struct ChildServer {
 impl ChildServer {
     /// Re-runs this test binary with only `test` (which must print
     /// `listening on http://ADDR`) and `env`, and waits for its address.
-    pub fn spawn(test: &str, env: &[(&str, String)]) -> Self {
+    /// `module` is the `module_path!()` of the test, which names it within
+    /// the binary (without the crate's name).
+    pub fn spawn(module: &str, test: &str, env: &[(&str, String)]) -> Self {
+        let test = match module.split_once("::") {
+            Some((_crate, path)) => format!("{path}::{test}"),
+            None => test.to_owned(),
+        };
         let mut command = Command::new(std::env::current_exe().unwrap());
         command
-            .args(["--exact", test, "--nocapture", "--test-threads=1"])
+            .args(["--exact", &test, "--nocapture", "--test-threads=1"])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -1,0 +1,28 @@
+//! `PostgresStore` and `PostgresJobStore` against a real server: the store
+//! conformance suites, outages and restarts, several processes on one
+//! database, and the soak. They fail, not skip, when `REQUIRE_POSTGRES=1`
+//! (as `scripts/test` sets) and no server answers. One test binary; each
+//! module is the file of the same name.
+#![cfg(feature = "postgres")]
+
+// Helpers the modules below share, declared once.
+#[cfg(feature = "test-util")]
+mod conformance;
+#[cfg(feature = "leases")]
+mod job_conformance;
+mod support;
+
+#[path = "faults_pg.rs"]
+mod faults_pg;
+#[path = "faults_pg_restart.rs"]
+mod faults_pg_restart;
+#[cfg(feature = "leases")]
+#[path = "postgres_job_store.rs"]
+mod postgres_job_store;
+#[path = "postgres_processes.rs"]
+mod postgres_processes;
+#[cfg(feature = "test-util")]
+#[path = "postgres_store/main.rs"]
+mod postgres_store;
+#[path = "soak.rs"]
+mod soak;
