@@ -76,53 +76,27 @@
 use crate::idempotency::IDEMPOTENCY_KEY;
 use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Method, Request, StatusCode};
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// A fresh key: 32 lowercase hex digits (128 bits).
-///
-/// The bits come from the standard library's randomly keyed SipHash
-/// ([`RandomState`], seeded by the operating system) over a process-wide
-/// counter, the time, the process and the thread: unique and unguessable
-/// enough for idempotency keys (which the server scopes per tenant anyway),
-/// without a dependency on a random number crate. Not meant for secrets.
+/// A fresh key: a random (version 4) UUID, `8e03978e-40d5-43e8-bc93-6894a57f9324`,
+/// the form clients and the IETF draft's examples use (122 random bits from
+/// the operating system).
 ///
 /// ```
 /// let a = tower_idempotency::client::random_key();
 /// let b = tower_idempotency::client::random_key();
-/// assert_eq!(a.len(), 32);
+/// assert_eq!(a.len(), 36);
 /// assert_ne!(a, b);
 /// assert!(tower_idempotency::IdempotencyKey::parse(a.as_bytes()).is_some());
 /// ```
 pub fn random_key() -> String {
-    format!("{:032x}", random_u128())
-}
-
-fn random_u128() -> u128 {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let half = |lane: u64| {
-        // Each `RandomState::new()` has its own key (a per-thread random seed,
-        // incremented per instance).
-        let mut hasher = RandomState::new().build_hasher();
-        hasher.write_u64(lane);
-        hasher.write_u64(n);
-        hasher.write_u128(now);
-        hasher.write_u32(std::process::id());
-        hasher.write(format!("{:?}", std::thread::current().id()).as_bytes());
-        hasher.finish()
-    };
-    (u128::from(half(0)) << 64) | u128::from(half(1))
+    uuid::Uuid::new_v4().to_string()
 }
 
 /// Makes keys for [`IdempotencyKeyLayer`]. Closures `Fn() -> String` implement it.
@@ -524,7 +498,8 @@ mod retry {
                 .saturating_mul(1 << self.attempts.saturating_sub(1).min(16))
                 .min(self.max_backoff);
             // Jitter in [step/2, step], so clients that failed together spread out.
-            let fraction = (super::random_u128() as u64 >> 11) as f64 / (1u64 << 53) as f64;
+            let fraction =
+                (u64::from_le_bytes(crate::random::bytes()) >> 11) as f64 / (1u64 << 53) as f64;
             step.mul_f64(0.5 + fraction / 2.0)
         }
 

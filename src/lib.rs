@@ -216,6 +216,7 @@ mod key;
 pub mod lease;
 mod limits;
 mod policy;
+mod random;
 mod response;
 mod scope;
 pub mod store;

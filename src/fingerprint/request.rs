@@ -4,7 +4,6 @@ use super::Fingerprint;
 use crate::IdempotencyKey;
 use highway::{HighwayHash, HighwayHasher, Key};
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::OnceLock;
 
 /// What a [`Store`](crate::Store) compares to tell a retry from key reuse.
@@ -183,12 +182,9 @@ fn process_key() -> &'static Key {
     KEY.get_or_init(random_key)
 }
 
-/// A random HighwayHash key: four outputs of a new standard-library
-/// `RandomState`, which is seeded with 128 bits from the operating system's
-/// generator (the key's entropy).
+/// A random HighwayHash key: 256 bits from the operating system.
 pub(crate) fn random_key() -> Key {
-    let random = RandomState::new();
-    Key(std::array::from_fn(|lane| random.hash_one(lane)))
+    Key(crate::random::lanes())
 }
 
 #[cfg(test)]

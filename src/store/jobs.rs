@@ -321,19 +321,27 @@ pub trait JobStore: Send + Sync + 'static {
     fn lease_duration(&self) -> std::time::Duration;
 
     /// Starts, joins, steals or reports the job for a natural key, in one atomic step.
+    ///
+    /// Declared as `async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError>`.
     async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError>;
 
     /// Hands a queued job (or one whose lease expired) to `owner`, marking it
     /// running with a new token. `None` when the job has ended, is unknown, or
     /// another worker holds a live lease: the caller does nothing.
+    ///
+    /// Declared as `async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, JobStoreError>`.
     async fn acquire(&self, job_id: &str, owner: &str)
         -> Result<Option<LeaseGrant>, JobStoreError>;
 
     /// Extends a live lease; `LeaseLost` once it expired or was stolen.
+    ///
+    /// Declared as `async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError>`.
     async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError>;
 
     /// Appends chunk `seq` under a live lease. A repeated `seq` is a no-op; a
     /// gap is refused.
+    ///
+    /// Declared as `async fn append(&self, lease: &LeaseGrant, seq: u64, chunk: Bytes) -> Result<Appended, LeaseError>`.
     async fn append(
         &self,
         lease: &LeaseGrant,
@@ -343,9 +351,13 @@ pub trait JobStore: Send + Sync + 'static {
 
     /// Stores the artifact once, for the current owner of a live lease only,
     /// and ends the job as complete. Returns the artifact id.
+    ///
+    /// Declared as `async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError>`.
     async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError>;
 
     /// Ends the job as failed with `code`, for the current owner only.
+    ///
+    /// Declared as `async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError>`.
     async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError>;
 }
 
@@ -354,9 +366,13 @@ pub trait JobStore: Send + Sync + 'static {
 #[async_trait]
 pub trait JobReader: Send + Sync + 'static {
     /// The job, if it exists and belongs to `tenant`.
+    ///
+    /// Declared as `async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError>`.
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError>;
 
     /// The cursor's chunks from `from_seq` on, if the job belongs to `tenant`.
+    ///
+    /// Declared as `async fn chunks(&self, tenant: &str, job_id: &str, from_seq: u64) -> Result<Option<Vec<Chunk>>, JobStoreError>`.
     async fn chunks(
         &self,
         tenant: &str,
@@ -365,6 +381,8 @@ pub trait JobReader: Send + Sync + 'static {
     ) -> Result<Option<Vec<Chunk>>, JobStoreError>;
 
     /// The artifact of a job, checked against `tenant`.
+    ///
+    /// Declared as `async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError>`.
     async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError>;
 }
 
@@ -375,10 +393,14 @@ pub trait JobReader: Send + Sync + 'static {
 pub trait JobMaintenance: Send + Sync + 'static {
     /// Fails in-flight jobs whose lease expired with nobody behind them;
     /// returns how many.
+    ///
+    /// Declared as `async fn sweep_stale(&self) -> Result<u64, JobStoreError>`.
     async fn sweep_stale(&self) -> Result<u64, JobStoreError>;
 
     /// Operator reset: jobs of `tenant` in the current period no longer count
     /// against `period`'s budget. Returns how many were reset.
+    ///
+    /// Declared as `async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError>`.
     async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError>;
 
     /// Retention: deletes jobs that completed or failed at least `older_than`
@@ -386,11 +408,15 @@ pub trait JobMaintenance: Send + Sync + 'static {
     /// purged job's key creates a new job, and a purged completed job no
     /// longer counts against its period's budget (keep retention longer than
     /// your budget periods). Jobs still in flight are never purged.
+    ///
+    /// Declared as `async fn purge_finished(&self, older_than: std::time::Duration) -> Result<u64, JobStoreError>`.
     async fn purge_finished(&self, older_than: std::time::Duration) -> Result<u64, JobStoreError>;
 
     /// Erasure: deletes every job of `tenant`, in flight or ended, with its
     /// chunks and artifacts; returns how many. A worker still running one of
     /// them can no longer write (its job is unknown).
+    ///
+    /// Declared as `async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError>`.
     async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError>;
 }
 

@@ -7,7 +7,6 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use index::{PeriodStarts, TenantJobs};
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hasher};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
@@ -48,7 +47,6 @@ struct State {
     live_by_key: HashMap<JobIdentity, String>,
     tenants: HashMap<String, TenantJobs>,
     next_token: i64,
-    next_job: u64,
 }
 
 struct Entry {
@@ -253,13 +251,10 @@ fn budget_reset(today: PeriodStarts, budget: Budget) -> BudgetReset {
     }
 }
 
-fn new_job_id(counter: u64) -> String {
-    // Unpredictable ids; reads are tenant-checked regardless.
-    let mut a = std::collections::hash_map::RandomState::new().build_hasher();
-    a.write_u64(counter);
-    let mut b = std::collections::hash_map::RandomState::new().build_hasher();
-    b.write_u64(counter.rotate_left(32));
-    format!("job_{:016x}{:016x}", a.finish(), b.finish())
+/// An unpredictable id: 128 bits from the operating system (reads are
+/// tenant-checked regardless).
+fn new_job_id() -> String {
+    format!("job_{:032x}", u128::from_le_bytes(crate::random::bytes()))
 }
 
 #[async_trait]
@@ -313,8 +308,7 @@ impl JobStore for MemoryJobStore {
         if let Some(exhausted) = over_budget(&state) {
             return Ok(exhausted);
         }
-        state.next_job += 1;
-        let id = new_job_id(state.next_job);
+        let id = new_job_id();
         let job = Job {
             id: id.clone(),
             tenant: identity.tenant.clone(),

@@ -138,6 +138,11 @@ impl std::error::Error for StoreError {
 /// Every operation is atomic per [`RecordKey`]; `complete` and `release` are
 /// fenced by the token returned from `begin`. Lock and retention durations
 /// are properties of the store, measured on the store's own clock.
+///
+/// The methods are declared as `async fn`s and boxed by `async_trait` (so that
+/// `dyn Store` works), which is the signature rustdoc renders; each method's
+/// docs end with it as declared. Implement the trait under
+/// `#[async_trait::async_trait]` the same way.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Decides a request in one atomic step: claim a free (or expired) key, or
@@ -148,6 +153,8 @@ pub trait Store: Send + Sync + 'static {
     /// process may also keep [`RequestFingerprint::exact`] and compare that first:
     /// equal exact digests are equal fingerprints, and the fingerprint of a
     /// byte-identical retry is then never computed.
+    ///
+    /// Declared as `async fn begin(&self, key: &RecordKey, request: &RequestFingerprint<'_>) -> Result<Begin, StoreError>`.
     async fn begin(
         &self,
         key: &RecordKey,
@@ -156,6 +163,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Records the response of a claimed request, if `token` still owns the claim;
     /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing.
+    ///
+    /// Declared as `async fn complete(&self, key: &RecordKey, token: FencingToken, response: StoredResponse) -> Result<(), StoreError>`.
     async fn complete(
         &self,
         key: &RecordKey,
@@ -168,6 +177,8 @@ pub trait Store: Send + Sync + 'static {
     /// happened, and its answer cannot be replayed. Until the retention
     /// expires, `begin` answers [`Begin::ResponseUnavailable`] to the same
     /// request and [`Begin::Mismatch`] to another.
+    ///
+    /// Declared as `async fn complete_unavailable(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>`.
     async fn complete_unavailable(
         &self,
         key: &RecordKey,
@@ -182,24 +193,34 @@ pub trait Store: Send + Sync + 'static {
     /// (on the store's clock), if `token` still owns the claim; otherwise fails
     /// with [`StoreError::ClaimLost`] and changes nothing. The layer calls it
     /// while the handler runs, so a healthy slow handler is never taken over.
+    ///
+    /// Declared as `async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>`.
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
 
     /// Frees a claimed key so a later request may run, if `token` still owns it.
     /// Releasing a claim that is already gone is not an error.
+    ///
+    /// Declared as `async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>`.
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
 
     /// Waits until the key is no longer in progress (completed, released, or its
     /// lock expired), or until `timeout` elapses. Returns immediately when the key
     /// is not in progress. The caller calls [`begin`](Store::begin) again afterwards.
+    ///
+    /// Declared as `async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError>`.
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError>;
 
     /// Deletes expired records; returns how many were deleted.
+    ///
+    /// Declared as `async fn purge_expired(&self) -> Result<u64, StoreError>`.
     async fn purge_expired(&self) -> Result<u64, StoreError>;
 
     /// Deletes every record of `scope`, completed or in progress (stored
     /// responses may hold personal data: use it when a tenant or user is
     /// erased). Returns how many were deleted. A request of that scope still
     /// running afterwards cannot complete: its claim is gone.
+    ///
+    /// Declared as `async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError>`.
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError>;
 }
 
@@ -211,6 +232,8 @@ pub trait TransactionalStore: Store {
     /// [`Store::begin`], and for a claim, possibly its transaction already
     /// open (a store that can do both in one round trip). A claim without a
     /// transaction is opened with [`open`](Self::open). The default only begins.
+    ///
+    /// Declared as `async fn begin_in_transaction(&self, key: &RecordKey, request: &RequestFingerprint<'_>) -> Result<(Begin, Option<Box<dyn RecordTransaction>>), StoreError>`.
     async fn begin_in_transaction(
         &self,
         key: &RecordKey,
@@ -222,6 +245,8 @@ pub trait TransactionalStore: Store {
     /// Opens the transaction of a claimed request and locks its record under
     /// `token`. A token that no longer owns the record fails with
     /// [`StoreError::ClaimLost`] before the handler runs.
+    ///
+    /// Declared as `async fn open(&self, key: &RecordKey, token: FencingToken) -> Result<Box<dyn RecordTransaction>, StoreError>`.
     async fn open(
         &self,
         key: &RecordKey,
@@ -243,13 +268,19 @@ pub trait RecordTransaction: Send {
     /// everything the handler wrote. On error nothing of it is committed, unless
     /// the connection was lost during the commit itself, when the outcome is
     /// unknown: either both are committed or neither.
+    ///
+    /// Declared as `async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError>`.
     async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError>;
 
     /// Commits everything the handler wrote with a completion that has no
     /// replayable response (see [`Store::complete_unavailable`]).
+    ///
+    /// Declared as `async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError>`.
     async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError>;
 
     /// Discards everything the handler wrote.
+    ///
+    /// Declared as `async fn rollback(self: Box<Self>)`.
     async fn rollback(self: Box<Self>);
 }
 
