@@ -178,120 +178,38 @@ pub fn init_tracing() {
 
 async fn metrics_text() -> String {
     #[cfg(feature = "metrics")]
-    return recorder::install().render();
+    return prometheus().render();
     #[cfg(not(feature = "metrics"))]
     "metrics are off: run with --features metrics\n".to_owned()
 }
 
-/// A tiny `metrics` recorder: counters, and histograms as count and sum, in
-/// the Prometheus text format. In production use `metrics-exporter-prometheus`
-/// (or any other exporter); the layer only talks to the `metrics` facade.
+/// The process's Prometheus recorder (installed once): the layer's counters,
+/// and its latency histogram with buckets from 50 µs to 1 s.
 #[cfg(feature = "metrics")]
-pub mod recorder {
-    use metrics::{
-        Counter, CounterFn, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-        SharedString, Unit,
-    };
-    use std::collections::BTreeMap;
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::sync::{Arc, Mutex, OnceLock};
+pub fn prometheus() -> &'static metrics_exporter_prometheus::PrometheusHandle {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    use std::sync::OnceLock;
 
-    #[derive(Default)]
-    pub struct PrintRecorder {
-        counters: Mutex<BTreeMap<String, Arc<Cell>>>,
-        histograms: Mutex<BTreeMap<String, Arc<Sum>>>,
-    }
-
-    #[derive(Default)]
-    struct Cell(AtomicU64);
-
-    impl CounterFn for Cell {
-        fn increment(&self, value: u64) {
-            self.0.fetch_add(value, Ordering::Relaxed);
-        }
-        fn absolute(&self, value: u64) {
-            self.0.fetch_max(value, Ordering::Relaxed);
-        }
-    }
-
-    #[derive(Default)]
-    struct Sum(Mutex<(u64, f64)>);
-
-    impl HistogramFn for Sum {
-        fn record(&self, value: f64) {
-            let mut sum = self.0.lock().unwrap();
-            sum.0 += 1;
-            sum.1 += value;
-        }
-    }
-
-    /// `name{label="value",...}`
-    fn series(key: &Key) -> String {
-        let labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}=\"{}\"", l.key(), l.value()))
-            .collect();
-        format!("{}{{{}}}", key.name(), labels.join(","))
-    }
-
-    /// `Recorder` is implemented for a `'static` reference, so the recorder
-    /// installed globally can still be read.
-    struct Installed(&'static PrintRecorder);
-
-    impl Recorder for Installed {
-        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-
-        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-            let mut counters = self.0.counters.lock().unwrap();
-            Counter::from_arc(counters.entry(series(key)).or_default().clone())
-        }
-
-        fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
-            Gauge::noop()
-        }
-
-        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-            let mut histograms = self.0.histograms.lock().unwrap();
-            Histogram::from_arc(histograms.entry(series(key)).or_default().clone())
-        }
-    }
-
-    /// Installs the recorder as the global one (once) and returns it.
-    pub fn install() -> &'static PrintRecorder {
-        static RECORDER: OnceLock<&'static PrintRecorder> = OnceLock::new();
-        RECORDER.get_or_init(|| {
-            let recorder: &'static PrintRecorder = Box::leak(Box::default());
-            metrics::set_global_recorder(Installed(recorder))
-                .expect("no other metrics recorder is installed");
-            recorder
-        })
-    }
-
-    impl PrintRecorder {
-        /// Every series, one per line.
-        pub fn render(&self) -> String {
-            let mut out = String::new();
-            for (series, cell) in self.counters.lock().unwrap().iter() {
-                out += &format!("{series} {}\n", cell.0.load(Ordering::Relaxed));
-            }
-            for (series, sum) in self.histograms.lock().unwrap().iter() {
-                let (count, total) = *sum.0.lock().unwrap();
-                let (name, labels) = series.split_once('{').unwrap_or((series, "}"));
-                out +=
-                    &format!("{name}_count{{{labels} {count}\n{name}_sum{{{labels} {total:.6}\n");
-            }
-            out
-        }
-    }
+    static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("tower_idempotency_request_duration_seconds".into()),
+                &[
+                    0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
+                ],
+            )
+            .expect("the buckets are not empty")
+            .install_recorder()
+            .expect("no other metrics recorder is installed")
+    })
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     init_tracing();
     #[cfg(feature = "metrics")]
-    recorder::install();
+    prometheus();
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3002".into());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     let app = app(Arc::new(MemoryStore::new()), Arc::default());

@@ -223,7 +223,10 @@ async fn every_attempt_of_one_call_carries_the_same_generated_key() {
     assert_eq!(keys.len(), 3, "two 503s and the success: {keys:?}");
     let key = keys[0].clone().expect("the layer set a key");
     assert_eq!(key.len(), 36);
-    assert!(uuid::Uuid::parse_str(&key).is_ok_and(|u| u.get_version_num() == 4), "{key}");
+    assert!(
+        uuid::Uuid::parse_str(&key).is_ok_and(|u| u.get_version_num() == 4),
+        "{key}"
+    );
     assert!(keys.iter().all(|k| k.as_deref() == Some(key.as_str())));
 
     // The next call is another operation: another key.
