@@ -138,11 +138,16 @@ fn render_number(n: &Number, c: &mut Choices, out: &mut String) {
             _ => out.push_str(&format!("{i}0e-1")),
         }
     } else {
-        let f = n.as_f64().unwrap();
-        match c.next(3) {
-            0 => out.push_str(&format!("{f:?}")),
-            1 => out.push_str(&format!("{f:e}")),
-            _ => out.push_str(&format!("{f:E}")),
+        // Spellings of the decimal serde_json writes for this double (another
+        // shortest form of a double halfway between two, `…6544.3` beside
+        // `…6544.2`, is another value, and rightly another request).
+        let text = n.to_string();
+        match exact_json::parse(text.as_bytes(), 1) {
+            Some(exact_json::Exact::Number(negative, digits, exponent)) => {
+                let exponent = i32::try_from(exponent).expect("a double's exponent");
+                out.push_str(&spell(&(negative, digits, exponent), c));
+            }
+            _ => unreachable!("{text} is a number"),
         }
     }
 }
@@ -311,6 +316,8 @@ fn spell((negative, digits, exponent): &(bool, String, i32), c: &mut Choices) ->
     let pad = c.next(3) as usize; // trailing zeros, compensated in the exponent
     let mantissa = format!("{digits}{}", "0".repeat(pad));
     let point = c.next(mantissa.len() as u64 + 1) as usize;
+    // Zero's padding goes after the point: `00.0` is not JSON.
+    let point = if digits == "0" { point.min(1) } else { point };
     let (int, frac) = mantissa.split_at(point);
     out.push_str(if int.is_empty() { "0" } else { int });
     if !frac.is_empty() {
