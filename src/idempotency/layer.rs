@@ -25,7 +25,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// See the [module documentation](crate::idempotency) for the flow and an example.
 #[derive(Clone)]
 pub struct IdempotencyLayer<E = FromExtension<Scope>, P = CacheCreated> {
-    pub(crate) config: Config<E, P>,
+    /// Shared, so that `layer` (which axum may call per request) is an `Arc`
+    /// clone; the builder methods copy it only if the layer was cloned.
+    pub(crate) config: Arc<Config<E, P>>,
 }
 
 #[derive(Clone)]
@@ -77,7 +79,7 @@ impl IdempotencyLayer {
         transactions: Option<Arc<dyn TransactionalStore>>,
     ) -> Self {
         Self {
-            config: Config {
+            config: Arc::new(Config {
                 store,
                 header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
@@ -93,21 +95,25 @@ impl IdempotencyLayer {
                 in_flight: InFlight::new(),
                 max_in_flight: None,
                 transactions,
-            },
+            }),
         }
     }
 }
 
-impl<E, P> IdempotencyLayer<E, P> {
+impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
+    fn config_mut(&mut self) -> &mut Config<E, P> {
+        Arc::make_mut(&mut self.config)
+    }
+
     /// Reads the key from another header than `Idempotency-Key`.
     pub fn with_header_name(mut self, header: HeaderName) -> Self {
-        self.config.header = header;
+        self.config_mut().header = header;
         self
     }
 
     /// The methods the layer applies to (default POST and PATCH); others pass through.
     pub fn with_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.config.methods = methods.into_iter().collect();
+        self.config_mut().methods = methods.into_iter().collect();
         self
     }
 
@@ -122,6 +128,7 @@ impl<E, P> IdempotencyLayer<E, P> {
     }
 
     fn replace_parts<E2, P2>(self, f: impl FnOnce(E, P) -> (E2, P2)) -> IdempotencyLayer<E2, P2> {
+        let config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| (*shared).clone());
         let Config {
             store,
             header,
@@ -138,10 +145,10 @@ impl<E, P> IdempotencyLayer<E, P> {
             in_flight,
             max_in_flight,
             transactions,
-        } = self.config;
+        } = config;
         let (scope, policy) = f(scope, policy);
         IdempotencyLayer {
-            config: Config {
+            config: Arc::new(Config {
                 store,
                 header,
                 methods,
@@ -157,13 +164,13 @@ impl<E, P> IdempotencyLayer<E, P> {
                 in_flight,
                 max_in_flight,
                 transactions,
-            },
+            }),
         }
     }
 
     /// The largest request body buffered, in bytes (default 1 MiB); larger ones get `413`.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
-        self.config.body_limit = bytes;
+        self.config_mut().body_limit = bytes;
         self
     }
 
@@ -175,14 +182,14 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// copy is held in memory until recorded, and a replay is served from
     /// memory, so this bounds both per request.
     pub fn with_record_limit(mut self, bytes: usize) -> Self {
-        self.config.record_limit = bytes;
+        self.config_mut().record_limit = bytes;
         self
     }
 
     /// How long the whole request body may take to arrive (default: no limit);
     /// slower ones get `408 request_timeout`.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
-        self.config.body_timeout = Some(limits::clamp(timeout, Duration::ZERO));
+        self.config_mut().body_timeout = Some(limits::clamp(timeout, Duration::ZERO));
         self
     }
 
@@ -192,7 +199,7 @@ impl<E, P> IdempotencyLayer<E, P> {
     ///
     /// At most 100 years (`Duration::MAX`: as long as the first request runs).
     pub fn with_wait_timeout(mut self, timeout: Duration) -> Self {
-        self.config.wait_timeout = limits::clamp(timeout, Duration::ZERO);
+        self.config_mut().wait_timeout = limits::clamp(timeout, Duration::ZERO);
         self
     }
 
@@ -200,7 +207,8 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// `location`, `etag`, `link`). `set-cookie` is never recorded, even if listed:
     /// a replay may reach another session of the same tenant.
     pub fn with_replayed_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.config.replayed_headers = headers.into_iter().filter(|h| h != SET_COOKIE).collect();
+        self.config_mut().replayed_headers =
+            headers.into_iter().filter(|h| h != SET_COOKIE).collect();
         self
     }
 
@@ -221,7 +229,7 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// or one whose effects are all in a transaction that a cut rolls back),
     /// or that must not outlive their caller.
     pub fn with_cancel_on_drop(mut self, cancel: bool) -> Self {
-        self.config.cancel_on_drop = cancel;
+        self.config_mut().cancel_on_drop = cancel;
         self
     }
 
@@ -234,7 +242,7 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// Counts this layer's claimed handlers into `in_flight` (shared with other
     /// layers, so one handle waits for all of them).
     pub fn with_in_flight(mut self, in_flight: InFlight) -> Self {
-        self.config.in_flight = in_flight;
+        self.config_mut().in_flight = in_flight;
         self
     }
 
@@ -250,13 +258,13 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// and responses still being recorded after their head was sent, across
     /// every layer sharing that [`InFlight`].
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
-        self.config.max_in_flight = Some(max);
+        self.config_mut().max_in_flight = Some(max);
         self
     }
 
     /// Plain JSON refusals (default) or RFC 9457 `application/problem+json`.
     pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
-        self.config.responder.format = format;
+        self.config_mut().responder.format = format;
         self
     }
 
@@ -296,14 +304,14 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// # }
     /// ```
     pub fn with_refusal_response(mut self, respond: impl RefusalResponse) -> Self {
-        self.config.responder.hook = Some(Arc::new(respond));
+        self.config_mut().responder.hook = Some(Arc::new(respond));
         self
     }
 
     /// The status for a key reused with another request: `409` (default) or
     /// `422`, as the IETF `Idempotency-Key` draft specifies.
     pub fn with_key_reuse_status(mut self, status: StatusCode) -> Self {
-        self.config.responder.reuse_status = status;
+        self.config_mut().responder.reuse_status = status;
         self
     }
 
@@ -311,7 +319,7 @@ impl<E, P> IdempotencyLayer<E, P> {
     /// `idempotency_store_unavailable` and `overloaded` (default 1 s, rounded
     /// up to whole seconds).
     pub fn with_retry_after(mut self, after: Duration) -> Self {
-        self.config.responder.retry_after = limits::clamp(after, Duration::ZERO);
+        self.config_mut().responder.retry_after = limits::clamp(after, Duration::ZERO);
         self
     }
 }
@@ -320,7 +328,7 @@ impl<S, E: Clone, P: Clone> Layer<S> for IdempotencyLayer<E, P> {
     type Service = IdempotencyService<S, E, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        IdempotencyService::new(inner, Arc::new(self.config.clone()))
+        IdempotencyService::new(inner, self.config.clone())
     }
 }
 

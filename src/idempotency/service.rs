@@ -17,6 +17,8 @@ use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body::Body;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -236,9 +238,12 @@ where
         drop(running);
         return answer;
     };
-    // From here the handler's effects may begin: it runs to completion in a task
-    // of its own, whether or not this caller is still there to hear the answer.
-    let task = runtime.spawn(
+    // From here the handler's effects may begin: it runs to completion whether
+    // or not this caller is still there to hear the answer. Most handlers
+    // answer on their first poll, which runs here; one that has to wait is
+    // handed to a task of its own before this future returns `Pending`, the
+    // only point where a caller can drop it, so the handler is never cut.
+    let mut claimed = Box::pin(
         async move {
             let answer = claimed.await;
             drop(running);
@@ -246,7 +251,18 @@ where
         }
         .instrument(tracing::Span::current()),
     );
-    match task.await {
+    let first = std::future::poll_fn(|cx| {
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| claimed.as_mut().poll(cx)));
+        Poll::Ready(polled)
+    })
+    .await;
+    match first {
+        Ok(Poll::Ready(answer)) => return answer,
+        Ok(Poll::Pending) => {}
+        // It panicked: its claim guard released the key while unwinding.
+        Err(_) => return refuse(Refusal::HandlerFailed),
+    }
+    match runtime.spawn(claimed).await {
         Ok(answer) => answer,
         // It panicked (its claim guard released the key while unwinding), or the
         // runtime is shutting down.
