@@ -17,6 +17,7 @@ use std::time::Duration;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
 
+pub mod mounted;
 pub mod realistic;
 
 /// The route every app serves.

@@ -1,4 +1,4 @@
-use super::claimed::kept_alive;
+use super::claimed::{kept_alive, Running};
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use super::record::{self, Copy, Read, Recorder, Rest};
@@ -19,6 +19,7 @@ use http::{Request, Response};
 use http_body::Body;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::time::Instant;
@@ -216,41 +217,23 @@ where
         claim.release().await;
         return refuse(Refusal::Overloaded);
     };
-    let shared = config.clone();
-    let claimed = async move {
-        let config = shared;
-        match config.transactions.clone() {
-            // The transaction's row lock keeps the claim: no heartbeat.
-            Some(transactions) => {
-                let claim = (record, token, opened);
-                run_in_transaction(config, &*transactions, inner, parts, bytes, claim).await
-            }
-            None => {
-                let (store, heartbeat_key) = (config.store.clone(), record.clone());
-                let claimed = run_claimed(config.clone(), inner, parts, bytes, record, token);
-                kept_alive(claimed, store, heartbeat_key, token).await
-            }
-        }
-    };
+    let mut claimed = claimed_handler(
+        config.clone(),
+        inner,
+        parts,
+        bytes,
+        (record, token, opened),
+        running,
+    );
     let runtime = tokio::runtime::Handle::try_current();
     let (Ok(runtime), false) = (runtime, config.cancel_on_drop) else {
-        let answer = claimed.await;
-        drop(running);
-        return answer;
+        return claimed.await;
     };
     // From here the handler's effects may begin: it runs to completion whether
     // or not this caller is still there to hear the answer. Most handlers
     // answer on their first poll, which runs here; one that has to wait is
     // handed to a task of its own before this future returns `Pending`, the
     // only point where a caller can drop it, so the handler is never cut.
-    let mut claimed = Box::pin(
-        async move {
-            let answer = claimed.await;
-            drop(running);
-            answer
-        }
-        .instrument(tracing::Span::current()),
-    );
     let first = std::future::poll_fn(|cx| {
         let polled = std::panic::catch_unwind(AssertUnwindSafe(|| claimed.as_mut().poll(cx)));
         Poll::Ready(polled)
@@ -343,11 +326,82 @@ where
             };
             match handed_over {
                 Ok(frames) => (ResponseBody::streamed(frames), Outcome::Claimed),
-                Err(rest) => record::finish_here(*rest).await,
+                // Rare (cancel-on-drop with a streaming body): boxed, so
+                // that it does not size every claimed request's future.
+                Err(rest) => Box::pin(record::finish_here(*rest)).await,
             }
         }
     };
     (Ok(Response::from_parts(res_parts, body)), outcome)
+}
+
+/// The claimed handler, its recording and (plain mode) its heartbeat, on the
+/// heap: built by a plain function, so that neither its state nor a copy of
+/// it sizes the decision's future, and ready to move into a task.
+#[allow(clippy::type_complexity)]
+fn claimed_handler<S, E, P, ReqBody, ResBody>(
+    config: Arc<Config<E, P>>,
+    inner: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
+    running: Running,
+) -> Pin<Box<impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)> + Send>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    E: ScopeExtractor,
+    P: CachePolicy,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Into<Bytes> + Send,
+    ResBody::Error: Into<BoxError>,
+{
+    let claimed = async move {
+        let answer = match config.transactions.clone() {
+            // The transaction's row lock keeps the claim: no heartbeat.
+            Some(transactions) => {
+                let claim = (record, token, opened);
+                in_transaction_boxed(config, transactions, inner, parts, bytes, claim).await
+            }
+            None => {
+                let (store, heartbeat_key) = (config.store.clone(), record.clone());
+                let claimed = run_claimed(config, inner, parts, bytes, record, token);
+                kept_alive(claimed, store, heartbeat_key, token).await
+            }
+        };
+        drop(running);
+        answer
+    };
+    Box::pin(claimed.instrument(tracing::Span::current()))
+}
+
+/// [`run_in_transaction`] on the heap, built outside any `async` block so that
+/// its (large) state never sizes the caller's.
+#[allow(clippy::type_complexity)]
+fn in_transaction_boxed<S, E, P, ReqBody, ResBody>(
+    config: Arc<Config<E, P>>,
+    transactions: Arc<dyn TransactionalStore>,
+    inner: S,
+    parts: http::request::Parts,
+    bytes: Bytes,
+    claim: (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
+) -> Pin<Box<dyn Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)> + Send>>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    E: ScopeExtractor,
+    P: CachePolicy,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Into<Bytes> + Send,
+    ResBody::Error: Into<BoxError>,
+{
+    Box::pin(
+        async move { run_in_transaction(config, &*transactions, inner, parts, bytes, claim).await },
+    )
 }
 
 /// Runs the inner service for a claimed key inside the store's transaction,
