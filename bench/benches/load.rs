@@ -1,6 +1,8 @@
-//! Loopback HTTP load harness: one axum server with the same handler on three
+//! Loopback HTTP load harness: one axum server with the same handler on several
 //! routes — no layer, our layer over `MemoryStore`, our layer over
-//! `PostgresStore` (when `DATABASE_URL` is set) — and a closed-loop load
+//! `PostgresStore` (when `DATABASE_URL` is set), and the peers `idempotent` 2.0
+//! and `axum-idempotent` 0.6 over their in-memory stores (each connection
+//! opens its session first, as axum-idempotent needs) — and a closed-loop load
 //! generator on hyper's HTTP/1 client, in the same process on separate runtimes.
 //!
 //! `cargo bench -p tower-idempotency-bench --ignore-rust-version --bench load`
@@ -12,7 +14,8 @@
 //!   requests, so concurrent duplicates wait for the first and replay.
 //!
 //! Environment: `LOAD_SECS` (5), `LOAD_CONNS` (1,16,64), `LOAD_SCENARIOS`
-//! (fresh,replay,hot), `LOAD_ROUTES` (plain,memory,pg), `SERVER_THREADS` (1),
+//! (fresh,replay,hot), `LOAD_ROUTES` (plain,memory,pg; also `idempotent`,
+//! `axum-idempotent`, with the trivial handler), `SERVER_THREADS` (1),
 //! `CLIENT_THREADS` (1), `PG_POOL` (16), `LOAD_BODY` (1024 bytes of JSON),
 //! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk), `DATABASE_URL`,
 //! `LOAD_ROUNDS` (1): the whole grid is run this many times, the routes in
@@ -128,6 +131,12 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
                     Some(app) => app.route_layer(IdempotencyLayer::new(store)),
                 }
             }
+            "idempotent" | "axum-idempotent" if handler_kind != "trivial" => {
+                println!("(route {route} skipped: peers are measured with the trivial handler)");
+                continue;
+            }
+            "idempotent" => idempotent_app(h.clone()),
+            "axum-idempotent" => axum_idempotent_app(h.clone(), true),
             other => panic!("unknown route {other}"),
         };
         app = app.nest(&format!("/{route}"), sub);
@@ -178,18 +187,44 @@ async fn connection(
     secs: Duration,
 ) -> Tally {
     let mut sender = connect_http1(addr).await;
+    // axum-idempotent keys its records by session: open one on this connection.
+    let cookie = match path.strip_suffix(ORDERS) {
+        Some(prefix @ "/axum-idempotent") => {
+            let req = http::Request::post(format!("{prefix}/session"))
+                // Its layer wants a key on every request, this one included.
+                .header("idempotency-key", format!("session-open-{run}-{conn}"))
+                .body(Full::new(Bytes::new()))
+                .expect("request");
+            let response = sender.send_request(req).await.expect("session");
+            let cookie = response
+                .headers()
+                .get_all(http::header::SET_COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .find(|v| v.starts_with("session="))
+                .and_then(|v| v.split(';').next())
+                .expect("a session cookie")
+                .to_owned();
+            response.into_body().collect().await.expect("body");
+            Some(cookie)
+        }
+        _ => None,
+    };
     let mut tally = Tally::default();
     let mut send = |key: String| {
-        let req = http::Request::post(&path)
+        let mut req = http::Request::post(&path)
             .header("content-type", "application/json")
-            .header("idempotency-key", key)
-            .body(Full::new(body.clone()))
-            .expect("request");
+            .header("idempotency-key", key);
+        if let Some(cookie) = &cookie {
+            req = req.header(http::header::COOKIE, cookie.as_str());
+        }
+        let req = req.body(Full::new(body.clone())).expect("request");
         let fut = sender.send_request(req);
         async move {
             let response = fut.await.expect("response");
             let status = response.status();
-            let replayed = response.headers().contains_key("idempotent-replayed");
+            let replayed = response.headers().contains_key("idempotent-replayed")
+                || response.headers().contains_key("idempotency-replayed");
             response.into_body().collect().await.expect("body");
             (status, replayed)
         }
@@ -409,6 +444,37 @@ fn main() {
             r.tally.other,
             r.handler_runs
         );
+    }
+    println!();
+    // Ours against each peer, the same scenario and connections, per round.
+    for &n in &conns {
+        for scenario in ["fresh", "replay", "hot"] {
+            for peer in ["idempotent", "axum-idempotent"] {
+                let mut ratios: Vec<f64> = Vec::new();
+                for round in 0..rounds {
+                    let cell = |route: &str| {
+                        rows.iter().find(|r| {
+                            r.round == round
+                                && r.route == route
+                                && r.scenario == scenario
+                                && r.conns == n
+                        })
+                    };
+                    if let (Some(ours), Some(theirs)) = (cell("memory"), cell(peer)) {
+                        ratios.push(ours.rps / theirs.rps);
+                    }
+                }
+                if ratios.is_empty() {
+                    continue;
+                }
+                ratios.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+                println!(
+                    "{n} conns: {scenario}: ours (memory) / {peer} requests/s = {:.2}x (median of {} rounds)",
+                    ratios[ratios.len() / 2],
+                    ratios.len()
+                );
+            }
+        }
     }
     println!();
     for &n in &conns {
