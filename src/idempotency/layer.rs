@@ -215,8 +215,10 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// Whether dropping the response future cancels a claimed handler
     /// (default `false`).
     ///
-    /// By default, once a key is claimed the handler runs to completion in a
-    /// task of its own (spawned on the current tokio runtime): a client that
+    /// By default, once a key is claimed the handler runs to completion: its
+    /// first poll runs in place, and a handler that has to wait is handed to a
+    /// task of its own (spawned on the current tokio runtime) before the
+    /// caller's future can be dropped. A client that
     /// hangs up, a proxy that times out or an outer `TimeoutLayer` stops
     /// waiting for the answer, not the handler. Its response is recorded as
     /// usual, and the retry waits for it and replays it. Refusals, replays and

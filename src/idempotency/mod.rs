@@ -20,8 +20,10 @@
 //!    be woken, then decides again; a store failure is `503` and nothing runs.
 //!    Every answer, in the order the checks run, is in the
 //!    [decision table](contract#decision-table).
-//! 6. **Run**: the claimed inner future runs in a task of its own, so a caller
-//!    that hangs up (or an outer `TimeoutLayer`) stops waiting, not the handler
+//! 6. **Run**: the claimed inner future is polled once in place and, if it
+//!    has to wait, handed to a task of its own before the caller's future can
+//!    be dropped, so a caller that hangs up (or an outer `TimeoutLayer`) stops
+//!    waiting, not the handler
 //!    ([`with_cancel_on_drop`](crate::IdempotencyLayer::with_cancel_on_drop) to
 //!    opt out); its claim is extended while it runs, and
 //!    [`in_flight`](crate::IdempotencyLayer::in_flight) lets a server wait for
