@@ -272,23 +272,11 @@ fn as_doubles(value: Value) -> Value {
     }
 }
 
-/// Minimal JCS string escaping, written independently of the crate.
+/// Minimal JCS string escaping, written independently of the crate (the
+/// exact model's writer).
 fn reference_escape(s: &str) -> String {
-    let mut out = String::from("\"");
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    let mut out = String::new();
+    exact_json::escape(s, &mut out);
     out
 }
 

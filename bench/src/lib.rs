@@ -148,11 +148,12 @@ pub fn idempotent_app(h: Arc<Handler>) -> Router {
 }
 
 /// The session stack `axum-idempotent` needs (cookies, a `ruts` session in a
-/// moka store), with or without its `IdempotentLayer` in direct-key mode.
-pub fn axum_idempotent_app(h: Arc<Handler>, with_layer: bool) -> Router {
+/// moka store holding up to `capacity` sessions) around `router`, with the
+/// `POST /session` route that opens one.
+pub fn with_session_stack(router: Router, capacity: u64) -> Router {
     use ruts::store::moka::MokaStore;
     use ruts::{CookieOptions, Session, SessionLayer};
-    let store = Arc::new(MokaStore::builder().max_capacity(100_000).build());
+    let store = Arc::new(MokaStore::builder().max_capacity(capacity).build());
     let sessions = SessionLayer::new(store).with_cookie_options(
         CookieOptions::build()
             .name("session")
@@ -167,21 +168,32 @@ pub fn axum_idempotent_app(h: Arc<Handler>, with_layer: bool) -> Router {
             .expect("session set");
         "session"
     });
+    router
+        .route("/session", session_route)
+        .layer(sessions)
+        .layer(tower_cookies::CookieManagerLayer::new())
+}
+
+/// `axum-idempotent`'s layer in direct-key mode, over its moka session store.
+pub fn axum_idempotent_layer() -> axum_idempotent::IdempotentLayer<ruts::store::moka::MokaStore> {
+    let options = axum_idempotent::IdempotentOptions::default()
+        .use_idempotency_key_header(Some("Idempotency-Key"), true)
+        .expire_after(24 * 3600);
+    axum_idempotent::IdempotentLayer::new(options)
+}
+
+/// The handler behind the session stack, with or without axum-idempotent's
+/// layer on the whole router.
+pub fn axum_idempotent_app(h: Arc<Handler>, with_layer: bool) -> Router {
     let router = Router::new()
         .route(ORDERS, post(create_order))
-        .route("/session", session_route)
         .with_state(h);
     let router = if with_layer {
-        let options = axum_idempotent::IdempotentOptions::default()
-            .use_idempotency_key_header(Some("Idempotency-Key"), true)
-            .expire_after(24 * 3600);
-        router.layer(axum_idempotent::IdempotentLayer::<MokaStore>::new(options))
+        router.layer(axum_idempotent_layer())
     } else {
         router
     };
-    router
-        .layer(sessions)
-        .layer(tower_cookies::CookieManagerLayer::new())
+    with_session_stack(router, 100_000)
 }
 
 /// Opens a session on an [`axum_idempotent_app`]; returns its `Cookie` header value.

@@ -10,7 +10,6 @@ use axum::Router;
 use bytes::Bytes;
 use std::hint::black_box;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
 
@@ -157,35 +156,12 @@ pub async fn app(variant: Variant) -> (Router, Option<HeaderValue>) {
 /// The session stack `axum-idempotent` needs, with its layer on the route
 /// (`route_layer`) or a do-nothing one.
 fn session_app(with_layer: bool) -> Router {
-    use ruts::store::moka::MokaStore;
-    use ruts::{CookieOptions, Session, SessionLayer};
-    let store = Arc::new(MokaStore::builder().max_capacity(1_000_000).build());
-    let sessions = SessionLayer::new(store).with_cookie_options(
-        CookieOptions::build()
-            .name("session")
-            .max_age(24 * 3600)
-            .path("/"),
-    );
-    let session_route = post(|session: Session<MokaStore>| async move {
-        let ttl = ruts::store::Ttl::new(24 * 3600).expect("ttl");
-        session
-            .set("user", &String::from("alice"), ttl, None)
-            .await
-            .expect("session set");
-        "session"
-    });
     let orders = if with_layer {
-        let options = axum_idempotent::IdempotentOptions::default()
-            .use_idempotency_key_header(Some("Idempotency-Key"), true)
-            .expire_after(24 * 3600);
-        route().route_layer(axum_idempotent::IdempotentLayer::<MokaStore>::new(options))
+        route().route_layer(crate::axum_idempotent_layer())
     } else {
         route().route_layer(tower::layer::util::Identity::new())
     };
-    orders
-        .route("/session", session_route)
-        .layer(sessions)
-        .layer(tower_cookies::CookieManagerLayer::new())
+    crate::with_session_stack(orders, 1_000_000)
 }
 
 pub fn request(key: &str, body: &Bytes, cookie: Option<&HeaderValue>) -> Request {

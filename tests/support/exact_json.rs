@@ -326,7 +326,8 @@ fn write(value: &Exact, out: &mut String) {
     }
 }
 
-fn escape(s: &str, out: &mut String) {
+/// Minimal JSON string escaping, as RFC 8785 writes strings.
+pub fn escape(s: &str, out: &mut String) {
     out.push('"');
     for c in s.chars() {
         match c {
