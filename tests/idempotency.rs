@@ -6,7 +6,6 @@
 //! file of the same name.
 
 // Helpers the modules below share, declared once.
-mod conformance;
 #[path = "support/exact_json.rs"]
 mod exact_json;
 mod http;
@@ -26,6 +25,8 @@ mod layer;
 mod layer_failures;
 #[path = "layer_recording.rs"]
 mod layer_recording;
+// The store conformance suite is behind `test-util`.
+#[cfg(feature = "test-util")]
 #[path = "memory_store.rs"]
 mod memory_store;
 #[path = "memory_store_adversarial/main.rs"]

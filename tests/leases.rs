@@ -4,7 +4,6 @@
 
 // Helpers the modules below share, declared once.
 mod http;
-mod job_conformance;
 #[cfg(feature = "postgres")]
 mod support;
 
@@ -14,6 +13,8 @@ mod reports;
 
 #[path = "lease_layer.rs"]
 mod lease_layer;
+// The job store conformance suite is behind `test-util`.
+#[cfg(feature = "test-util")]
 #[path = "memory_job_store.rs"]
 mod memory_job_store;
 #[path = "reports_binary.rs"]

@@ -1,7 +1,5 @@
 //! The job store conformance suite against `MemoryJobStore`.
 
-use crate::job_conformance;
-
 use std::time::Duration;
 use tower_idempotency::store::MemoryJobStore;
 
@@ -9,7 +7,7 @@ async fn memory_job_store(lease: Duration) -> Option<MemoryJobStore> {
     Some(MemoryJobStore::new().with_lease(lease))
 }
 
-crate::job_store_conformance_tests!(memory_job_store);
+tower_idempotency::job_store_conformance_tests!(memory_job_store);
 
 #[test]
 #[should_panic(expected = "before cloning or using it")]

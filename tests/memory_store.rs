@@ -1,6 +1,6 @@
 //! The store conformance suite against `MemoryStore`, plus its own bounds.
 
-use crate::conformance;
+use tower_idempotency::store::conformance;
 
 use conformance::Durations;
 use std::time::Duration;
@@ -14,7 +14,7 @@ async fn memory_store(d: Durations) -> Option<MemoryStore> {
     )
 }
 
-crate::store_conformance_tests!(memory_store);
+tower_idempotency::store_conformance_tests!(memory_store);
 
 #[tokio::test]
 async fn capacity_bounds_memory_and_fails_closed_when_full() {

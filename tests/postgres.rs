@@ -6,17 +6,13 @@
 #![cfg(feature = "postgres")]
 
 // Helpers the modules below share, declared once.
-#[cfg(feature = "test-util")]
-mod conformance;
-#[cfg(feature = "leases")]
-mod job_conformance;
 mod support;
 
 #[path = "faults_pg.rs"]
 mod faults_pg;
 #[path = "faults_pg_restart.rs"]
 mod faults_pg_restart;
-#[cfg(feature = "leases")]
+#[cfg(all(feature = "leases", feature = "test-util"))]
 #[path = "postgres_job_store.rs"]
 mod postgres_job_store;
 #[path = "postgres_processes.rs"]

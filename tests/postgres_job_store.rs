@@ -5,8 +5,8 @@
 //! (CI, `./scripts/test`) they fail instead.
 #![cfg(feature = "postgres")]
 
-use crate::job_conformance;
 use crate::support;
+use tower_idempotency::store::job_conformance;
 
 use bytes::Bytes;
 use std::io::{BufRead, BufReader};
@@ -32,7 +32,7 @@ async fn postgres_job_store(lease: Duration) -> Option<PostgresJobStore> {
     Some(job_store(&url, &pg::unique_table("jobs"), lease).await)
 }
 
-crate::job_store_conformance_tests!(postgres_job_store);
+tower_idempotency::job_store_conformance_tests!(postgres_job_store);
 
 #[tokio::test]
 async fn migrate_is_idempotent_and_concurrent() {

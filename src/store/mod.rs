@@ -5,6 +5,10 @@
 //! single process, and `PostgresStore` (feature `postgres`) for many app
 //! instances sharing one database. Both pass the same conformance suite.
 
+#[cfg(feature = "test-util")]
+pub mod conformance;
+#[cfg(all(feature = "test-util", feature = "leases"))]
+pub mod job_conformance;
 #[cfg(feature = "leases")]
 pub mod jobs;
 mod memory;

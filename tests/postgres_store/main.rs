@@ -6,8 +6,8 @@
 //! `REQUIRE_POSTGRES=1` (CI, `./scripts/test`) they fail instead.
 #![cfg(feature = "postgres")]
 
-use crate::conformance;
 use crate::support;
+use tower_idempotency::store::conformance;
 
 mod claims;
 mod layer;
@@ -44,7 +44,7 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
     Some(store)
 }
 
-crate::store_conformance_tests!(postgres_store);
+tower_idempotency::store_conformance_tests!(postgres_store);
 
 /// A key in a scope of its own.
 fn fresh_key() -> RecordKey {

@@ -1,17 +1,20 @@
-//! The job store conformance suite: every `JobStore` must pass it. It encodes
-//! the lease seed's decision matrix at the store level.
+//! The [`JobStore`] conformance suite (features `test-util` and `leases`): the
+//! start decision table of `docs/leases.md` and the fenced worker writes at
+//! the store level, as checks any job store can run.
 //!
-//! A test file supplies `async fn(lease: Duration) -> Option<S>` (`None` skips)
-//! and invokes `job_store_conformance_tests!(factory);`.
-#![allow(dead_code)]
+//! A test file supplies `async fn(lease: Duration) -> Option<S>` (`None`
+//! skips) and invokes
+//! [`job_store_conformance_tests!`](crate::job_store_conformance_tests), which
+//! writes one `#[tokio::test]` per check (the test crate needs `tokio` with the
+//! `macros` and `rt-multi-thread` features). Not covered by semver.
 
-use bytes::Bytes;
-use std::sync::Arc;
-use std::time::Duration;
-use tower_idempotency::store::jobs::{
+use crate::store::jobs::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, JobMaintenance, JobReader, JobStatus, JobStore,
     LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The suite covers every caller's trait of a job store.
 pub trait FullJobStore: JobStore + JobReader + JobMaintenance {}
@@ -23,6 +26,7 @@ pub const LONG: Duration = Duration::from_secs(60);
 /// Short enough to watch a lease expire.
 pub const SHORT: Duration = Duration::from_millis(400);
 
+/// Helper: unique.
 pub fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -33,6 +37,7 @@ pub fn unique(prefix: &str) -> String {
     )
 }
 
+/// Helper: start.
 pub async fn start<S: JobStore + ?Sized>(
     store: &S,
     tenant: &str,
@@ -43,6 +48,7 @@ pub async fn start<S: JobStore + ?Sized>(
     start_kind(store, tenant, "report", key, owner, budget).await
 }
 
+/// Helper: start kind.
 pub async fn start_kind<S: JobStore + ?Sized>(
     store: &S,
     tenant: &str,
@@ -292,6 +298,7 @@ pub async fn kinds_are_separate_jobs<S: FullJobStore>(store: S) {
     }
 }
 
+/// Helper: created.
 pub async fn created<S: JobStore + ?Sized>(store: &S, tenant: &str, key: &str) -> LeaseGrant {
     match start(store, tenant, key, "worker-a", None).await {
         StartOutcome::Created(job, grant) => {
@@ -307,6 +314,7 @@ async fn expire(lease: Duration) {
     tokio::time::sleep(lease + Duration::from_millis(250)).await;
 }
 
+/// Conformance check: second start joins the same job.
 pub async fn second_start_joins_the_same_job<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "customer_health:2026-08").await;
@@ -319,6 +327,7 @@ pub async fn second_start_joins_the_same_job<S: FullJobStore>(store: S) {
     }
 }
 
+/// Conformance check: periods and tenants are separate jobs.
 pub async fn periods_and_tenants_are_separate_jobs<S: FullJobStore>(store: S) {
     let (acme, globex) = (unique("acme"), unique("globex"));
     let aug = created(&store, &acme, "customer_health:2026-08").await;
@@ -328,6 +337,7 @@ pub async fn periods_and_tenants_are_separate_jobs<S: FullJobStore>(store: S) {
     assert_ne!(aug.job_id, other.job_id);
 }
 
+/// Conformance check: finalize completes once and start returns the artifact.
 pub async fn finalize_completes_once_and_start_returns_the_artifact<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -367,6 +377,7 @@ pub async fn finalize_completes_once_and_start_returns_the_artifact<S: FullJobSt
     );
 }
 
+/// Conformance check: readers see only their tenants jobs.
 pub async fn readers_see_only_their_tenants_jobs<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -383,6 +394,7 @@ pub async fn readers_see_only_their_tenants_jobs<S: FullJobStore>(store: S) {
         .is_none());
 }
 
+/// Conformance check: appends are numbered repeats are noops gaps refused.
 pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -418,6 +430,7 @@ pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: FullJobStore
     assert_eq!(tail, vec![(1, &b"bb"[..]), (2, &b"ccc"[..])]);
 }
 
+/// Conformance check: a foreign worker cannot write.
 pub async fn a_foreign_worker_cannot_write<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -438,7 +451,7 @@ pub async fn a_foreign_worker_cannot_write<S: FullJobStore>(store: S) {
         Err(LeaseError::NotOwner)
     ));
     let forged = LeaseGrant {
-        token: tower_idempotency::FencingToken(grant.token.0 + 1_000),
+        token: crate::FencingToken(grant.token.0 + 1_000),
         ..grant.clone()
     };
     assert!(matches!(
@@ -457,6 +470,7 @@ pub async fn a_foreign_worker_cannot_write<S: FullJobStore>(store: S) {
         .unwrap();
 }
 
+/// Conformance check: acquire hands over queued jobs only.
 pub async fn acquire_hands_over_queued_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -507,6 +521,7 @@ pub async fn acquire_hands_over_queued_jobs_only<S: FullJobStore>(store: S) {
         .is_none());
 }
 
+/// Conformance check: failed jobs end and a new start creates a new job.
 pub async fn failed_jobs_end_and_a_new_start_creates_a_new_job<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -764,6 +779,7 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: 
     assert!(store.job(&tenant, &done.job_id).await.unwrap().is_some());
 }
 
+/// Conformance check: concurrent starts cannot overshoot the budget.
 pub async fn concurrent_starts_cannot_overshoot_the_budget<S: FullJobStore>(store: S) {
     let store = Arc::new(store);
     let tenant = unique("acme");
@@ -819,10 +835,10 @@ macro_rules! job_store_conformance_tests {
     };
     (@tests $factory:path, $lease:ident: $($name:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                if let Some(store) = $factory(job_conformance::$lease).await {
-                    job_conformance::$name(store).await;
+                if let Some(store) = $factory($crate::store::job_conformance::$lease).await {
+                    $crate::store::job_conformance::$name(store).await;
                 }
             }
         )*

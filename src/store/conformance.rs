@@ -1,23 +1,43 @@
-//! The store conformance suite: every `Store` implementation must pass it.
+//! The [`Store`] conformance suite (feature `test-util`): the guarantees every
+//! store must keep, as checks any implementation can run — the crate's own
+//! stores run it in their tests, and so can a store written elsewhere.
 //!
-//! A test file supplies a factory `async fn(Durations) -> Option<S>` (returning
-//! `None` to skip, e.g. without `DATABASE_URL`) and invokes
-//! `store_conformance_tests!(factory);`.
-#![allow(dead_code)]
+//! A test file supplies a factory `async fn(Durations) -> Option<S>` (return
+//! `None` to skip, say without a database URL) and invokes
+//! [`store_conformance_tests!`](crate::store_conformance_tests), which writes
+//! one `#[tokio::test]` per check (the test crate needs `tokio` with the
+//! `macros` and `rt-multi-thread` features):
+//!
+//! ```
+//! use tower_idempotency::store::conformance::Durations;
+//! use tower_idempotency::MemoryStore;
+//!
+//! async fn memory_store(d: Durations) -> Option<MemoryStore> {
+//!     Some(MemoryStore::new().with_lock_timeout(d.lock).with_retention(d.retention))
+//! }
+//!
+//! tower_idempotency::store_conformance_tests!(memory_store);
+//! # fn main() {}
+//! ```
+//!
+//! Each check is also a plain `async fn` taking the store, for harnesses of
+//! their own. Not covered by semver.
 
+use crate::{
+    Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store,
+    StoreError, StoredResponse,
+};
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
-use tower_idempotency::{
-    Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store,
-    StoreError, StoredResponse,
-};
 
 /// Lock and retention durations a store under test is built with.
 #[derive(Clone, Copy, Debug)]
 pub struct Durations {
+    /// The store's lock timeout.
     pub lock: Duration,
+    /// The store's retention.
     pub retention: Duration,
 }
 
@@ -33,6 +53,7 @@ pub const SHORT: Durations = Durations {
     retention: Duration::from_millis(800),
 };
 
+/// Helper: record.
 pub fn record(scope: &str, key: &str) -> RecordKey {
     RecordKey::new(
         Scope::new(scope),
@@ -47,6 +68,7 @@ pub fn fingerprint(body: &str) -> RequestFingerprint<'static> {
     Fingerprint::compute(&Method::POST, "/t", &key, "s", None, body.as_bytes()).into()
 }
 
+/// Helper: response.
 pub fn response(body: &'static [u8]) -> StoredResponse {
     StoredResponse {
         status: StatusCode::CREATED,
@@ -85,6 +107,7 @@ async fn claim<S: Store>(store: &S, key: &RecordKey, fp: &RequestFingerprint<'_>
     }
 }
 
+/// Conformance check: fresh key is claimed then in progress.
 pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000001");
     let fp = fingerprint("a");
@@ -99,6 +122,7 @@ pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
     ));
 }
 
+/// Conformance check: completed record replays exact bytes status and headers.
 pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000002");
     let fp = fingerprint("a");
@@ -115,6 +139,7 @@ pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(s
     ));
 }
 
+/// Conformance check: release frees the key for a new claim.
 pub async fn release_frees_the_key_for_a_new_claim<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000003");
     let first = claim(&store, &key, &fingerprint("a")).await;
@@ -124,6 +149,7 @@ pub async fn release_frees_the_key_for_a_new_claim<S: Store>(store: S) {
     assert_ne!(first, second);
 }
 
+/// Conformance check: only the token holder completes or releases.
 pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000004");
     let fp = fingerprint("a");
@@ -154,6 +180,7 @@ pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
     }
 }
 
+/// Conformance check: keys are scoped.
 pub async fn keys_are_scoped<S: Store>(store: S) {
     let (acme, globex) = (unique("acme"), unique("globex"));
     let fp = fingerprint("a");
@@ -165,6 +192,7 @@ pub async fn keys_are_scoped<S: Store>(store: S) {
     claim(&store, &b, &fp).await;
 }
 
+/// Conformance check: wait is woken by completion.
 pub async fn wait_is_woken_by_completion<S: Store>(store: S) {
     let store = Arc::new(store);
     let key = record(&unique("scope"), "key-00000005");
@@ -190,6 +218,7 @@ pub async fn wait_is_woken_by_completion<S: Store>(store: S) {
     assert!(matches!(decided, Begin::Replay(_)));
 }
 
+/// Conformance check: wait is woken by release.
 pub async fn wait_is_woken_by_release<S: Store>(store: S) {
     let store = Arc::new(store);
     let key = record(&unique("scope"), "key-00000006");
@@ -207,6 +236,7 @@ pub async fn wait_is_woken_by_release<S: Store>(store: S) {
         .unwrap();
 }
 
+/// Conformance check: wait gives up at its timeout.
 pub async fn wait_gives_up_at_its_timeout<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000007");
     let fp = fingerprint("a");
@@ -227,6 +257,7 @@ pub async fn wait_gives_up_at_its_timeout<S: Store>(store: S) {
     .unwrap();
 }
 
+/// Conformance check: concurrent begins claim exactly once.
 pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
     let store = Arc::new(store);
     let key = record(&unique("scope"), "key-00000009");
@@ -247,6 +278,7 @@ pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
     assert_eq!(claims, 1);
 }
 
+/// Conformance check: purge scope erases one tenants records only.
 pub async fn purge_scope_erases_one_tenants_records_only<S: Store>(store: S) {
     let (erased, kept) = (unique("erased"), unique("kept"));
     let fp = fingerprint("a");
@@ -488,10 +520,10 @@ macro_rules! store_conformance_tests {
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {
         $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                if let Some(store) = $factory(conformance::$durations).await {
-                    conformance::$name(store).await;
+                if let Some(store) = $factory($crate::store::conformance::$durations).await {
+                    $crate::store::conformance::$name(store).await;
                 }
             }
         )*
