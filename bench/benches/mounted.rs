@@ -10,7 +10,8 @@
 //!
 //! Environment: `MOUNTED_ROUNDS` (default 11), `MOUNTED_BATCH` (default
 //! 20000), `MOUNTED_RUNTIME=current|multi` (default both),
-//! `MOUNTED_ONLY=<variant name>` (one variant and the baseline, for profiling).
+//! `MOUNTED_ONLY=<variant name>` (one variant and the baseline, for profiling),
+//! `MOUNTED_REPLAY_KEYS` (default 1: how many completed keys replays cycle through).
 
 use std::hint::black_box;
 use std::time::Instant;

@@ -188,11 +188,26 @@ pub fn requests(
             let key = if !variant.replays() {
                 format!("order-{run:04}-{i:010}")
             } else {
-                "order-seed-000001".to_owned()
+                seed_key(i % replay_keys())
             };
             request(&key, body, cookie)
         })
         .collect()
+}
+
+/// How many completed keys the replay variants cycle through
+/// (`MOUNTED_REPLAY_KEYS`, default 1: the same record every time, as hot in
+/// the caches as it can be; more spread the replays over cold records).
+pub fn replay_keys() -> u64 {
+    std::env::var("MOUNTED_REPLAY_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
+fn seed_key(i: u64) -> String {
+    format!("order-seed-{i:06}")
 }
 
 /// One response, read whole; whether it was a replay.
@@ -211,8 +226,10 @@ pub async fn send(app: &Router, req: Request) -> (StatusCode, bool) {
 /// A ready app: the replay key completed, and checked to answer as intended.
 pub async fn ready(variant: Variant, body: &Bytes) -> (Router, Option<HeaderValue>) {
     let (app, cookie) = app(variant).await;
-    let seed = request("order-seed-000001", body, cookie.as_ref());
-    assert_eq!(send(&app, seed).await.0, StatusCode::CREATED, "{variant:?}");
+    for i in 0..replay_keys() {
+        let seed = request(&seed_key(i), body, cookie.as_ref());
+        assert_eq!(send(&app, seed).await.0, StatusCode::CREATED, "{variant:?}");
+    }
     let probe = requests(variant, 1, 9_999, body, cookie.as_ref())
         .pop()
         .expect("one");
