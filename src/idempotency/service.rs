@@ -337,7 +337,8 @@ where
 
 /// The claimed handler, its recording and (plain mode) its heartbeat, on the
 /// heap: built by a plain function, so that neither its state nor a copy of
-/// it sizes the decision's future, and ready to move into a task.
+/// it sizes the decision's future, and ready to move into a task. Each mode is
+/// its own box, so the plain mode's is not as large as the transactional one's.
 #[allow(clippy::type_complexity)]
 fn claimed_handler<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
@@ -346,47 +347,6 @@ fn claimed_handler<S, E, P, ReqBody, ResBody>(
     bytes: Bytes,
     (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
     running: Running,
-) -> Pin<Box<impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)> + Send>>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    E: ScopeExtractor,
-    P: CachePolicy,
-    ReqBody: From<Bytes> + Send + 'static,
-    ResBody: Body + Send + 'static,
-    ResBody::Data: Into<Bytes> + Send,
-    ResBody::Error: Into<BoxError>,
-{
-    let claimed = async move {
-        let answer = match config.transactions.clone() {
-            // The transaction's row lock keeps the claim: no heartbeat.
-            Some(transactions) => {
-                let claim = (record, token, opened);
-                in_transaction_boxed(config, transactions, inner, parts, bytes, claim).await
-            }
-            None => {
-                let (store, heartbeat_key) = (config.store.clone(), record.clone());
-                let claimed = run_claimed(config, inner, parts, bytes, record, token);
-                kept_alive(claimed, store, heartbeat_key, token).await
-            }
-        };
-        drop(running);
-        answer
-    };
-    Box::pin(claimed.instrument(tracing::Span::current()))
-}
-
-/// [`run_in_transaction`] on the heap, built outside any `async` block so that
-/// its (large) state never sizes the caller's.
-#[allow(clippy::type_complexity)]
-fn in_transaction_boxed<S, E, P, ReqBody, ResBody>(
-    config: Arc<Config<E, P>>,
-    transactions: Arc<dyn TransactionalStore>,
-    inner: S,
-    parts: http::request::Parts,
-    bytes: Bytes,
-    claim: (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
 ) -> Pin<Box<dyn Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)> + Send>>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
@@ -399,9 +359,30 @@ where
     ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,
 {
-    Box::pin(
-        async move { run_in_transaction(config, &*transactions, inner, parts, bytes, claim).await },
-    )
+    let span = tracing::Span::current();
+    match config.transactions.clone() {
+        // The transaction's row lock keeps the claim: no heartbeat.
+        Some(transactions) => Box::pin(
+            async move {
+                let claim = (record, token, opened);
+                let answer =
+                    run_in_transaction(config, &*transactions, inner, parts, bytes, claim).await;
+                drop(running);
+                answer
+            }
+            .instrument(span),
+        ),
+        None => Box::pin(
+            async move {
+                let (store, heartbeat_key) = (config.store.clone(), record.clone());
+                let claimed = run_claimed(config, inner, parts, bytes, record, token);
+                let answer = kept_alive(claimed, store, heartbeat_key, token).await;
+                drop(running);
+                answer
+            }
+            .instrument(span),
+        ),
+    }
 }
 
 /// Runs the inner service for a claimed key inside the store's transaction,
