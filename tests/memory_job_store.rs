@@ -16,26 +16,3 @@ fn a_cloned_memory_job_store_cannot_be_configured_apart() {
     let _handle = store.clone();
     let _ = store.with_lease(std::time::Duration::from_secs(1));
 }
-
-#[tokio::test]
-async fn a_lease_of_duration_max_means_forever_and_never_panics() {
-    use tower_idempotency::store::jobs::{JobStore, StartJob, StartOutcome};
-    let store =
-        tower_idempotency::store::MemoryJobStore::new().with_lease(std::time::Duration::MAX);
-    let start = StartJob {
-        tenant: "acme",
-        kind: "report",
-        key: "2026-08",
-        owner: "w",
-        budget: None,
-        cost: 1,
-    };
-    assert!(matches!(
-        store.start(&start).await.unwrap(),
-        StartOutcome::Created(..)
-    ));
-    assert!(matches!(
-        store.start(&start).await.unwrap(),
-        StartOutcome::Joined(..)
-    ));
-}

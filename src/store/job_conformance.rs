@@ -25,6 +25,8 @@ impl<T: JobStore + JobReader + JobMaintenance> FullJobStore for T {}
 pub const LONG: Duration = Duration::from_secs(60);
 /// Short enough to watch a lease expire.
 pub const SHORT: Duration = Duration::from_millis(400);
+/// `Duration::MAX`, a natural way to say "a lease that never runs out".
+pub const FOREVER: Duration = Duration::MAX;
 
 /// Helper: unique.
 pub fn unique(prefix: &str) -> String {
@@ -323,6 +325,17 @@ pub async fn second_start_joins_the_same_job<S: FullJobStore>(store: S) {
             assert_eq!(job.id, grant.job_id, "a join returns the existing job id");
             assert_eq!(job.lease_owner.as_deref(), Some("worker-a"));
         }
+        other => panic!("expected Joined, got {other:?}"),
+    }
+}
+
+/// Conformance check: a lease of `Duration::MAX` means forever: starting
+/// neither panics nor overflows, and the job stays joined.
+pub async fn a_lease_of_duration_max_means_forever_and_never_panics<S: FullJobStore>(store: S) {
+    let tenant = unique("acme");
+    let grant = created(&store, &tenant, "report:2026-08").await;
+    match start(&store, &tenant, "report:2026-08", "worker-b", None).await {
+        StartOutcome::Joined(job) => assert_eq!(job.id, grant.job_id),
         other => panic!("expected Joined, got {other:?}"),
     }
 }
@@ -831,6 +844,9 @@ macro_rules! job_store_conformance_tests {
             stale_sweep_fails_abandoned_jobs_only,
             budget_counts_delivered_and_live_jobs_only,
             an_expired_job_is_never_stolen_by_another_tenant,
+        );
+        $crate::job_store_conformance_tests!(@tests $factory, FOREVER:
+            a_lease_of_duration_max_means_forever_and_never_panics,
         );
     };
     (@tests $factory:path, $lease:ident: $($name:ident),* $(,)?) => {
