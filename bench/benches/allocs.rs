@@ -13,11 +13,21 @@ struct Counting;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Allocations above glibc's per-thread cache limit (1032 bytes), which take
+/// the slower bin path on allocation and free.
+static LARGE: AtomicU64 = AtomicU64::new(0);
+const LARGE_ABOVE: usize = 1032;
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
         BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        if layout.size() > LARGE_ABOVE {
+            LARGE.fetch_add(1, Ordering::Relaxed);
+            if std::env::var_os("ALLOCS_TRACE_LARGE").is_some() {
+                eprintln!("large allocation: {} bytes", layout.size());
+            }
+        }
         unsafe { System.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -26,6 +36,9 @@ unsafe impl GlobalAlloc for Counting {
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCS.fetch_add(1, Ordering::Relaxed);
         BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        if new_size > LARGE_ABOVE {
+            LARGE.fetch_add(1, Ordering::Relaxed);
+        }
         unsafe { System.realloc(ptr, layout, new_size) }
     }
 }
@@ -45,19 +58,22 @@ fn main() {
         body.len()
     );
     println!();
-    println!("| variant | allocations | bytes allocated | allocations over its baseline |");
-    println!("|---|---|---|---|");
+    println!(
+        "| variant | allocations | of them over {LARGE_ABOVE} bytes | bytes allocated | allocations over its baseline |"
+    );
+    println!("|---|---|---|---|---|");
     let mut counts = Vec::new();
     for v in Variant::ALL {
-        let (allocs, bytes) = rt.block_on(async {
+        let (allocs, large, bytes) = rt.block_on(async {
             let (app, cookie) = ready(v, &body).await;
             for req in requests(v, 200, 1, &body, cookie.as_ref()) {
                 send(&app, req).await;
             }
             // Requests are built before counting: only serving them counts.
             let reqs = requests(v, batch, 2, &body, cookie.as_ref());
-            let (a0, b0) = (
+            let (a0, l0, b0) = (
                 ALLOCS.load(Ordering::Relaxed),
+                LARGE.load(Ordering::Relaxed),
                 BYTES.load(Ordering::Relaxed),
             );
             for req in reqs {
@@ -65,6 +81,7 @@ fn main() {
             }
             (
                 (ALLOCS.load(Ordering::Relaxed) - a0) as f64 / batch as f64,
+                (LARGE.load(Ordering::Relaxed) - l0) as f64 / batch as f64,
                 (BYTES.load(Ordering::Relaxed) - b0) as f64 / batch as f64,
             )
         });
@@ -78,6 +95,9 @@ fn main() {
         } else {
             format!("{:+.1}", allocs - base)
         };
-        println!("| {} | {allocs:.1} | {bytes:.0} | {over} |", v.name());
+        println!(
+            "| {} | {allocs:.1} | {large:.1} | {bytes:.0} | {over} |",
+            v.name()
+        );
     }
 }

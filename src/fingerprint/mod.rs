@@ -66,10 +66,11 @@ impl Fingerprint {
             hasher.update(part.as_bytes());
             hasher.update(b"\n");
         }
-        let canonical = content_type
-            .filter(|ct| is_json_content_type(ct.as_bytes()))
-            .and_then(|_| canonicalize_json(body).ok());
-        hasher.update(canonical.as_deref().unwrap_or(body));
+        if content_type.is_some_and(|ct| is_json_content_type(ct.as_bytes())) {
+            with_canonical_json(body, |canonical| hasher.update(canonical.unwrap_or(body)));
+        } else {
+            hasher.update(body);
+        }
         Self(hasher.finalize().into())
     }
 
@@ -148,9 +149,71 @@ impl std::error::Error for CanonicalizeError {}
 /// assert!(canonicalize_json(br#"{"a":1}garbage"#).is_err());
 /// ```
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
+    let mut buffers = Reusable::default();
+    canonicalize_into(input, &mut buffers)?;
+    Ok(buffers.out)
+}
+
+/// Calls `f` with the canonical form of `input` (`None` when it is not JSON
+/// the canonicaliser accepts), written into buffers this thread keeps: a
+/// fingerprint then allocates nothing for its canonical text.
+fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    thread_local! {
+        static BUFFERS: std::cell::RefCell<Reusable> = std::cell::RefCell::default();
+    }
+    let mut f = Some(f);
+    let kept = BUFFERS.try_with(|buffers| {
+        let mut buffers = buffers.try_borrow_mut().ok()?;
+        let ok = canonicalize_into(input, &mut buffers).is_ok();
+        let result = (f.take()?)(ok.then_some(&buffers.out[..]));
+        buffers.trim();
+        Some(result)
+    });
+    match kept {
+        Ok(Some(result)) => result,
+        // Only while the thread shuts down: buffers of its own.
+        _ => {
+            let canonical = canonicalize_json(input).ok();
+            (f.take().expect("not called yet"))(canonical.as_deref())
+        }
+    }
+}
+
+/// The canonicaliser's buffers, kept between calls.
+#[derive(Default)]
+struct Reusable {
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+    members: Vec<Member>,
+}
+
+impl Reusable {
+    /// Buffers this large are not kept: one big body must not hold its
+    /// memory for the rest of the thread's life.
+    const KEPT_BYTES: usize = 64 * 1024;
+
+    fn trim(&mut self) {
+        if self.out.capacity() > Self::KEPT_BYTES || self.scratch.capacity() > Self::KEPT_BYTES {
+            *self = Self::default();
+        }
+        if self.members.capacity() > 1024 {
+            self.members = Vec::new();
+        }
+    }
+}
+
+/// Writes the canonical form of `input` into `reusable.out`.
+fn canonicalize_into(input: &[u8], reusable: &mut Reusable) -> Result<(), CanonicalizeError> {
+    let Reusable {
+        out,
+        scratch,
+        members,
+    } = reusable;
+    out.clear();
+    out.reserve(input.len());
     let mut buffers = Buffers {
-        out: Vec::with_capacity(input.len()),
-        scratch: Vec::new(),
+        out: std::mem::take(out),
+        scratch: std::mem::take(scratch),
     };
     // The common case in one pass over the bytes; anything unusual (escaped
     // keys, surrogate escapes, long or out-of-range numbers, duplicate keys,
@@ -160,13 +223,19 @@ pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
         input,
         at: 0,
         buf: &mut buffers,
-        members: Vec::new(),
+        members: std::mem::take(members),
     };
-    if fast.document().is_some() {
-        return Ok(buffers.out);
+    let handled = fast.document().is_some();
+    *members = fast.members;
+    members.clear();
+    if handled {
+        *out = buffers.out;
+        *scratch = buffers.scratch;
+        return Ok(());
     }
     buffers.out.clear();
-    canonicalize_with_serde(input, buffers)
+    *out = canonicalize_with_serde(input, buffers)?;
+    Ok(())
 }
 
 /// The general path: serde_json parses, [`CanonicalValue`] writes.

@@ -700,3 +700,47 @@ fn the_serde_path_writes_each_number_from_its_own_literal() {
         assert_eq!(canon(&doc), want);
     }
 }
+
+/// The fingerprint as its definition states it, with buffers of its own.
+fn fingerprint_by_definition(key: &IdempotencyKey, body: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in ["POST", "/orders", key.as_str(), "acme"] {
+        hasher.update(part.as_bytes());
+        hasher.update(b"\n");
+    }
+    let canonical = canonicalize_json(body).ok();
+    hasher.update(canonical.as_deref().unwrap_or(body));
+    hasher.finalize().into()
+}
+
+#[test]
+fn buffers_kept_between_fingerprints_never_carry_one_body_into_the_next() {
+    let key = IdempotencyKey::parse(b"order-0001").unwrap();
+    let json = http::HeaderValue::from_static("application/json");
+    let big = format!("[{}1]", "1,".repeat(40_000));
+    // Every path in turn, and sizes that shrink, grow and pass the kept limit.
+    let bodies: [&[u8]; 9] = [
+        br#"{"b":[1,2,3],"a":{"y":1,"x":2}}"#,
+        br#"{"a":1}"#,
+        big.as_bytes(),
+        br#"{"\u0062":1,"a":2}"#,
+        br#"{"a":1,"a":2}"#,
+        b"{not json",
+        br#"{"z":"long value to grow the buffer","m":[{"q":1,"p":2}]}"#,
+        b"[]",
+        br#"{"b":[1,2,3],"a":{"y":1,"x":2}}"#,
+    ];
+    for _ in 0..2 {
+        for body in bodies {
+            let computed = Fingerprint::compute(
+                &http::Method::POST,
+                "/orders",
+                &key,
+                "acme",
+                Some(&json),
+                body,
+            );
+            assert_eq!(computed.0, fingerprint_by_definition(&key, body));
+        }
+    }
+}
