@@ -73,7 +73,7 @@ impl http_body::Body for TestBody {
 struct Handler {
     runs: Arc<Mutex<HashMap<String, usize>>>,
     /// Taken down by the `down-then-*` modes, after the handler's work.
-    proxy: Option<Arc<pg::Proxy>>,
+    proxy: Option<Arc<crate::support::proxy::Proxy>>,
 }
 
 impl Handler {
@@ -235,13 +235,13 @@ async fn setup_behind_proxy(
 ) -> (
     String,
     PostgresStore,
-    Arc<pg::Proxy>,
+    Arc<crate::support::proxy::Proxy>,
     tokio_postgres::Client,
 ) {
     let table = pg::unique_table(prefix);
     pg::store(url, &table, |s| s).await;
     let sql = pg::connect(url).await;
-    let proxy = Arc::new(pg::Proxy::start(pg::server_addr(url).await).await);
+    let proxy = Arc::new(crate::support::proxy::Proxy::start(pg::server_addr(url).await).await);
     let store = PostgresStore::new(pg::pool(pg::pg_config_at(url, proxy.port), 4))
         .with_table(&table)
         .with_lock_timeout(LOCK)

@@ -507,7 +507,7 @@ async fn a_frozen_database_answers_503_within_the_operation_timeout_then_recover
     };
     let table = pg::unique_table("jobs_frozen");
     job_store(&url, &table, job_conformance::LONG).await; // migrated directly
-    let proxy = pg::Proxy::start(pg::server_addr(&url).await).await;
+    let proxy = crate::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
     let store = PostgresJobStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
         .with_table(&table)
         .with_operation_timeout(OPERATION);

@@ -9,7 +9,7 @@
 
 use super::claimed::{kept_alive, Running};
 use crate::body::{BoxError, ResponseBody};
-use crate::store::{FencingToken, RecordKey, Store, StoredResponse};
+use crate::store::{FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -145,7 +145,8 @@ impl Recorder {
             headers: self.headers,
             body,
         };
-        match self.store.complete(&self.record, self.token, stored).await {
+        let (store, record, token) = (&self.store, &self.record, self.token);
+        match retried(store, || store.complete(record, token, stored.clone())).await {
             Ok(()) => true,
             Err(error) => {
                 tracing::warn!(%error, "the handler ran but its response could not be recorded");
@@ -157,12 +158,32 @@ impl Recorder {
     /// Completes the key without a replayable response.
     pub(crate) async fn unavailable(self, why: &str) {
         tracing::warn!(why, "the handler ran; its response is not replayable");
-        if let Err(error) = self
-            .store
-            .complete_unavailable(&self.record, self.token)
-            .await
-        {
+        let (store, record, token) = (&self.store, &self.record, self.token);
+        if let Err(error) = retried(store, || store.complete_unavailable(record, token)).await {
             tracing::warn!(%error, "the handler ran but its completion could not be recorded");
+        }
+    }
+}
+
+/// Runs a completion again while the store fails (an outage, a failover), for
+/// up to the store's lock timeout: the handler's effect happened, and a key
+/// left in progress would run again once its lock ran out. A refusal
+/// (`ClaimLost`) is final.
+async fn retried<F, Fut>(store: &Arc<dyn Store>, mut completion: F) -> Result<(), StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    let deadline = tokio::time::Instant::now() + store.lock_timeout();
+    let mut pause = std::time::Duration::from_millis(50);
+    loop {
+        match completion().await {
+            Err(StoreError::Backend(error)) if tokio::time::Instant::now() + pause < deadline => {
+                tracing::warn!(%error, "recording the response failed; trying again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_secs(1));
+            }
+            result => return result,
         }
     }
 }

@@ -7,6 +7,8 @@
 
 #[cfg(feature = "test-util")]
 pub mod conformance;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod encoding;
 #[cfg(all(feature = "test-util", feature = "leases"))]
 pub mod job_conformance;
 #[cfg(feature = "leases")]
@@ -16,6 +18,10 @@ mod memory;
 mod memory_jobs;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "redis")]
+mod redis;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod waiters;
 
 #[cfg(feature = "leases")]
 pub use jobs::{JobMaintenance, JobReader, JobStore, JobStoreError};
@@ -26,6 +32,8 @@ pub use memory_jobs::MemoryJobStore;
 pub use postgres::PostgresJobStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresTransaction, TransactionClient};
+#[cfg(feature = "redis")]
+pub use redis::RedisStore;
 
 use crate::body::BoxError;
 use crate::{IdempotencyKey, RequestFingerprint, Scope};

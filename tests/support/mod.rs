@@ -2,4 +2,8 @@
 #![allow(dead_code)]
 
 pub mod child;
+#[cfg(feature = "postgres")]
 pub mod pg;
+pub mod proxy;
+#[cfg(feature = "redis")]
+pub mod redis;

@@ -6,8 +6,6 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
 use tower_idempotency::PostgresStore;
@@ -125,96 +123,4 @@ pub async fn server_addr(url: &str) -> SocketAddr {
         .await
         .expect("resolve database host");
     addrs.next().expect("database host has an address")
-}
-
-/// A TCP proxy in front of the database that can be taken down (every
-/// connection through it is cut, new ones are closed at once) and brought back,
-/// or frozen: connections stay open but no byte passes either way, as with a
-/// database server that hangs (SIGSTOP, a stalled disk, a lost network).
-pub struct Proxy {
-    pub port: u16,
-    up: watch::Sender<bool>,
-    frozen: watch::Sender<bool>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-/// Copies `from` to `to`, holding every chunk while `frozen` says so.
-async fn pump(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut frozen: watch::Receiver<bool>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = vec![0u8; 16 * 1024];
-    loop {
-        let Ok(n) = from.read(&mut buf).await else {
-            return;
-        };
-        if n == 0 || frozen.wait_for(|f| !*f).await.is_err() {
-            return;
-        }
-        if to.write_all(&buf[..n]).await.is_err() {
-            return;
-        }
-    }
-}
-
-impl Proxy {
-    pub async fn start(target: SocketAddr) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let (up, watch_up) = watch::channel(true);
-        let (frozen, watch_frozen) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                if !*watch_up.borrow() {
-                    drop(inbound);
-                    continue;
-                }
-                let mut watch_up = watch_up.clone();
-                let mut watch_frozen = watch_frozen.clone();
-                tokio::spawn(async move {
-                    // A frozen server does not even accept.
-                    if watch_frozen.wait_for(|f| !*f).await.is_err() {
-                        return;
-                    }
-                    let Ok(outbound) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let (in_read, in_write) = inbound.into_split();
-                    let (out_read, out_write) = outbound.into_split();
-                    tokio::select! {
-                        _ = pump(in_read, out_write, watch_frozen.clone()) => {}
-                        _ = pump(out_read, in_write, watch_frozen) => {}
-                        _ = watch_up.wait_for(|up| !*up) => {}
-                    }
-                });
-            }
-        });
-        Self {
-            port,
-            up,
-            frozen,
-            task,
-        }
-    }
-
-    pub fn set_up(&self, up: bool) {
-        self.up.send_replace(up);
-    }
-
-    /// Holds every byte in both directions (`true`) or lets them pass again.
-    pub fn set_frozen(&self, frozen: bool) {
-        self.frozen.send_replace(frozen);
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.up.send_replace(false);
-        self.task.abort();
-    }
 }

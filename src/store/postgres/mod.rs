@@ -50,13 +50,15 @@ pub use transaction::{PostgresTransaction, TransactionClient};
 
 use self::single_flight::{Flights, Leader};
 use self::sql::{is_identifier, Sql};
-use self::wait::{listener_connect, ListenerConnect, Waits};
+use self::wait::{listener_connect, ListenerConnect};
+use super::encoding::decode_headers;
+use super::waiters::Waits;
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::body::BoxError;
 use crate::limits;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
-use http::{HeaderName, HeaderValue, StatusCode};
+use http::StatusCode;
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::future::Future;
@@ -341,47 +343,6 @@ pub(super) fn hex_sha256(bytes: &[u8]) -> String {
         .collect()
 }
 
-/// The notification payload naming a record: a hash, so any scope and key fit.
-fn key_id(key: &RecordKey) -> String {
-    let (scope, k) = (key.scope().as_str(), key.key().as_str());
-    let mut bytes = Vec::with_capacity(8 + scope.len() + k.len());
-    bytes.extend_from_slice(&(scope.len() as u64).to_be_bytes());
-    bytes.extend_from_slice(scope.as_bytes());
-    bytes.extend_from_slice(k.as_bytes());
-    hex_sha256(&bytes)[..32].to_owned()
-}
-
-/// Headers as `name:value\r\n` lines, in order: names contain no `:` and values
-/// no CR or LF, so the encoding is exact for any (even non-UTF-8) value.
-fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, value) in headers {
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.push(b':');
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    out
-}
-
-fn decode_headers(mut bytes: &[u8]) -> Result<Vec<(HeaderName, HeaderValue)>, StoreError> {
-    let corrupt = || backend("stored response headers are corrupt");
-    let mut headers = Vec::new();
-    while !bytes.is_empty() {
-        let end = bytes
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or_else(corrupt)?;
-        let line = &bytes[..end];
-        bytes = &bytes[end + 2..];
-        let colon = line.iter().position(|&b| b == b':').ok_or_else(corrupt)?;
-        let name = HeaderName::from_bytes(&line[..colon]).map_err(|_| corrupt())?;
-        let value = HeaderValue::from_bytes(&line[colon + 1..]).map_err(|_| corrupt())?;
-        headers.push((name, value));
-    }
-    Ok(headers)
-}
-
 fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
     let outcome: &str = row.try_get(0).map_err(backend)?;
     Ok(match outcome {
@@ -506,43 +467,5 @@ impl Inner {
             }
         })
         .await
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn headers_round_trip_exactly_in_order() {
-        let headers = vec![
-            (
-                HeaderName::from_static("link"),
-                HeaderValue::from_static("</a>; rel=\"a\""),
-            ),
-            (
-                HeaderName::from_static("etag"),
-                HeaderValue::from_static(""),
-            ),
-            (
-                HeaderName::from_static("link"),
-                HeaderValue::from_bytes(b" \xff:x\t").unwrap(),
-            ),
-        ];
-        assert_eq!(decode_headers(&encode_headers(&headers)).unwrap(), headers);
-        assert!(decode_headers(b"no-colon\r\n").is_err());
-        assert!(decode_headers(b"a:b").is_err());
-    }
-
-    #[test]
-    fn key_ids_separate_scope_from_key() {
-        let id = |s: &str, k: &str| {
-            key_id(&RecordKey::new(
-                crate::Scope::new(s),
-                crate::IdempotencyKey::parse(k.as_bytes()).unwrap(),
-            ))
-        };
-        assert_ne!(id("ab", "cdefghijk"), id("abc", "defghijk"));
-        assert_eq!(id("a", "bcdefghij").len(), 32);
     }
 }

@@ -2,14 +2,13 @@
 
 use super::single_flight::{Join, Landed};
 use super::sql::PURGE_BATCH;
-use super::wait::{RECHECK_FIRST, RECHECK_MAX};
-use super::{encode_headers, key_id, PostgresStore};
+use super::PostgresStore;
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::store::encoding::{encode_headers, key_id};
 use crate::RequestFingerprint;
 use async_trait::async_trait;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
 
 #[async_trait]
@@ -143,51 +142,10 @@ impl Store for PostgresStore {
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
         let inner = &self.inner;
         inner.ensure_listener();
-        let registration = inner.waits.register(key_id(key));
-        let watch = &registration.watch;
-        let notified = watch.notify.notified();
-        tokio::pin!(notified);
-        // Registered before the first check: a completion after the check started
-        // wakes this waiter, one before it is seen by the check.
-        notified.as_mut().enable();
-        let registered = Instant::now();
-        let (answered, remaining) = inner
-            .shared_check(watch, registered, inner.lock_remaining(key))
-            .await?;
-        let Some(remaining) = remaining else {
-            return Ok(());
-        };
-        // Not past the lock's expiry, as a duration the database measured (at most a
-        // network delay after it, never before it: `begin` then takes the claim over).
-        let deadline = (registered + timeout).min(answered + remaining);
-        let mut backoff = RECHECK_FIRST;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            let next = (now + backoff).min(deadline);
-            if tokio::time::timeout_at(next, notified.as_mut())
-                .await
-                .is_ok()
-            {
-                return Ok(());
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                return Ok(());
-            }
-            // Shared with every waiter of this key that re-checks within 250 ms.
-            let fresh_after = now.checked_sub(RECHECK_FIRST).unwrap_or(now);
-            let (_, remaining) = inner
-                .shared_check(watch, fresh_after, inner.lock_remaining(key))
-                .await?;
-            if remaining.is_none() {
-                watch.notify.notify_waiters();
-                return Ok(());
-            }
-            backoff = (backoff * 2).min(RECHECK_MAX);
-        }
+        inner
+            .waits
+            .wait(key_id(key), timeout, || inner.lock_remaining(key))
+            .await
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {

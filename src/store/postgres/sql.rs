@@ -74,7 +74,7 @@ impl Sql {
         let response_check = derived_name(table, "response_check");
         let lock_ms = millis(lock);
         let retention_ms = millis(retention);
-        let held_recheck_ms = super::wait::RECHECK_FIRST.as_millis();
+        let held_recheck_ms = crate::store::waiters::RECHECK_FIRST.as_millis();
 
         // Numbered migrations (see `migrate`); the first one adopts a table
         // created before versions were recorded.

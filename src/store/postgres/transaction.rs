@@ -369,9 +369,9 @@ impl RecordTransaction for PgRecordTransaction {
     async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError> {
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
         let status = response.status.as_u16() as i16;
-        let headers = super::encode_headers(&response.headers);
+        let headers = crate::store::encoding::encode_headers(&response.headers);
         let body: &[u8] = &response.body;
-        let id = super::key_id(&self.key);
+        let id = crate::store::encoding::key_id(&self.key);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
             [&scope, &k, &self.token.0, &status, &headers, &body, &id];
         self.complete_and_commit(&self.inner.sql.complete_locked, &params)
@@ -380,7 +380,7 @@ impl RecordTransaction for PgRecordTransaction {
 
     async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError> {
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
-        let id = super::key_id(&self.key);
+        let id = crate::store::encoding::key_id(&self.key);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
             [&scope, &k, &self.token.0, &id];
         self.complete_and_commit(&self.inner.sql.complete_locked_unavailable, &params)

@@ -1,0 +1,431 @@
+//! A Redis or Valkey [`Store`], on one server or a Cluster.
+//!
+//! Every operation is one Lua script, atomic on the server: a fresh request
+//! costs two round trips (`begin` + `complete`), a replay one. Lock and
+//! retention expiry are key TTLs on the server's clock; fencing tokens grow
+//! with the server's clock in microseconds, so they keep growing after a
+//! record expired. A record and its scope's index share a hash tag, so every
+//! script touches one hash slot and runs unchanged on a Cluster. Waiters are
+//! woken by pub/sub messages `complete` and `release` publish, and re-check on
+//! a coalesced backoff. `docs/redis.md` in the repository has the layout, the
+//! scripts and what each durability mode guarantees.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency::{IdempotencyLayer, RedisStore};
+//!
+//! # async fn run() -> Result<(), tower_idempotency::StoreError> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379")
+//!     .await?
+//!     .with_lock_timeout(Duration::from_secs(30));
+//! let layer = IdempotencyLayer::new(store.clone());
+//! # let _ = layer;
+//! # Ok(())
+//! # }
+//! ```
+
+#[cfg(feature = "test-util")]
+mod instrumentation;
+mod listen;
+mod operations;
+mod scripts;
+
+use self::scripts::Scripts;
+use super::waiters::Waits;
+use super::{RecordKey, StoreError};
+use crate::limits;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisFuture, Value};
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A [`Store`](crate::Store) in Redis or Valkey, shared by every instance of
+/// an application: one server ([`connect`](Self::connect)) or a Cluster
+/// ([`connect_cluster`](Self::connect_cluster)).
+///
+/// - **Atomic, one round trip**: `begin` is one script that claims a free key
+///   or reads the live record (replay, mismatch, in progress) without writing;
+///   `complete`, `extend` and `release` are scripts fenced by the claim's token.
+/// - **Server clock only**: a claim's lock and a record's retention are key
+///   TTLs; tokens are at least the server's clock in microseconds and higher
+///   than the key's last one, so they grow across the record's expiry.
+/// - **Cluster**: a record and its scope's index share a hash tag derived from
+///   the scope, so every script is single-slot and a scope's records live on
+///   one shard (many scopes spread over all of them; one very busy scope
+///   cannot be spread). [`purge_scope`](crate::Store::purge_scope) reads the
+///   scope's index.
+/// - **Waiting**: duplicates waiting for a request in progress are woken by a
+///   pub/sub message from `complete`/`release` (one subscribed connection per
+///   store), and re-check on a coalesced backoff (at most about four checks a
+///   second per key in one process, whatever the number of waiters).
+/// - **Outages**: connection errors, a Cluster without a reachable primary for
+///   the key's slot, and operations slower than
+///   [`with_operation_timeout`](Self::with_operation_timeout) are
+///   [`StoreError::Backend`]; the layer answers `503` and runs nothing. The
+///   connections reconnect by themselves.
+/// - **Failover**: replication is asynchronous, so a failover may lose the
+///   latest claims and completions, and a retry of a lost one runs again.
+///   [`with_replica_acks`](Self::with_replica_acks) makes claims and
+///   completions wait for replicas to acknowledge them first.
+///
+/// Clones share the connection, the subscriber and the waiters. Configure a
+/// store before cloning or using it: a `with_*` call on one that has clones
+/// panics rather than make a second store that shares nothing with the first.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    connection: Connection,
+    /// Where the subscriber connects: the server, or each Cluster node in turn.
+    subscribe_to: Vec<redis::Client>,
+    config: Config,
+    channel: String,
+    scripts: Scripts,
+    waits: Waits,
+    stats: Stats,
+}
+
+#[derive(Clone)]
+struct Config {
+    prefix: String,
+    retention: Duration,
+    lock_timeout: Duration,
+    operation_timeout: Duration,
+    replica_acks: Option<ReplicaAcks>,
+}
+
+/// How many replicas must acknowledge a claim or completion, and for how long
+/// to wait for them.
+#[derive(Clone, Copy, Debug)]
+struct ReplicaAcks {
+    replicas: usize,
+    timeout: Duration,
+}
+
+#[derive(Default)]
+struct Stats {
+    round_trips: AtomicU64,
+    notifications: AtomicU64,
+}
+
+/// A multiplexed connection to one server, or to a Cluster.
+#[derive(Clone)]
+enum Connection {
+    Server(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Connection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Server(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Server(c) => c.req_packed_commands(cmd, offset, count),
+            Self::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Server(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.inner.config;
+        let mode = match self.inner.connection {
+            Connection::Server(_) => "server",
+            Connection::Cluster(_) => "cluster",
+        };
+        f.debug_struct("RedisStore")
+            .field("mode", &mode)
+            .field("prefix", &c.prefix)
+            .field("retention", &c.retention)
+            .field("lock_timeout", &c.lock_timeout)
+            .field("operation_timeout", &c.operation_timeout)
+            .field("replica_acks", &c.replica_acks)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long connecting and each command may take at the connection level;
+/// the store's own operation timeout bounds whole operations.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl RedisStore {
+    /// A store on the server at `url` (`redis://`, or `rediss://` with one of
+    /// the `redis` crate's TLS features enabled), with key prefix
+    /// `idempotency`, retaining records for 24 hours, locking claims for 10
+    /// seconds (extended while their handler runs), failing operations that
+    /// take longer than 5 seconds. Fails when the server does not answer.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let client = redis::Client::open(url).map_err(backend)?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(CONNECTION_TIMEOUT))
+            .set_response_timeout(Some(CONNECTION_TIMEOUT))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_secs(1));
+        let manager = tokio::time::timeout(
+            CONNECTION_TIMEOUT,
+            ConnectionManager::new_with_config(client.clone(), config),
+        )
+        .await
+        .map_err(|_| backend("connecting to Redis timed out"))?
+        .map_err(backend)?;
+        Ok(Self::build(
+            Connection::Server(manager),
+            vec![client],
+            Config::default(),
+        ))
+    }
+
+    /// A store on the Cluster that `nodes` (any of its nodes' URLs) belong to;
+    /// defaults as for [`connect`](Self::connect). Redirections (`MOVED`,
+    /// `ASK`) and failovers are followed by the client.
+    pub async fn connect_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
+        let cluster = ClusterClientBuilder::new(nodes.to_vec())
+            .connection_timeout(CONNECTION_TIMEOUT)
+            .response_timeout(CONNECTION_TIMEOUT)
+            .retries(3)
+            .build()
+            .map_err(backend)?;
+        let connection = tokio::time::timeout(CONNECTION_TIMEOUT, cluster.get_async_connection())
+            .await
+            .map_err(|_| backend("connecting to the Redis Cluster timed out"))?
+            .map_err(backend)?;
+        let subscribe_to = nodes
+            .iter()
+            .map(|url| redis::Client::open(*url))
+            .collect::<Result<_, _>>()
+            .map_err(backend)?;
+        Ok(Self::build(
+            Connection::Cluster(connection),
+            subscribe_to,
+            Config::default(),
+        ))
+    }
+
+    fn build(connection: Connection, subscribe_to: Vec<redis::Client>, config: Config) -> Self {
+        let channel = format!("{}:done", config.prefix);
+        Self {
+            inner: Arc::new(Inner {
+                connection,
+                subscribe_to,
+                channel,
+                config,
+                scripts: Scripts::new(),
+                waits: Waits::default(),
+                stats: Stats::default(),
+            }),
+        }
+    }
+
+    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
+        // Clones share waiters and counters: one configured apart would be a
+        // second store.
+        assert!(
+            Arc::strong_count(&self.inner) == 1,
+            "configure a RedisStore before cloning or using it: a clone configured on its own \
+             would be a second store, sharing nothing with the first"
+        );
+        let mut config = self.inner.config.clone();
+        f(&mut config);
+        let inner = &self.inner;
+        Self::build(inner.connection.clone(), inner.subscribe_to.clone(), config)
+    }
+
+    /// The prefix of every key and of the pub/sub channel (default
+    /// `idempotency`): stores with different prefixes share nothing.
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` is empty, longer than 64 bytes, or has a byte other than
+    /// ASCII letters, digits, `_`, `-`, `.` and `:` (braces would change the
+    /// hash tag).
+    pub fn with_prefix(self, prefix: &str) -> Self {
+        let valid = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+        assert!(
+            valid,
+            "RedisStore prefix {prefix:?} must be 1 to 64 of [A-Za-z0-9_.:-]"
+        );
+        self.reconfigure(|c| c.prefix = prefix.to_owned())
+    }
+
+    /// How long a completed response is replayed (default 24 h), from its
+    /// completion on the server's clock. Clamped to between 100 ms and 100
+    /// years.
+    pub fn with_retention(self, retention: Duration) -> Self {
+        let retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
+        self.reconfigure(|c| c.retention = retention)
+    }
+
+    /// How long a claim holds its key unless it is extended (default 10 s), on
+    /// the server's clock. The layer extends a claim every third of this while
+    /// its handler runs, so it bounds how long a *dead* owner blocks its key.
+    /// Clamped to between 100 ms and 100 years.
+    pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
+        let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);
+        self.reconfigure(|c| c.lock_timeout = lock_timeout)
+    }
+
+    /// The longest one operation may take (default 5 s), replica
+    /// acknowledgements included; slower ones fail with
+    /// [`StoreError::Backend`]. At most 100 years.
+    pub fn with_operation_timeout(self, timeout: Duration) -> Self {
+        let timeout = limits::clamp(timeout, Duration::ZERO);
+        self.reconfigure(|c| c.operation_timeout = timeout)
+    }
+
+    /// Waits, after every claim and completion, until `replicas` replicas of
+    /// the key's primary acknowledged it (`WAIT`), for at most `timeout`.
+    ///
+    /// A claim not acknowledged in time is released and answered as a store
+    /// error (`503`, the handler does not run); a completion not acknowledged
+    /// fails as a store error, and the request's key stays in progress until
+    /// its lock runs out. So once a handler ran, its claim exists on
+    /// `replicas` replicas, and a failover that promotes one of them keeps the
+    /// key from running again. Costs one more round trip per claim and per
+    /// completion, and the replication delay. `docs/redis.md` compares what
+    /// each mode guarantees.
+    pub fn with_replica_acks(self, replicas: usize, timeout: Duration) -> Self {
+        let timeout = limits::clamp(timeout, Duration::from_millis(1));
+        self.reconfigure(|c| c.replica_acks = Some(ReplicaAcks { replicas, timeout }))
+    }
+
+    /// The key prefix.
+    pub fn prefix(&self) -> &str {
+        &self.inner.config.prefix
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            prefix: "idempotency".to_owned(),
+            retention: Duration::from_secs(24 * 3600),
+            lock_timeout: Duration::from_secs(10),
+            operation_timeout: Duration::from_secs(5),
+            replica_acks: None,
+        }
+    }
+}
+
+pub(super) fn backend(error: impl Into<crate::body::BoxError>) -> StoreError {
+    StoreError::Backend(error.into())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The names one record uses: the record's hash and its scope's index,
+/// under one hash tag.
+struct Names {
+    record: String,
+    index: String,
+}
+
+/// The hash tag is a digest of the scope alone, so any scope (braces
+/// included) makes a valid tag and a scope's records share one slot; the key
+/// follows verbatim (only the first `{...}` of a name is its tag). The scripts
+/// compare the stored scope and key with the request's, so two identities
+/// never share a record.
+fn names(prefix: &str, key: &RecordKey) -> Names {
+    let tag = scope_tag(prefix, key.scope().as_str());
+    Names {
+        record: format!("{tag}r:{}", key.key().as_str()),
+        index: format!("{tag}i"),
+    }
+}
+
+fn scope_tag(prefix: &str, scope: &str) -> String {
+    let digest = Sha256::digest(scope.as_bytes());
+    format!("{prefix}:{{{}}}:", hex(&digest[..16]))
+}
+
+impl Inner {
+    fn names(&self, key: &RecordKey) -> Names {
+        names(&self.config.prefix, key)
+    }
+
+    async fn timed<T>(
+        &self,
+        op: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let limit = self.config.operation_timeout;
+        match tokio::time::timeout(limit, op).await {
+            Ok(result) => result,
+            Err(_) => Err(backend(format!(
+                "Redis operation timed out after {limit:?}"
+            ))),
+        }
+    }
+
+    fn count_round_trip(&self) {
+        self.stats
+            .round_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdempotencyKey, Scope};
+
+    fn record(scope: &str, key: &str) -> RecordKey {
+        RecordKey::new(
+            Scope::new(scope),
+            IdempotencyKey::parse(key.as_bytes()).unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_record_and_its_index_share_one_hash_tag_whatever_the_scope() {
+        for scope in ["acme", "{x}", "}{", "", "tenant:{a}:b"] {
+            let n = names("idem", &record(scope, "key-0000001"));
+            let tag = |name: &str| {
+                let open = name.find('{').unwrap();
+                let close = open + name[open..].find('}').unwrap();
+                name[open + 1..close].to_owned()
+            };
+            assert_eq!(tag(&n.record), tag(&n.index));
+            assert_eq!(tag(&n.record).len(), 32);
+            assert!(n.record.ends_with(":r:key-0000001"));
+        }
+        let (a, b) = (
+            names("idem", &record("a", "key-0000001")),
+            names("idem", &record("b", "key-0000001")),
+        );
+        assert_ne!(a.record, b.record);
+    }
+}

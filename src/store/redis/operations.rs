@@ -1,0 +1,355 @@
+//! The [`Store`] operations of [`RedisStore`]: one script each.
+
+use super::{backend, millis, Connection, Inner, RedisStore};
+use crate::store::encoding::{decode_headers, encode_headers, key_id};
+use crate::store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::{RequestFingerprint, Scope};
+use async_trait::async_trait;
+use bytes::Bytes;
+use http::StatusCode;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+use redis::{ScriptInvocation, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Index entries read (and records purged) per `purge_scope` script.
+const PURGE_BATCH: isize = 500;
+
+impl Inner {
+    async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        self.count_round_trip();
+        let mut connection = self.connection.clone();
+        invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(backend)
+    }
+
+    /// Waits until the configured number of replicas of `record`'s primary
+    /// acknowledged the writes sent so far; `Ok` without replica acks.
+    async fn replicated(&self, record: &str) -> Result<(), StoreError> {
+        let Some(acks) = self.config.replica_acks else {
+            return Ok(());
+        };
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(acks.replicas).arg(millis(acks.timeout).max(1));
+        self.count_round_trip();
+        let acknowledged: usize = match &self.connection {
+            Connection::Server(c) => wait.query_async(&mut c.clone()).await,
+            // To the primary the script ran on: WAIT counts that connection's writes.
+            Connection::Cluster(c) => {
+                let route = redis::cluster_routing::Route::with_key(record, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                c.clone()
+                    .route_command(wait, routing)
+                    .await
+                    .and_then(|v| redis::from_redis_value(v).map_err(Into::into))
+            }
+        }
+        .map_err(backend)?;
+        if acknowledged < acks.replicas {
+            return Err(backend(format!(
+                "{acknowledged} of {} replicas acknowledged within {:?}",
+                acks.replicas, acks.timeout
+            )));
+        }
+        Ok(())
+    }
+
+    async fn lock_remaining(&self, key: &RecordKey) -> Result<Option<Duration>, StoreError> {
+        let names = self.names(key);
+        let invocation = self.scripts.lock_remaining.key(&names.record);
+        let ms: i64 = self.timed(self.invoke(&invocation)).await?;
+        // -1: not in progress; -2 (gone) cannot follow a present state.
+        Ok((ms >= 0).then(|| Duration::from_millis(ms as u64)))
+    }
+
+    /// Completes the claim as `state` (`c` with `response`, or `u`).
+    async fn finish(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: Option<StoredResponse>,
+    ) -> Result<(), StoreError> {
+        let names = self.names(key);
+        let mut invocation = self.scripts.complete.key(&names.record);
+        invocation
+            .key(&names.index)
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str())
+            .arg(token.0.to_string())
+            .arg(millis(self.config.retention))
+            .arg(&self.channel)
+            .arg(key_id(key));
+        match &response {
+            Some(response) => invocation
+                .arg("c")
+                .arg(response.status.as_u16())
+                .arg(encode_headers(&response.headers))
+                .arg(&response.body[..]),
+            None => invocation.arg("u"),
+        };
+        self.timed(async {
+            let done: i64 = self.invoke(&invocation).await?;
+            if done != 1 {
+                return Err(StoreError::ClaimLost);
+            }
+            self.replicated(&names.record).await
+        })
+        .await
+    }
+}
+
+impl Inner {
+    /// Trims every scope index this store's prefix names, on every primary.
+    async fn trim_indexes(&self) -> Result<u64, StoreError> {
+        let pattern = format!("{}:{{*}}:i", self.config.prefix);
+        let primaries = match &self.connection {
+            Connection::Server(_) => vec![None],
+            Connection::Cluster(_) => self.primaries().await?.into_iter().map(Some).collect(),
+        };
+        let mut trimmed = 0;
+        for primary in primaries {
+            let mut cursor = 0u64;
+            loop {
+                let mut scan = redis::cmd("SCAN");
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
+                let (next, indexes): (u64, Vec<String>) =
+                    self.timed(self.on_node(scan, primary.as_ref())).await?;
+                for index in indexes {
+                    let invocation = self.scripts.trim_index.key(&index);
+                    let removed: u64 = self.timed(self.invoke(&invocation)).await?;
+                    trimmed += removed;
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(trimmed)
+    }
+
+    /// Runs `cmd` on the server, or on the Cluster node at `node`.
+    async fn on_node<T: redis::FromRedisValue>(
+        &self,
+        cmd: redis::Cmd,
+        node: Option<&(String, u16)>,
+    ) -> Result<T, StoreError> {
+        self.count_round_trip();
+        let value = match (&self.connection, node) {
+            (Connection::Cluster(c), Some((host, port))) => {
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                });
+                c.clone().route_command(cmd, routing).await
+            }
+            (connection, _) => cmd.query_async(&mut connection.clone()).await,
+        }
+        .map_err(backend)?;
+        redis::from_redis_value(value).map_err(backend)
+    }
+
+    /// The Cluster's reachable primaries, from `CLUSTER NODES`.
+    async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
+        let nodes: String = self
+            .on_node(redis::cmd("CLUSTER").arg("NODES").clone(), None)
+            .await?;
+        Ok(nodes
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split(' ');
+                let address = fields.nth(1)?;
+                let flags = fields.next()?;
+                let primary = flags.split(',').any(|f| f == "master")
+                    && !flags.split(',').any(|f| f == "fail" || f == "fail?");
+                let (host, port) = address.split('@').next()?.rsplit_once(':')?;
+                primary.then(|| Some((host.to_owned(), port.parse().ok()?)))?
+            })
+            .collect())
+    }
+}
+
+fn decode_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
+    let corrupt = |what: &str| backend(format!("unexpected begin reply: {what}"));
+    let mut fields = reply.into_iter();
+    let outcome: String = fields
+        .next()
+        .map(redis::from_redis_value)
+        .transpose()
+        .map_err(backend)?
+        .ok_or_else(|| corrupt("empty"))?;
+    let mut next = |what: &str| fields.next().ok_or_else(|| corrupt(what));
+    Ok(match outcome.as_str() {
+        "claimed" => {
+            let token: String = redis::from_redis_value(next("token")?).map_err(backend)?;
+            let token = token.parse().map_err(|_| corrupt("token"))?;
+            Begin::Claimed(FencingToken(token))
+        }
+        "replay" => {
+            let status: u16 = redis::from_redis_value(next("status")?).map_err(backend)?;
+            let status = StatusCode::from_u16(status)
+                .map_err(|_| backend("stored response status is invalid"))?;
+            let headers: Vec<u8> = redis::from_redis_value(next("headers")?).map_err(backend)?;
+            let body: Vec<u8> = redis::from_redis_value(next("body")?).map_err(backend)?;
+            Begin::Replay(Arc::new(StoredResponse {
+                status,
+                headers: decode_headers(&headers)?,
+                body: Bytes::from(body),
+            }))
+        }
+        "mismatch" => Begin::Mismatch,
+        "in_progress" => Begin::InProgress,
+        "unavailable" => Begin::ResponseUnavailable,
+        other => return Err(corrupt(other)),
+    })
+}
+
+#[async_trait]
+impl Store for RedisStore {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> Result<Begin, StoreError> {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        let names = inner.names(key);
+        // Shared by every instance: only the canonical fingerprint is comparable.
+        let fingerprint = request.fingerprint().as_bytes();
+        let mut invocation = inner.scripts.begin.key(&names.record);
+        invocation
+            .key(&names.index)
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str())
+            .arg(&fingerprint[..])
+            .arg(millis(inner.config.lock_timeout));
+        inner
+            .timed(async {
+                let reply: Vec<Value> = inner.invoke(&invocation).await?;
+                let begun = decode_begin(reply)?;
+                if let Begin::Claimed(token) = begun {
+                    if let Err(error) = inner.replicated(&names.record).await {
+                        // Not running the handler on a claim a failover could lose.
+                        let _ = self.release(key, token).await;
+                        return Err(error);
+                    }
+                }
+                Ok(begun)
+            })
+            .await
+    }
+
+    async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: StoredResponse,
+    ) -> Result<(), StoreError> {
+        self.inner.finish(key, token, Some(response)).await
+    }
+
+    async fn complete_unavailable(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<(), StoreError> {
+        self.inner.finish(key, token, None).await
+    }
+
+    fn lock_timeout(&self) -> Duration {
+        self.inner.config.lock_timeout
+    }
+
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let names = inner.names(key);
+        let mut invocation = inner.scripts.extend.key(&names.record);
+        invocation
+            .key(&names.index)
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str())
+            .arg(token.0.to_string())
+            .arg(millis(inner.config.lock_timeout));
+        let extended: i64 = inner.timed(inner.invoke(&invocation)).await?;
+        match extended {
+            1 => Ok(()),
+            _ => Err(StoreError::ClaimLost),
+        }
+    }
+
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let names = inner.names(key);
+        let mut invocation = inner.scripts.release.key(&names.record);
+        invocation
+            .key(&names.index)
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str())
+            .arg(token.0.to_string())
+            .arg(&inner.channel)
+            .arg(key_id(key));
+        let _released: i64 = inner.timed(inner.invoke(&invocation)).await?;
+        Ok(())
+    }
+
+    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        inner
+            .waits
+            .wait(key_id(key), timeout, || inner.lock_remaining(key))
+            .await
+    }
+
+    /// Redis deletes expired records itself (key TTLs); this trims the
+    /// entries of expired records from every scope index, and returns how
+    /// many it removed. It scans the whole key space (of every primary on a
+    /// Cluster): run it rarely, if at all — indexes also trim themselves on
+    /// every claim and expire after their last record.
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.inner.trim_indexes().await
+    }
+
+    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let tag = super::scope_tag(&inner.config.prefix, scope.as_str());
+        let index = format!("{tag}i");
+        let mut purged = 0u64;
+        // Entries of other scopes sharing the tag stay: skip past them.
+        let mut kept: isize = 0;
+        loop {
+            let members: Vec<String> = inner
+                .timed(async {
+                    inner.count_round_trip();
+                    redis::cmd("ZRANGE")
+                        .arg(&index)
+                        .arg(kept)
+                        .arg(kept + PURGE_BATCH - 1)
+                        .query_async(&mut inner.connection.clone())
+                        .await
+                        .map_err(backend)
+                })
+                .await?;
+            if members.is_empty() {
+                return Ok(purged);
+            }
+            let mut invocation = inner.scripts.purge_scope.key(&index);
+            invocation.arg(scope.as_str());
+            for member in &members {
+                invocation.key(format!("{tag}r:{member}")).arg(member);
+            }
+            let (deleted, removed): (u64, isize) = inner.timed(inner.invoke(&invocation)).await?;
+            purged += deleted;
+            kept += members.len() as isize - removed;
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! The Lua scripts of every operation. Each runs atomically on the server and
+//! touches only keys of one hash slot (the record and its scope's index share
+//! a hash tag), so every script is single-slot on a Cluster.
+//!
+//! Times come from the server: `TIME` for index scores and token floors, key
+//! TTLs (`PEXPIRE`) for lock and retention expiry. The application's clock is
+//! never sent or compared.
+//!
+//! A record is a hash: `sc` scope, `k` key, `fp` fingerprint, `tok` fencing
+//! token, `st` state (`p` in progress, `c` completed, `u` completed without a
+//! replayable response, `r` released: a short-lived tombstone that only keeps
+//! the last token), and for `c` the response: `status`, `hd`, `bd`.
+//! The index is a sorted set of the scope's keys scored by their expiry in
+//! server milliseconds, for `purge_scope`.
+
+use redis::Script;
+
+/// Shared by the scripts: the server's time in milliseconds, and the index
+/// kept at least as long as the record it names (`ttl` ms from now).
+const PRELUDE: &str = r#"
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function index(idx, member, ttl)
+  local now = now_ms()
+  redis.call('ZREMRANGEBYSCORE', idx, '-inf', now)
+  redis.call('ZADD', idx, now + ttl, member)
+  if redis.call('PTTL', idx) < ttl then
+    redis.call('PEXPIRE', idx, ttl)
+  end
+end
+local function same_record(v)
+  -- Two identities on one key name (a hash collision of scopes): refused.
+  if v[1] ~= ARGV[1] or v[2] ~= ARGV[2] then
+    return redis.error_reply('tower-idempotency: two records share one key name')
+  end
+end
+"#;
+
+/// KEYS: record, index. ARGV: scope, key, fingerprint, lock ms.
+/// Replies `{'claimed', token}`, `{'replay', status, headers, body}`,
+/// `{'mismatch'}`, `{'unavailable'}` or `{'in_progress', pttl}`.
+const BEGIN: &str = r#"
+local rec, idx = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd')
+local floor = 0
+if v[4] then
+  local collision = same_record(v)
+  if collision then return collision end
+  if v[4] ~= 'r' then
+    if v[3] ~= ARGV[3] then return {'mismatch'} end
+    if v[4] == 'c' then return {'replay', v[6], v[7], v[8]} end
+    if v[4] == 'u' then return {'unavailable'} end
+    return {'in_progress', redis.call('PTTL', rec)}
+  end
+  floor = tonumber(v[5])
+end
+-- At least the server's clock in microseconds (exact in a Lua double until
+-- the year 2255), so tokens keep growing after a record expired and is gone.
+local t = redis.call('TIME')
+local token = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), floor + 1)
+token = string.format('%d', token)
+local lock = tonumber(ARGV[4])
+redis.call('DEL', rec)
+redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p')
+redis.call('PEXPIRE', rec, lock)
+index(idx, ARGV[2], lock)
+return {'claimed', token}
+"#;
+
+/// KEYS: record, index. ARGV: scope, key, token, retention ms, channel, id,
+/// state (`c` or `u`), then for `c`: status, headers, body. Replies 1, or 0
+/// when the token does not hold the claim.
+const COMPLETE: &str = r#"
+local rec, idx = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
+if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
+local collision = same_record(v)
+if collision then return collision end
+local retention = tonumber(ARGV[4])
+if ARGV[7] == 'c' then
+  redis.call('HSET', rec, 'st', 'c', 'status', ARGV[8], 'hd', ARGV[9], 'bd', ARGV[10])
+else
+  redis.call('HSET', rec, 'st', 'u')
+end
+redis.call('PEXPIRE', rec, retention)
+index(idx, ARGV[2], retention)
+redis.call('PUBLISH', ARGV[5], ARGV[6])
+return 1
+"#;
+
+/// KEYS: record, index. ARGV: scope, key, token, lock ms. Replies 1 or 0.
+const EXTEND: &str = r#"
+local rec, idx = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
+if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
+local collision = same_record(v)
+if collision then return collision end
+local lock = tonumber(ARGV[4])
+redis.call('PEXPIRE', rec, lock)
+index(idx, ARGV[2], lock)
+return 1
+"#;
+
+/// KEYS: record, index. ARGV: scope, key, token, channel, id. The record
+/// becomes a tombstone for a second: a claim right after it still draws a
+/// higher token. Replies 1 or 0.
+const RELEASE: &str = r#"
+local rec, idx = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
+if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
+local collision = same_record(v)
+if collision then return collision end
+redis.call('HDEL', rec, 'fp')
+redis.call('HSET', rec, 'st', 'r')
+redis.call('PEXPIRE', rec, 1000)
+redis.call('ZREM', idx, ARGV[2])
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+"#;
+
+/// KEYS: record. Replies the lock's remaining milliseconds, or -1 when the
+/// record is not in progress.
+const LOCK_REMAINING: &str = r#"
+if redis.call('HGET', KEYS[1], 'st') ~= 'p' then return -1 end
+return redis.call('PTTL', KEYS[1])
+"#;
+
+/// KEYS: index, then records of its members. ARGV: scope, then the members
+/// (`ARGV[i]` names `KEYS[i]`). Deletes the records of `scope` and their index
+/// entries, and the entries of records already gone; entries of another scope
+/// sharing the hash tag stay. Replies `{deleted, entries removed}`.
+const PURGE_SCOPE: &str = r#"
+local deleted, removed = 0, 0
+for i = 2, #KEYS do
+  local v = redis.call('HMGET', KEYS[i], 'sc', 'st')
+  if v[1] == ARGV[1] or not v[1] then
+    if v[1] and v[2] ~= 'r' then
+      redis.call('DEL', KEYS[i])
+      deleted = deleted + 1
+    end
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    removed = removed + 1
+  end
+end
+return {deleted, removed}
+"#;
+
+/// KEYS: index. Removes the entries of expired records; replies how many.
+const TRIM_INDEX: &str = r#"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+"#;
+
+/// The scripts of one store, hashed once.
+pub(super) struct Scripts {
+    pub(super) begin: Script,
+    pub(super) complete: Script,
+    pub(super) extend: Script,
+    pub(super) release: Script,
+    pub(super) lock_remaining: Script,
+    pub(super) purge_scope: Script,
+    pub(super) trim_index: Script,
+}
+
+impl Scripts {
+    pub(super) fn new() -> Self {
+        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        Self {
+            begin: with_prelude(BEGIN),
+            complete: with_prelude(COMPLETE),
+            extend: with_prelude(EXTEND),
+            release: with_prelude(RELEASE),
+            lock_remaining: Script::new(LOCK_REMAINING),
+            purge_scope: Script::new(PURGE_SCOPE),
+            trim_index: Script::new(TRIM_INDEX),
+        }
+    }
+}

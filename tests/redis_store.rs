@@ -1,0 +1,328 @@
+//! `RedisStore` on a standalone server and on a Cluster: the conformance
+//! suite on both, round trips through the layer, scopes over every shard,
+//! 1000 waiters on one key, and outages: a network cut, a hung server, a
+//! restarted server.
+
+use crate::support::proxy::Proxy;
+use crate::support::redis as r;
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::convert::Infallible;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+use tower::{ServiceBuilder, ServiceExt};
+use tower_idempotency::store::conformance::{fingerprint, record, response, Durations};
+use tower_idempotency::{Begin, IdempotencyLayer, RedisStore, Store, StoreError};
+
+mod standalone {
+    use super::*;
+
+    async fn redis_store(d: Durations) -> Option<RedisStore> {
+        let url = r::url("redis_store conformance")?;
+        Some(
+            r::standalone(&url, |s| {
+                s.with_lock_timeout(d.lock).with_retention(d.retention)
+            })
+            .await,
+        )
+    }
+
+    tower_idempotency::store_conformance_tests!(redis_store, expires_by_itself);
+}
+
+mod cluster {
+    use super::*;
+
+    async fn redis_cluster_store(d: Durations) -> Option<RedisStore> {
+        let nodes = r::cluster("redis_cluster_store conformance")?;
+        Some(
+            r::on_cluster(&nodes, |s| {
+                s.with_lock_timeout(d.lock).with_retention(d.retention)
+            })
+            .await,
+        )
+    }
+
+    tower_idempotency::store_conformance_tests!(redis_cluster_store, expires_by_itself);
+}
+
+type App = tower::util::BoxCloneService<
+    Request<Full<Bytes>>,
+    Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+    Infallible,
+>;
+
+/// The layer over `store`, its handler counting runs and answering 201.
+fn app(store: RedisStore, runs: Arc<AtomicUsize>) -> App {
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store).with_wait_timeout(Duration::from_secs(5)))
+        .service_fn(move |_req: Request<_>| {
+            let runs = runs.clone();
+            async move {
+                let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(StatusCode::CREATED)
+                        .header("content-type", "application/json")
+                        .body(Full::new(Bytes::from(format!(r#"{{"order":{n}}}"#))))
+                        .unwrap(),
+                )
+            }
+        });
+    tower::util::BoxCloneService::new(service)
+}
+
+fn order(key: &str) -> Request<Full<Bytes>> {
+    let mut request = Request::post("/orders")
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(br#"{"sku":"A","qty":1}"#)))
+        .unwrap();
+    request
+        .extensions_mut()
+        .insert(tower_idempotency::Scope::new("tenant"));
+    request
+}
+
+async fn send(app: &App, key: &str) -> (StatusCode, Bytes) {
+    let response = app.clone().oneshot(order(key)).await.unwrap();
+    let status = response.status();
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_request_costs_two_round_trips_and_a_replay_one_on_both_deployments() {
+    let (Some(url), Some(nodes)) = (r::url("round trips"), r::cluster("round trips")) else {
+        return;
+    };
+    for store in [
+        r::standalone(&url, |s| s).await,
+        r::on_cluster(&nodes, |s| s).await,
+    ] {
+        let app = app(store.clone(), Arc::new(AtomicUsize::new(0)));
+        // Loads the scripts (a first call may need SCRIPT LOAD).
+        send(&app, "warm-up-0001").await;
+        let before = store.round_trips();
+        assert_eq!(send(&app, "fresh-00001").await.0, StatusCode::CREATED);
+        let fresh = store.round_trips() - before;
+        let before = store.round_trips();
+        assert_eq!(send(&app, "fresh-00001").await.0, StatusCode::CREATED);
+        let replay = store.round_trips() - before;
+        assert_eq!((fresh, replay), (2, 1), "{store:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scopes_spread_over_every_primary_and_each_replays_only_its_own() {
+    let Some(nodes) = r::cluster("scopes over every shard") else {
+        return;
+    };
+    let store = r::on_cluster(&nodes, |s| s).await;
+    let key = record("scope-0", "order-000001");
+    for i in 0..300 {
+        let key = record(&format!("tenant-{i}"), key.key().as_str());
+        let Begin::Claimed(token) = store.begin(&key, &fingerprint("a")).await.unwrap() else {
+            panic!("fresh key of tenant {i}");
+        };
+        let body: &'static [u8] = Box::leak(format!("tenant-{i}").into_bytes().into_boxed_slice());
+        store.complete(&key, token, response(body)).await.unwrap();
+    }
+    for i in 0..300 {
+        let key = record(&format!("tenant-{i}"), key.key().as_str());
+        match store.begin(&key, &fingerprint("a")).await.unwrap() {
+            Begin::Replay(stored) => assert_eq!(stored.body, format!("tenant-{i}")),
+            other => panic!("tenant {i}: {other:?}"),
+        }
+    }
+    // Every primary holds records of this store.
+    let mut primaries = 0;
+    for url in &nodes {
+        let mut conn = r::connection(url).await;
+        let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(&mut conn).await.unwrap();
+        let role: String = redis::from_redis_value(role[0].clone()).unwrap();
+        if role != "master" {
+            continue;
+        }
+        primaries += 1;
+        let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(0)
+            .arg("MATCH")
+            .arg(format!("{}:*", store.prefix()))
+            .arg("COUNT")
+            .arg(100_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(!keys.is_empty(), "primary {url} holds none of 300 scopes");
+    }
+    assert_eq!(primaries, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_waiters_on_one_key_share_their_checks_and_wake_on_completion() {
+    let Some(nodes) = r::cluster("1000 waiters") else {
+        return;
+    };
+    let store = r::on_cluster(&nodes, |s| s).await;
+    store.start_listener();
+    let until = Instant::now() + Duration::from_secs(5);
+    while !store.is_listening() && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.is_listening());
+    let key = record("tenant", "order-waited-01");
+    let Begin::Claimed(token) = store.begin(&key, &fingerprint("a")).await.unwrap() else {
+        panic!("fresh key");
+    };
+    let before = store.round_trips();
+    let waiters: Vec<_> = (0..1000)
+        .map(|_| {
+            let (store, key) = (store.clone(), key.clone());
+            tokio::spawn(async move {
+                store.wait(&key, Duration::from_secs(10)).await.unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(store.watched_keys(), 1);
+    let completed = Instant::now();
+    store
+        .complete(&key, token, response(b"done"))
+        .await
+        .unwrap();
+    let mut latest = completed;
+    for waiter in waiters {
+        latest = latest.max(waiter.await.unwrap());
+    }
+    let woken_in = latest - completed;
+    // 1.5 s of waiting: about six coalesced checks, not thousands.
+    let checks = store.round_trips() - before - 1;
+    assert!(checks <= 12, "{checks} checks for 1000 waiters");
+    assert!(
+        woken_in < Duration::from_millis(200),
+        "woken after {woken_in:?}"
+    );
+    assert!(store.notifications_received() >= 1);
+    eprintln!("1000 waiters: {checks} checks, all woken {woken_in:?} after the completion");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_network_cut_or_a_hung_server_is_a_503_in_bounded_time_and_recovers() {
+    let Some(url) = r::url("network cut") else {
+        return;
+    };
+    let target = format!("127.0.0.1:{}", r::port(&url)).parse().unwrap();
+    let proxy = Proxy::start(target).await;
+    let through = format!("redis://127.0.0.1:{}", proxy.port);
+    let store = r::standalone(&through, |s| {
+        s.with_operation_timeout(Duration::from_millis(500))
+    })
+    .await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(store.clone(), runs.clone());
+    assert_eq!(send(&app, "before-cut-01").await.0, StatusCode::CREATED);
+    for (name, cut) in [("frozen", true), ("down", false)] {
+        if cut {
+            proxy.set_frozen(true);
+        } else {
+            proxy.set_up(false);
+        }
+        let runs_before = runs.load(Ordering::SeqCst);
+        let started = Instant::now();
+        let (status, _) = send(&app, &format!("during-{name}-1")).await;
+        let took = started.elapsed();
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{name}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "{name}: 503 after {took:?}"
+        );
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            runs_before,
+            "{name}: the handler ran"
+        );
+        proxy.set_frozen(false);
+        proxy.set_up(true);
+        // Recovers without a restart of the application.
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let (status, _) = send(&app, &format!("after-{name}-01")).await;
+            if status == StatusCode::CREATED {
+                break;
+            }
+            assert!(Instant::now() < until, "{name}: no recovery, last {status}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_server_is_a_503_while_down_and_serves_again_without_an_app_restart() {
+    if r::url("server restart").is_none() {
+        return;
+    }
+    let mut server = r::OwnServer::start();
+    let store = r::standalone(&server.url(), |s| {
+        s.with_operation_timeout(Duration::from_millis(800))
+    })
+    .await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let app = app(store.clone(), runs.clone());
+    assert_eq!(send(&app, "before-restart").await.0, StatusCode::CREATED);
+    server.kill();
+    let (status, _) = send(&app, "while-down-001").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    server.restart();
+    let until = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (status, _) = send(&app, "after-restart1").await;
+        if status == StatusCode::CREATED {
+            break;
+        }
+        assert!(Instant::now() < until, "no recovery, last {status}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A store error is never "run anyway": the failed key did not run.
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_fails_to_connect_quickly() {
+    let started = Instant::now();
+    let error = RedisStore::connect("redis://127.0.0.1:1")
+        .await
+        .unwrap_err();
+    assert!(matches!(error, StoreError::Backend(_)));
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[tokio::test]
+#[should_panic(expected = "before cloning or using it")]
+async fn a_cloned_store_cannot_be_configured_apart() {
+    let Some(url) = r::url("configure a clone") else {
+        panic!("before cloning or using it (skipped)");
+    };
+    let store = RedisStore::connect(&url).await.unwrap();
+    let _clone = store.clone();
+    let _ = store.with_retention(Duration::from_secs(1));
+}
+
+#[test]
+#[should_panic(expected = "must be 1 to 64")]
+fn a_prefix_with_braces_is_refused() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let Some(url) = r::url("prefix check") else {
+        panic!("must be 1 to 64 (skipped)");
+    };
+    let store = rt.block_on(RedisStore::connect(&url)).unwrap();
+    let _ = store.with_prefix("a{b}");
+}
