@@ -8,7 +8,18 @@ use http::{HttpClient, RunningExample};
 /// Starts the example, on PostgreSQL when `database_url` is given; returns the
 /// process and the store it reported.
 fn start_checkout_with(database_url: Option<&str>) -> (RunningExample, String) {
-    let running = RunningExample::start("checkout", &[("DATABASE_URL", database_url)]);
+    start_checkout_on(database_url, None)
+}
+
+/// Starts the example on PostgreSQL, Redis or memory.
+fn start_checkout_on(
+    database_url: Option<&str>,
+    redis_url: Option<&str>,
+) -> (RunningExample, String) {
+    let running = RunningExample::start(
+        "checkout",
+        &[("DATABASE_URL", database_url), ("REDIS_URL", redis_url)],
+    );
     let store = running
         .banner
         .iter()
@@ -99,6 +110,52 @@ async fn with_database_url_the_demo_serves_from_postgres_across_restarts() {
     assert_eq!(mine(&charges, "charges", &order["charge"]), 1);
 }
 
+/// `cargo run --example checkout --features redis` with `REDIS_URL`: two demo
+/// instances on one Redis replay each other's answers and refuse each other's
+/// key reuse.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn with_redis_url_two_demo_instances_share_their_records() {
+    let Ok(url) = std::env::var("REDIS_URL") else {
+        assert!(
+            std::env::var("REQUIRE_REDIS").as_deref() != Ok("1"),
+            "REQUIRE_REDIS=1 but REDIS_URL is not set"
+        );
+        eprintln!("\n*** SKIPPED checkout demo on Redis: REDIS_URL is not set ***\n");
+        return;
+    };
+    let (a, store_a) = start_checkout_on(None, Some(&url));
+    let (b, store_b) = start_checkout_on(None, Some(&url));
+    assert_eq!((store_a.as_str(), store_b.as_str()), ("redis", "redis"));
+    let key = format!("demo-redis-{}", std::process::id());
+    let headers = [
+        ("authorization", "Bearer acme"),
+        ("idempotency-key", key.as_str()),
+    ];
+    let body = r#"{"sku":"SKU-1","qty":2,"currency":"USD"}"#;
+    let (client_a, client_b) = (HttpClient::new(a.addr), HttpClient::new(b.addr));
+    let first = client_a.post_json("/v1/orders", &headers, body).await;
+    assert_eq!(first.status, 201);
+    assert!(!first.replayed());
+    let replay = client_b.post_json("/v1/orders", &headers, body).await;
+    assert_eq!(replay.status, 201);
+    assert!(replay.replayed(), "instance b replays instance a's answer");
+    assert_eq!(replay.body, first.body);
+    let reuse = client_b
+        .post_json(
+            "/v1/orders",
+            &headers,
+            r#"{"sku":"SKU-2","qty":1,"currency":"USD"}"#,
+        )
+        .await;
+    assert_eq!(reuse.status, 409, "key reuse with another body is refused");
+    assert_eq!(reuse.json()["code"], "idempotency_key_reuse");
+    // Only instance a charged: b created nothing.
+    let merchant = [("authorization", "Bearer acme")];
+    let orders = client_b.get("/v1/orders", &merchant).await.json();
+    assert_eq!(orders["orders"].as_array().unwrap().len(), 0);
+}
+
 /// SIGTERM while a handler whose client hung up is still running: the demo
 /// stops accepting, waits for the handler, and only then exits.
 #[tokio::test]
@@ -106,7 +163,11 @@ async fn on_sigterm_the_demo_waits_for_claimed_handlers() {
     use tokio::io::AsyncWriteExt;
     let mut running = RunningExample::start(
         "checkout",
-        &[("DATABASE_URL", None), ("CHECKOUT_DELAY_MS", Some("800"))],
+        &[
+            ("DATABASE_URL", None),
+            ("REDIS_URL", None),
+            ("CHECKOUT_DELAY_MS", Some("800")),
+        ],
     );
     let body = r#"{"sku":"SKU-1","qty":2,"currency":"USD"}"#;
     let request = format!(

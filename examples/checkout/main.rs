@@ -12,7 +12,10 @@
 //! Env: `BIND` (default `127.0.0.1:3000`), `CHECKOUT_DELAY_MS` (default 0: a
 //! slow payment network between the charge and the order), `DATABASE_URL`
 //! with `--features postgres` to keep records, charges and orders in
-//! PostgreSQL (the handler writes them inside the layer's transaction).
+//! PostgreSQL (the handler writes them inside the layer's transaction), or
+//! else `REDIS_URL` with `--features redis` to keep the idempotency records in
+//! Redis (a Cluster when it lists several node URLs, comma-separated), so that
+//! several instances replay each other's answers.
 //!
 //! On ctrl-c or SIGTERM the server stops accepting connections, then waits
 //! for claimed handlers still running (a client may have hung up on them)
@@ -72,7 +75,9 @@ async fn shutdown_signal() {
 }
 
 /// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set
-/// (records, charges and orders in one transaction); memory otherwise.
+/// (records, charges and orders in one transaction); else Redis when built
+/// with `--features redis` and `REDIS_URL` is set (records only); memory
+/// otherwise.
 async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn std::error::Error>>
 {
     #[cfg(feature = "postgres")]
@@ -81,6 +86,15 @@ async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn 
         Ledger::migrate(&pool).await?;
         let layer = IdempotencyLayer::transactional(store);
         return Ok((layer, Ledger::Postgres(pool), "postgres"));
+    }
+    #[cfg(feature = "redis")]
+    if let Ok(url) = std::env::var("REDIS_URL") {
+        let nodes: Vec<&str> = url.split(',').collect();
+        let store = match nodes.len() {
+            1 => tower_idempotency::RedisStore::connect(&url).await?,
+            _ => tower_idempotency::RedisStore::connect_cluster(&nodes).await?,
+        };
+        return Ok((IdempotencyLayer::new(store), Ledger::memory(), "redis"));
     }
     let layer = IdempotencyLayer::new(MemoryStore::new());
     Ok((layer, Ledger::memory(), "memory"))

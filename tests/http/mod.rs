@@ -111,6 +111,9 @@ pub fn enabled_features() -> Vec<&'static str> {
     if cfg!(feature = "leases") {
         features.push("leases");
     }
+    if cfg!(feature = "redis") {
+        features.push("redis");
+    }
     features
 }
 
