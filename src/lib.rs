@@ -241,6 +241,16 @@ pub struct ReadmeQuickStart;
 #[doc = include_str!("../docs/operating-postgres.md")]
 pub struct PostgresGuide;
 
+/// The Rust example of `docs/writing-a-store.md`, compiled as a doctest.
+#[cfg(all(doctest, feature = "test-util"))]
+#[doc = include_str!("../docs/writing-a-store.md")]
+pub struct WritingAStoreGuide;
+
+/// The Rust example of `docs/redis.md`, compiled as a doctest.
+#[cfg(all(doctest, feature = "redis"))]
+#[doc = include_str!("../docs/redis.md")]
+pub struct RedisGuide;
+
 /// The Rust examples of `docs/ietf-draft.md` and `docs/migrating.md`, compiled
 /// and run as doctests.
 #[cfg(doctest)]

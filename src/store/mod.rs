@@ -1,9 +1,10 @@
 //! Storage for idempotency records.
 //!
 //! A [`Store`] decides atomically, per `(scope, key)`, whether a request runs,
-//! replays, or is refused. Two stores ship with the crate: [`MemoryStore`] for a
-//! single process, and `PostgresStore` (feature `postgres`) for many app
-//! instances sharing one database. Both pass the same conformance suite.
+//! replays, or is refused. Three stores ship with the crate: [`MemoryStore`] for
+//! a single process, `PostgresStore` (feature `postgres`) for many app
+//! instances sharing one database, and `RedisStore` (feature `redis`) on Redis
+//! or Valkey, one server or a Cluster. All pass the same conformance suite.
 
 #[cfg(feature = "test-util")]
 pub mod conformance;
