@@ -15,7 +15,11 @@
 //!
 //! Environment: `LOAD_SECS` (5), `LOAD_CONNS` (1,16,64), `LOAD_SCENARIOS`
 //! (fresh,replay,hot), `LOAD_ROUTES` (plain,memory,pg; also `idempotent`,
-//! `axum-idempotent`, with the trivial handler), `SERVER_THREADS` (1),
+//! `axum-idempotent`, with the trivial handler; with `REDIS_URL`: `redis`, ours
+//! on `RedisStore`, and `idempotent-valkey`, the peer's Valkey store on the same
+//! server; with `REDIS_CLUSTER_URLS`: `redis-cluster` and `redis-cluster-acks`,
+//! ours on the Cluster without and with `with_replica_acks(1, 1 s)`),
+//! `SERVER_THREADS` (1),
 //! `CLIENT_THREADS` (1), `PG_POOL` (16), `LOAD_BODY` (1024 bytes of JSON),
 //! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk), `DATABASE_URL`,
 //! `LOAD_ROUNDS` (1): the whole grid is run this many times, the routes in
@@ -130,6 +134,44 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
                     None => ours_app(h.clone(), store),
                     Some(app) => app.route_layer(IdempotencyLayer::new(store)),
                 }
+            }
+            "redis" | "idempotent-valkey" | "redis-cluster" | "redis-cluster-acks"
+                if handler_kind != "trivial" =>
+            {
+                println!("(route {route} skipped: Redis routes use the trivial handler)");
+                continue;
+            }
+            "redis" | "idempotent-valkey" => {
+                let Ok(url) = std::env::var("REDIS_URL") else {
+                    println!("(route {route} skipped: REDIS_URL is not set)");
+                    continue;
+                };
+                let prefix = format!("bench-load-{}", std::process::id());
+                if route == "redis" {
+                    let store = tower_idempotency::RedisStore::connect(&url)
+                        .await
+                        .expect("Redis")
+                        .with_prefix(&prefix);
+                    ours_app(h.clone(), store)
+                } else {
+                    idempotent_valkey_app(h.clone(), &url, &prefix).await
+                }
+            }
+            "redis-cluster" | "redis-cluster-acks" => {
+                let Ok(urls) = std::env::var("REDIS_CLUSTER_URLS") else {
+                    println!("(route {route} skipped: REDIS_CLUSTER_URLS is not set)");
+                    continue;
+                };
+                let nodes: Vec<&str> = urls.split(',').collect();
+                let store = tower_idempotency::RedisStore::connect_cluster(&nodes)
+                    .await
+                    .expect("Redis Cluster")
+                    .with_prefix(&format!("bench-{route}-{}", std::process::id()));
+                let store = match route.as_str() {
+                    "redis-cluster-acks" => store.with_replica_acks(1, Duration::from_secs(1)),
+                    _ => store,
+                };
+                ours_app(h.clone(), store)
             }
             "idempotent" | "axum-idempotent" if handler_kind != "trivial" => {
                 println!("(route {route} skipped: peers are measured with the trivial handler)");
@@ -449,7 +491,13 @@ fn main() {
     // Ours against each peer, the same scenario and connections, per round.
     for &n in &conns {
         for scenario in ["fresh", "replay", "hot"] {
-            for peer in ["idempotent", "axum-idempotent"] {
+            for (ours_route, peer) in [
+                ("memory", "idempotent"),
+                ("memory", "axum-idempotent"),
+                ("redis", "idempotent-valkey"),
+                ("redis", "pg"),
+                ("redis-cluster", "redis-cluster-acks"),
+            ] {
                 let mut ratios: Vec<f64> = Vec::new();
                 for round in 0..rounds {
                     let cell = |route: &str| {
@@ -460,7 +508,7 @@ fn main() {
                                 && r.conns == n
                         })
                     };
-                    if let (Some(ours), Some(theirs)) = (cell("memory"), cell(peer)) {
+                    if let (Some(ours), Some(theirs)) = (cell(ours_route), cell(peer)) {
                         ratios.push(ours.rps / theirs.rps);
                     }
                 }
@@ -469,7 +517,7 @@ fn main() {
                 }
                 ratios.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
                 println!(
-                    "{n} conns: {scenario}: ours (memory) / {peer} requests/s = {:.2}x (median of {} rounds)",
+                    "{n} conns: {scenario}: {ours_route} / {peer} requests/s = {:.2}x (median of {} rounds)",
                     ratios[ratios.len() / 2],
                     ratios.len()
                 );

@@ -147,6 +147,26 @@ pub fn idempotent_app(h: Arc<Handler>) -> Router {
         .with_state(h)
 }
 
+/// `idempotent` 2.0 over its Valkey/Redis store on `url`, scoped by the same
+/// tenant, keys under a fresh prefix.
+pub async fn idempotent_valkey_app(h: Arc<Handler>, url: &str, prefix: &str) -> Router {
+    let store = idempotent::valkey::ValkeyStore::with_url(url)
+        .prefix(prefix)
+        .try_build()
+        .await
+        .expect("idempotent Valkey store");
+    let layer = idempotent::middleware::IdempotencyLayer::new(store).scope(|parts| {
+        parts
+            .extensions
+            .get::<Scope>()
+            .map(|s| s.as_str().to_owned())
+    });
+    Router::new()
+        .route(ORDERS, post(create_order))
+        .route_layer(layer)
+        .with_state(h)
+}
+
 /// The session stack `axum-idempotent` needs (cookies, a `ruts` session in a
 /// moka store holding up to `capacity` sessions) around `router`, with the
 /// `POST /session` route that opens one.
