@@ -12,10 +12,18 @@ pub(crate) fn key_id(key: &RecordKey) -> String {
     bytes.extend_from_slice(&(scope.len() as u64).to_be_bytes());
     bytes.extend_from_slice(scope.as_bytes());
     bytes.extend_from_slice(k.as_bytes());
-    Sha256::digest(&bytes)[..16]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(&bytes)[..16])
+}
+
+/// Lower-case hex digits of `bytes`, in one allocation.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    out
 }
 
 /// Headers as `name:value\r\n` lines, in order: names contain no `:` and values
@@ -86,5 +94,11 @@ mod tests {
         };
         assert_ne!(id("ab", "cdefghijk"), id("abc", "defghijk"));
         assert_eq!(id("a", "bcdefghij").len(), 32);
+    }
+
+    #[test]
+    fn hex_digits_are_lower_case_and_in_order() {
+        assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+        assert_eq!(hex(&[]), "");
     }
 }

@@ -337,10 +337,7 @@ pub(super) fn backend(error: impl Into<BoxError>) -> StoreError {
 }
 
 pub(super) fn hex_sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    super::encoding::hex(&Sha256::digest(bytes))
 }
 
 fn decode_begin(row: &Row) -> Result<Begin, StoreError> {

@@ -31,6 +31,7 @@ mod operations;
 mod scripts;
 
 use self::scripts::Scripts;
+use super::encoding::hex;
 use super::waiters::Waits;
 use super::{RecordKey, StoreError};
 use crate::limits;
@@ -337,10 +338,6 @@ impl Default for Config {
 
 pub(super) fn backend(error: impl Into<crate::body::BoxError>) -> StoreError {
     StoreError::Backend(error.into())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The names one record uses: the record's hash and its scope's index,

@@ -9,7 +9,9 @@
 //! A record is a hash: `sc` scope, `k` key, `fp` fingerprint, `tok` fencing
 //! token, `st` state (`p` in progress, `c` completed, `u` completed without a
 //! replayable response, `r` released: a short-lived tombstone that only keeps
-//! the last token), and for `c` the response: `status`, `hd`, `bd`.
+//! the last token), `w` set once a waiter checked the claim (only then do
+//! `complete` and `release` publish), and for `c` the response: `status`,
+//! `hd`, `bd`.
 //! The index is a sorted set of the scope's keys scored by their expiry in
 //! server milliseconds, for `purge_scope`.
 
@@ -22,9 +24,10 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function index(idx, member, ttl)
+local function index(idx, member, ttl, trim)
   local now = now_ms()
-  redis.call('ZREMRANGEBYSCORE', idx, '-inf', now)
+  -- Claims trim the entries of expired records: each is removed once.
+  if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
   redis.call('ZADD', idx, now + ttl, member)
   if redis.call('PTTL', idx) < ttl then
     redis.call('PEXPIRE', idx, ttl)
@@ -65,7 +68,7 @@ local lock = tonumber(ARGV[4])
 redis.call('DEL', rec)
 redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p')
 redis.call('PEXPIRE', rec, lock)
-index(idx, ARGV[2], lock)
+index(idx, ARGV[2], lock, true)
 return {'claimed', token}
 "#;
 
@@ -74,7 +77,7 @@ return {'claimed', token}
 /// when the token does not hold the claim.
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
@@ -85,8 +88,8 @@ else
   redis.call('HSET', rec, 'st', 'u')
 end
 redis.call('PEXPIRE', rec, retention)
-index(idx, ARGV[2], retention)
-redis.call('PUBLISH', ARGV[5], ARGV[6])
+index(idx, ARGV[2], retention, false)
+if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
 
@@ -99,7 +102,7 @@ local collision = same_record(v)
 if collision then return collision end
 local lock = tonumber(ARGV[4])
 redis.call('PEXPIRE', rec, lock)
-index(idx, ARGV[2], lock)
+index(idx, ARGV[2], lock, false)
 return 1
 "#;
 
@@ -108,7 +111,7 @@ return 1
 /// higher token. Replies 1 or 0.
 const RELEASE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
@@ -116,14 +119,18 @@ redis.call('HDEL', rec, 'fp')
 redis.call('HSET', rec, 'st', 'r')
 redis.call('PEXPIRE', rec, 1000)
 redis.call('ZREM', idx, ARGV[2])
-redis.call('PUBLISH', ARGV[4], ARGV[5])
+if v[5] then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 return 1
 "#;
 
 /// KEYS: record. Replies the lock's remaining milliseconds, or -1 when the
-/// record is not in progress.
+/// record is not in progress, and marks the claim as waited for: its
+/// completion or release then publishes. A waiter registers for the message
+/// before this check, so a completion after it is heard and one before it is
+/// seen by it; a claim nobody waits for publishes nothing.
 const LOCK_REMAINING: &str = r#"
 if redis.call('HGET', KEYS[1], 'st') ~= 'p' then return -1 end
+redis.call('HSET', KEYS[1], 'w', '1')
 return redis.call('PTTL', KEYS[1])
 "#;
 
