@@ -208,6 +208,7 @@
 pub mod body;
 mod buffer;
 pub mod client;
+pub mod engine;
 pub mod fingerprint;
 mod future;
 pub mod idempotency;
@@ -223,6 +224,7 @@ pub mod store;
 pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
+pub use engine::Engine;
 pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency::{IdempotencyLayer, IdempotencyService, InFlight};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};

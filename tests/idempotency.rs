@@ -15,6 +15,8 @@ mod support;
 
 #[path = "axum_routing.rs"]
 mod axum_routing;
+#[path = "engine.rs"]
+mod engine;
 #[path = "exactly_once.rs"]
 mod exactly_once;
 #[path = "hostile_input.rs"]

@@ -95,7 +95,7 @@
 //! # }
 //! ```
 
-mod claimed;
+pub(crate) mod claimed;
 mod future;
 
 /// The layer's contract in full: the order of checks, the decision table,
@@ -106,7 +106,7 @@ mod future;
 pub mod contract {}
 
 mod layer;
-mod record;
+pub(crate) mod record;
 mod service;
 
 pub use claimed::InFlight;

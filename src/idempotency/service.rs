@@ -4,12 +4,12 @@ use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use super::record::{self, Copy, Read, Recorder, Rest};
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
+use crate::engine::decide::{decide, ClaimGuard, Decision};
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::{
-    Begin, FencingToken, RecordKey, RecordTransaction, Store, StoreError, StoredResponse,
-    TransactionalStore,
+    FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse, TransactionalStore,
 };
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
@@ -22,7 +22,6 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::time::Instant;
 use tower_service::Service;
 use tracing::Instrument;
 
@@ -164,40 +163,22 @@ where
     telemetry::identify(record.scope().as_str(), record.key().as_str());
     let store = &config.store;
 
-    // Every pass, including the ones after a wait, compares fingerprints in `begin`.
-    // The wait is timed from the first "in progress" (most requests never wait).
-    let mut wait_until = None;
-    // Transactional mode: a claim may come with its transaction already open.
-    let mut opened = None;
-    let token = loop {
-        let begun = match &config.transactions {
-            Some(transactions) => transactions
-                .begin_in_transaction(&record, &fingerprint)
-                .await
-                .map(|(begun, transaction)| {
-                    opened = transaction;
-                    begun
-                }),
-            None => store.begin(&record, &fingerprint).await,
-        };
-        match begun {
-            Ok(Begin::Claimed(token)) => break token,
-            Ok(Begin::Replay(stored)) => return (Ok(replay(&stored)), Outcome::Replayed),
-            Ok(Begin::Mismatch) => return refuse(Refusal::KeyReuse),
-            Ok(Begin::ResponseUnavailable) => return refuse(Refusal::ResponseUnavailable),
-            Ok(Begin::InProgress) => {
-                let now = Instant::now();
-                let until = *wait_until.get_or_insert(now + config.wait_timeout);
-                if now >= until {
-                    return refuse(Refusal::InProgress);
-                }
-                if store.wait(&record, until - now).await.is_err() {
-                    return refuse(Refusal::StoreUnavailable);
-                }
-            }
-            Err(StoreError::ScopeQuotaExceeded) => return refuse(Refusal::QuotaExceeded),
-            Err(_) => return refuse(Refusal::StoreUnavailable),
-        }
+    let (token, opened) = match decide(
+        store,
+        config.transactions.as_ref(),
+        &record,
+        &fingerprint,
+        config.wait_timeout,
+    )
+    .await
+    {
+        Decision::Claimed(token, opened) => (token, opened),
+        Decision::Replay(stored) => return (Ok(replay(&stored)), Outcome::Replayed),
+        Decision::Mismatch => return refuse(Refusal::KeyReuse),
+        Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
+        Decision::InProgress => return refuse(Refusal::InProgress),
+        Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),
+        Decision::StoreFailed(_) => return refuse(Refusal::StoreUnavailable),
     };
 
     drop(fingerprint); // it borrows `parts`
@@ -532,42 +513,4 @@ fn replay<B>(stored: &StoredResponse) -> Answer<B> {
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     response
-}
-
-/// Holds a claim while the handler runs. Dropped while still armed (the handler
-/// panicked, or the client went away and the future was dropped), it releases
-/// the key in the background so a retry can run.
-struct ClaimGuard {
-    store: Arc<dyn Store>,
-    /// The claim, until it is kept or released.
-    armed: Option<(RecordKey, FencingToken)>,
-}
-
-impl ClaimGuard {
-    /// Disarms the guard, keeping the claim.
-    fn keep(mut self) -> (RecordKey, FencingToken) {
-        self.armed.take().expect("an armed claim")
-    }
-
-    async fn release(mut self) {
-        let (record, token) = self.armed.as_ref().expect("an armed claim");
-        // Best effort: if the store is down, the claim's lock expiry frees the key.
-        let _ = self.store.release(record, *token).await;
-        // Disarmed only now: if this future is dropped mid-release, `drop` retries.
-        self.armed = None;
-    }
-}
-
-impl Drop for ClaimGuard {
-    fn drop(&mut self) {
-        let Some((record, token)) = self.armed.take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let store = self.store.clone();
-            runtime.spawn(async move {
-                let _ = store.release(&record, token).await;
-            });
-        }
-    }
 }

@@ -1,0 +1,321 @@
+//! One call of the engine: decide, then run a claimed operation to
+//! completion under its keep-alive (or inside its transaction), record its
+//! result, and answer.
+
+use super::decide::{decide, ClaimGuard, Decision};
+use super::{Engine, EngineError, Identity, OnFailure, Outcome};
+use crate::idempotency::claimed::kept_alive;
+use crate::idempotency::record::Recorder;
+use crate::store::{FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse};
+use crate::{Fingerprint, IdempotencyKey, RequestFingerprint, Scope};
+use bytes::Bytes;
+use http::{HeaderValue, Method, StatusCode};
+use std::future::Future;
+
+/// What a running operation knows about its run.
+#[derive(Debug)]
+pub struct Context {
+    token: FencingToken,
+    extensions: http::Extensions,
+}
+
+impl Context {
+    /// The claim's fencing token: higher than any earlier owner's, so writes
+    /// elsewhere can be fenced with it.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// A handle the store shares with the operation: in transactional mode on
+    /// `PostgresStore`, `get::<PostgresTransaction>()`.
+    pub fn get<T: Clone + Send + Sync + 'static>(&self) -> Option<T> {
+        self.extensions.get::<T>().cloned()
+    }
+}
+
+/// An operation's result, encoded for the record and kept for the caller.
+type Encoded<V> = (Bytes, V);
+
+/// Why a claimed run has no value.
+enum Failure<E> {
+    Operation(E),
+    Encode(String),
+}
+
+/// Identities are hashed as requests of this method to this target, which no
+/// HTTP request has (an HTTP path starts with `/`): an operation and a request
+/// never share a fingerprint.
+fn fingerprint(scope: &Scope, key: &IdempotencyKey, identity: Identity<'_>) -> Fingerprint {
+    let method = Method::from_bytes(b"RUN").expect("a valid method");
+    let json = HeaderValue::from_static("application/json");
+    let (content_type, bytes) = match identity {
+        Identity::Bytes(bytes) => (None, bytes),
+        Identity::Json(bytes) => (Some(&json), bytes),
+    };
+    Fingerprint::compute(
+        &method,
+        "tower-idempotency:operation",
+        key,
+        scope.as_str(),
+        content_type,
+        bytes,
+    )
+}
+
+impl Engine {
+    /// Runs `operation` unless `(scope, key)` ran already; its value is the
+    /// recorded result every repeat gets.
+    ///
+    /// Once claimed, the operation runs to completion even if this future is
+    /// dropped, its claim is kept alive while it runs, and a dead owner's key
+    /// is taken over with a higher token after its lock runs out. A store
+    /// failure never runs it. An operation that fails frees the key unless
+    /// [`OnFailure::Record`] is set.
+    pub async fn run_bytes<F, Fut, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        identity: Identity<'_>,
+        operation: F,
+    ) -> Result<Outcome<Bytes>, EngineError<E>>
+    where
+        F: FnOnce(Context) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let operation = move |context| {
+            let run = operation(context);
+            async move {
+                let bytes = run.await.map_err(Failure::Operation)?;
+                Ok((bytes.clone(), bytes))
+            }
+        };
+        self.run_encoded(scope, key, identity, operation, |bytes| Ok(bytes.clone()))
+            .await
+    }
+
+    /// [`run_bytes`](Self::run_bytes) for a typed value, recorded as JSON.
+    #[cfg(feature = "json")]
+    pub async fn run<T, F, Fut, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        identity: Identity<'_>,
+        operation: F,
+    ) -> Result<Outcome<T>, EngineError<E>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        F: FnOnce(Context) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let operation = move |context| {
+            let run = operation(context);
+            async move {
+                let value = run.await.map_err(Failure::Operation)?;
+                let bytes =
+                    serde_json::to_vec(&value).map_err(|e| Failure::Encode(e.to_string()))?;
+                Ok((Bytes::from(bytes), value))
+            }
+        };
+        let decode = |bytes: &Bytes| serde_json::from_slice(bytes).map_err(|e| e.to_string());
+        self.run_encoded(scope, key, identity, operation, decode)
+            .await
+    }
+
+    async fn run_encoded<V, F, Fut, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        identity: Identity<'_>,
+        operation: F,
+        decode: impl FnOnce(&Bytes) -> Result<V, String>,
+    ) -> Result<Outcome<V>, EngineError<E>>
+    where
+        V: Send + 'static,
+        F: FnOnce(Context) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Encoded<V>, Failure<E>>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let record = RecordKey::new(scope.clone(), key.clone());
+        let fingerprint: RequestFingerprint<'static> = fingerprint(scope, key, identity).into();
+        let decided = decide(
+            &self.store,
+            self.transactions.as_ref(),
+            &record,
+            &fingerprint,
+            self.wait_timeout,
+        )
+        .await;
+        let (token, opened) = match decided {
+            Decision::Claimed(token, opened) => (token, opened),
+            Decision::Replay(stored) => {
+                return decode(&stored.body)
+                    .map(Outcome::Replayed)
+                    .map_err(EngineError::Value)
+            }
+            Decision::Mismatch => return Ok(Outcome::KeyReused),
+            Decision::Unavailable => return Ok(Outcome::Failed),
+            Decision::InProgress => return Ok(Outcome::InProgress),
+            Decision::QuotaExceeded => {
+                return Err(EngineError::Store(StoreError::ScopeQuotaExceeded))
+            }
+            Decision::StoreFailed(error) => return Err(EngineError::Store(error)),
+        };
+        let running = self.in_flight.enter();
+        let claimed = {
+            let engine = self.clone();
+            async move {
+                let answer = match engine.transactions.is_some() {
+                    true => {
+                        engine
+                            .in_transaction(record, token, opened, operation)
+                            .await
+                    }
+                    false => {
+                        let (store, heartbeat_key) = (engine.store.clone(), record.clone());
+                        let plain = engine.plain(record, token, operation);
+                        kept_alive(plain, store, heartbeat_key, token).await
+                    }
+                };
+                drop(running);
+                answer
+            }
+        };
+        // Run to completion whether or not the caller waits for the answer.
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => runtime
+                .spawn(claimed)
+                .await
+                .unwrap_or(Err(EngineError::Panicked)),
+            Err(_) => claimed.await,
+        }
+    }
+
+    async fn plain<V, F, Fut, E>(
+        &self,
+        record: RecordKey,
+        token: FencingToken,
+        operation: F,
+    ) -> Result<Outcome<V>, EngineError<E>>
+    where
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
+    {
+        let claim = ClaimGuard::new(self.store.clone(), record, token);
+        let context = Context {
+            token,
+            extensions: http::Extensions::new(),
+        };
+        match operation(context).await {
+            Ok((bytes, value)) => {
+                let (record, token) = claim.keep();
+                let recorder = recorder(self, record, token);
+                // A failed recording is logged; the effect happened either way.
+                recorder.complete(bytes).await;
+                Ok(Outcome::Executed(value))
+            }
+            Err(failure) => {
+                match (self.on_failure, &failure) {
+                    (OnFailure::Record, Failure::Operation(_)) | (_, Failure::Encode(_)) => {
+                        let (record, token) = claim.keep();
+                        recorder(self, record, token)
+                            .unavailable("the operation failed")
+                            .await;
+                    }
+                    (OnFailure::Release, _) => claim.release().await,
+                }
+                Err(failure.into())
+            }
+        }
+    }
+
+    async fn in_transaction<V, F, Fut, E>(
+        &self,
+        record: RecordKey,
+        token: FencingToken,
+        opened: Option<Box<dyn RecordTransaction>>,
+        operation: F,
+    ) -> Result<Outcome<V>, EngineError<E>>
+    where
+        F: FnOnce(Context) -> Fut,
+        Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
+    {
+        let transactions = self.transactions.as_ref().expect("transactional");
+        let claim = ClaimGuard::new(self.store.clone(), record, token);
+        let transaction = match opened {
+            Some(transaction) => Ok(transaction),
+            None => transactions.open(claim.record(), token).await,
+        };
+        let transaction = match transaction {
+            Ok(transaction) => transaction,
+            // Taken over before the operation ran: the new owner runs it.
+            Err(StoreError::ClaimLost) => {
+                let _ = claim.keep();
+                return Ok(Outcome::InProgress);
+            }
+            Err(error) => {
+                claim.release().await;
+                return Err(EngineError::Store(error));
+            }
+        };
+        let mut context = Context {
+            token,
+            extensions: http::Extensions::new(),
+        };
+        transaction.share(&mut context.extensions);
+        // Until the commit nothing the operation wrote exists for anyone else:
+        // a failure, a panic or a dropped future rolls it back and frees the key.
+        match operation(context).await {
+            Ok((bytes, value)) => {
+                let stored = StoredResponse {
+                    status: StatusCode::OK,
+                    headers: Vec::new(),
+                    body: bytes,
+                };
+                match transaction.commit(stored).await {
+                    Ok(()) => {
+                        let _ = claim.keep();
+                        Ok(Outcome::Executed(value))
+                    }
+                    Err(error) => {
+                        claim.release().await;
+                        Err(EngineError::Store(error))
+                    }
+                }
+            }
+            Err(failure) => {
+                transaction.rollback().await;
+                match (self.on_failure, &failure) {
+                    (OnFailure::Record, Failure::Operation(_)) | (_, Failure::Encode(_)) => {
+                        let (record, token) = claim.keep();
+                        recorder(self, record, token)
+                            .unavailable("the operation failed")
+                            .await;
+                    }
+                    (OnFailure::Release, _) => claim.release().await,
+                }
+                Err(failure.into())
+            }
+        }
+    }
+}
+
+fn recorder(engine: &Engine, record: RecordKey, token: FencingToken) -> Recorder {
+    Recorder {
+        store: engine.store.clone(),
+        record,
+        token,
+        status: StatusCode::OK,
+        headers: Vec::new(),
+    }
+}
+
+impl<E> From<Failure<E>> for EngineError<E> {
+    fn from(failure: Failure<E>) -> Self {
+        match failure {
+            Failure::Operation(e) => EngineError::Operation(e),
+            Failure::Encode(e) => EngineError::Value(e),
+        }
+    }
+}
