@@ -248,6 +248,11 @@ pub struct PostgresGuide;
 #[doc = include_str!("../docs/writing-a-store.md")]
 pub struct WritingAStoreGuide;
 
+/// The Rust example of `docs/engine.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/engine.md")]
+pub struct EngineGuide;
+
 /// The Rust example of `docs/redis.md`, compiled as a doctest.
 #[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../docs/redis.md")]

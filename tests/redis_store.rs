@@ -326,3 +326,54 @@ fn a_prefix_with_braces_is_refused() {
     let store = rt.block_on(RedisStore::connect(&url)).unwrap();
     let _ = store.with_prefix("a{b}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_never_runs_an_operation_when_the_store_is_cut_off() {
+    use tower_idempotency::engine::{Engine, EngineError, Identity, Outcome};
+    let Some(url) = r::url("engine outage") else {
+        return;
+    };
+    let target = format!("127.0.0.1:{}", r::port(&url)).parse().unwrap();
+    let proxy = Proxy::start(target).await;
+    let through = format!("redis://127.0.0.1:{}", proxy.port);
+    let store = r::standalone(&through, |s| {
+        s.with_operation_timeout(Duration::from_millis(500))
+    })
+    .await;
+    let engine = Engine::new(store);
+    let scope = tower_idempotency::Scope::new("consumer");
+    let key = tower_idempotency::IdempotencyKey::parse(b"message-cut-1").unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let operation = |runs: Arc<AtomicUsize>| {
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Bytes::from_static(b"effect"))
+        }
+    };
+    proxy.set_frozen(true);
+    let started = Instant::now();
+    let answer = engine
+        .run_bytes(&scope, &key, Identity::Bytes(b"m"), operation(runs.clone()))
+        .await;
+    assert!(
+        matches!(answer, Err(EngineError::Store(StoreError::Backend(_)))),
+        "{answer:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "ran without the store");
+    proxy.set_frozen(false);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        match engine
+            .run_bytes(&scope, &key, Identity::Bytes(b"m"), operation(runs.clone()))
+            .await
+        {
+            Ok(Outcome::Executed(_)) => break,
+            other => {
+                assert!(Instant::now() < until, "no recovery: {other:?}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}

@@ -1,5 +1,5 @@
-//! What every front door does first: ask the store, wait out a request in
-//! progress, and hold a claim until it is kept or released.
+//! What every front door does first: ask the store, and wait out a request
+//! in progress.
 
 use crate::store::{
     Begin, FencingToken, RecordKey, RecordTransaction, Store, StoreError, StoredResponse,
@@ -75,56 +75,6 @@ pub(crate) async fn decide(
             Ok(Err(Begin::Claimed(_))) => unreachable!("claims are matched above"),
             Err(StoreError::ScopeQuotaExceeded) => return Decision::QuotaExceeded,
             Err(error) => return Decision::StoreFailed(error),
-        }
-    }
-}
-
-/// Holds a claim while its work runs. Dropped while still armed (the work
-/// panicked, or its future was dropped), it releases the key in the
-/// background so a retry can run.
-pub(crate) struct ClaimGuard {
-    pub(crate) store: Arc<dyn Store>,
-    /// The claim, until it is kept or released.
-    pub(crate) armed: Option<(RecordKey, FencingToken)>,
-}
-
-impl ClaimGuard {
-    pub(crate) fn new(store: Arc<dyn Store>, record: RecordKey, token: FencingToken) -> Self {
-        Self {
-            store,
-            armed: Some((record, token)),
-        }
-    }
-
-    /// The claim's record key.
-    pub(crate) fn record(&self) -> &RecordKey {
-        &self.armed.as_ref().expect("an armed claim").0
-    }
-
-    /// Disarms the guard, keeping the claim.
-    pub(crate) fn keep(mut self) -> (RecordKey, FencingToken) {
-        self.armed.take().expect("an armed claim")
-    }
-
-    pub(crate) async fn release(mut self) {
-        let (record, token) = self.armed.as_ref().expect("an armed claim");
-        // Best effort: if the store is down, the claim's lock expiry frees the key.
-        let _ = self.store.release(record, *token).await;
-        // Disarmed only now: if this future is dropped mid-release, `drop` retries.
-        self.armed = None;
-    }
-}
-
-impl Drop for ClaimGuard {
-    fn drop(&mut self) {
-        let Some((record, token)) = self.armed.take() else {
-            return;
-        };
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let store = self.store.clone();
-            runtime.spawn(async move {
-                let _ = store.release(&record, token).await;
-            });
         }
     }
 }

@@ -36,9 +36,11 @@
 //! # }
 //! ```
 //!
-//! `docs/engine.md` in the repository shows a queue consumer, with its
-//! writes committed together with the record on PostgreSQL.
+//! What each call answers, and a queue consumer whose writes commit together
+//! with the record on PostgreSQL, are in `docs/engine.md` in the repository
+//! (and `examples/consumer.rs`).
 
+pub(crate) mod claim;
 pub(crate) mod decide;
 mod run;
 

@@ -2,7 +2,8 @@
 //! completion under its keep-alive (or inside its transaction), record its
 //! result, and answer.
 
-use super::decide::{decide, ClaimGuard, Decision};
+use super::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
+use super::decide::{decide, Decision};
 use super::{Engine, EngineError, Identity, OnFailure, Outcome};
 use crate::idempotency::claimed::kept_alive;
 use crate::idempotency::record::Recorder;
@@ -39,6 +40,7 @@ type Encoded<V> = (Bytes, V);
 /// Why a claimed run has no value.
 enum Failure<E> {
     Operation(E),
+    #[cfg_attr(not(feature = "json"), allow(dead_code))]
     Encode(String),
 }
 
@@ -183,13 +185,9 @@ impl Engine {
             }
         };
         // Run to completion whether or not the caller waits for the answer.
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => runtime
-                .spawn(claimed)
-                .await
-                .unwrap_or(Err(EngineError::Panicked)),
-            Err(_) => claimed.await,
-        }
+        run_to_completion(Box::pin(claimed))
+            .await
+            .unwrap_or(Err(EngineError::Panicked))
     }
 
     async fn plain<V, F, Fut, E>(
@@ -243,22 +241,13 @@ impl Engine {
     {
         let transactions = self.transactions.as_ref().expect("transactional");
         let claim = ClaimGuard::new(self.store.clone(), record, token);
-        let transaction = match opened {
-            Some(transaction) => Ok(transaction),
-            None => transactions.open(claim.record(), token).await,
-        };
-        let transaction = match transaction {
-            Ok(transaction) => transaction,
-            // Taken over before the operation ran: the new owner runs it.
-            Err(StoreError::ClaimLost) => {
-                let _ = claim.keep();
-                return Ok(Outcome::InProgress);
-            }
-            Err(error) => {
-                claim.release().await;
-                return Err(EngineError::Store(error));
-            }
-        };
+        let (claim, transaction) =
+            match open_transaction(&**transactions, claim, token, opened).await {
+                Ok(opened) => opened,
+                // Taken over before the operation ran: the new owner runs it.
+                Err(NotOpened::TakenOver) => return Ok(Outcome::InProgress),
+                Err(NotOpened::Failed(error)) => return Err(EngineError::Store(error)),
+            };
         let mut context = Context {
             token,
             extensions: http::Extensions::new(),

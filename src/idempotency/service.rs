@@ -4,12 +4,13 @@ use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use super::record::{self, Copy, Read, Recorder, Rest};
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
-use crate::engine::decide::{decide, ClaimGuard, Decision};
+use crate::engine::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
+use crate::engine::decide::{decide, Decision};
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::{
-    FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse, TransactionalStore,
+    FencingToken, RecordKey, RecordTransaction, StoredResponse, TransactionalStore,
 };
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
@@ -18,7 +19,6 @@ use http::header::{HeaderValue, CONTENT_TYPE};
 use http::{Request, Response};
 use http_body::Body;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -191,14 +191,12 @@ where
         if let Some(transaction) = opened {
             transaction.rollback().await;
         }
-        let claim = ClaimGuard {
-            store: store.clone(),
-            armed: Some((record, token)),
-        };
-        claim.release().await;
+        ClaimGuard::new(store.clone(), record, token)
+            .release()
+            .await;
         return refuse(Refusal::Overloaded);
     };
-    let mut claimed = claimed_handler(
+    let claimed = claimed_handler(
         config.clone(),
         inner,
         parts,
@@ -206,27 +204,12 @@ where
         (record, token, opened),
         running,
     );
-    let runtime = tokio::runtime::Handle::try_current();
-    let (Ok(runtime), false) = (runtime, config.cancel_on_drop) else {
+    if config.cancel_on_drop {
         return claimed.await;
-    };
-    // From here the handler's effects may begin: it runs to completion whether
-    // or not this caller is still there to hear the answer. Most handlers
-    // answer on their first poll, which runs here; one that has to wait is
-    // handed to a task of its own before this future returns `Pending`, the
-    // only point where a caller can drop it, so the handler is never cut.
-    let first = std::future::poll_fn(|cx| {
-        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| claimed.as_mut().poll(cx)));
-        Poll::Ready(polled)
-    })
-    .await;
-    match first {
-        Ok(Poll::Ready(answer)) => return answer,
-        Ok(Poll::Pending) => {}
-        // It panicked: its claim guard released the key while unwinding.
-        Err(_) => return refuse(Refusal::HandlerFailed),
     }
-    match runtime.spawn(claimed).await {
+    // From here the handler's effects may begin: it runs to completion whether
+    // or not this caller is still there to hear the answer.
+    match run_to_completion(claimed).await {
         Ok(answer) => answer,
         // It panicked (its claim guard released the key while unwinding), or the
         // runtime is shutting down.
@@ -253,10 +236,7 @@ where
 {
     let store = &config.store;
     // The guard holds the record key until the claim is kept or released.
-    let claim = ClaimGuard {
-        store: store.clone(),
-        armed: Some((record, token)),
-    };
+    let claim = ClaimGuard::new(store.clone(), record, token);
     let response = match inner
         .call(Request::from_parts(parts, ReqBody::from(bytes)))
         .await
@@ -385,26 +365,12 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
-    let claim = ClaimGuard {
-        store: config.store.clone(),
-        armed: Some((record, token)),
-    };
-    let (record, _) = claim.armed.as_ref().expect("armed");
-    let opened = match opened {
-        Some(transaction) => Ok(transaction),
-        None => transactions.open(record, token).await,
-    };
-    let transaction = match opened {
-        Ok(transaction) => transaction,
+    let claim = ClaimGuard::new(config.store.clone(), record, token);
+    let (claim, transaction) = match open_transaction(transactions, claim, token, opened).await {
+        Ok(opened) => opened,
         // Taken over before the handler ran: the new owner runs it.
-        Err(StoreError::ClaimLost) => {
-            let _ = claim.keep();
-            return refuse(Refusal::InProgress);
-        }
-        Err(_) => {
-            claim.release().await;
-            return refuse(Refusal::StoreUnavailable);
-        }
+        Err(NotOpened::TakenOver) => return refuse(Refusal::InProgress),
+        Err(NotOpened::Failed(_)) => return refuse(Refusal::StoreUnavailable),
     };
     transaction.share(&mut parts.extensions);
     // Until the commit, nothing the handler wrote exists for anyone else: every

@@ -114,6 +114,9 @@ pub fn enabled_features() -> Vec<&'static str> {
     if cfg!(feature = "redis") {
         features.push("redis");
     }
+    if cfg!(feature = "json") {
+        features.push("json");
+    }
     features
 }
 

@@ -1,0 +1,206 @@
+//! A queue consumer that writes each effect once, although its queue
+//! delivers messages at least once: duplicates, redeliveries with their
+//! fields in another order, and, after a crash, everything again.
+//!
+//! ```sh
+//! cargo run --example consumer
+//! # with PostgreSQL, the effect and its record commit together:
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run --example consumer --features postgres
+//! ```
+//!
+//! The queue is in the process: `CONSUMER_MESSAGES` messages (default 20),
+//! delivered in a shuffled order, a third of them twice, the second copy with
+//! its JSON fields reordered. A restarted consumer gets every message again,
+//! as a broker redelivers unacknowledged ones. Each message runs through
+//! [`Engine::run_bytes`] under its id; the effect is a ledger entry: in memory,
+//! or with `DATABASE_URL` (feature `postgres`) a row of `consumer_effects`
+//! written inside the engine's transaction, so a consumer killed anywhere
+//! leaves either the effect and its record, or neither.
+//!
+//! `CONSUMER_TABLES` (default `consumer`) names the PostgreSQL tables
+//! `<name>_records` and `<name>_effects`.
+//!
+//! `CONSUMER_SLOW_MS` (default 0) pauses after each effect is written and
+//! before it commits: the moment a crash test kills the process.
+//!
+//! Prints `effect written for message N` as it goes, and at the end
+//! `messages M, deliveries D, effects E`.
+
+use bytes::Bytes;
+use std::time::Duration;
+use tower_idempotency::engine::{Context, Engine, Identity, Outcome};
+use tower_idempotency::{IdempotencyKey, MemoryStore, Scope};
+
+/// One delivery: the message id and its body as the broker sent it.
+struct Delivery {
+    id: u64,
+    body: String,
+}
+
+/// At-least-once delivery of `n` messages: shuffled, a third delivered twice
+/// (the copy with its fields reordered).
+fn deliveries(n: u64) -> Vec<Delivery> {
+    let mut out = Vec::new();
+    for id in 1..=n {
+        let amount = 100 * id;
+        out.push(Delivery {
+            id,
+            body: format!(
+                r#"{{"id":{id},"account":"acct-{}","amount":{amount}}}"#,
+                id % 3
+            ),
+        });
+        if id % 3 == 0 {
+            out.push(Delivery {
+                id,
+                body: format!(
+                    r#"{{ "amount": {amount}, "id": {id}, "account": "acct-{}" }}"#,
+                    id % 3
+                ),
+            });
+        }
+    }
+    // A fixed shuffle, so every run (and every restart) sees the same order.
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..out.len()).rev() {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        out.swap(i, (state % (i as u64 + 1)) as usize);
+    }
+    out
+}
+
+/// Where effects go.
+#[derive(Clone)]
+enum Ledger {
+    Memory(std::sync::Arc<std::sync::Mutex<Vec<u64>>>),
+    /// The pool, and the effects table's name.
+    #[cfg(feature = "postgres")]
+    Postgres(deadpool_postgres::Pool, String),
+}
+
+impl Ledger {
+    /// Writes the effect of message `id`: inside the engine's transaction on
+    /// PostgreSQL.
+    async fn write(&self, context: &Context, id: u64, amount: i64) -> Result<(), String> {
+        let _ = (context, amount);
+        match self {
+            Self::Memory(effects) => effects.lock().unwrap().push(id),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(_, table) => {
+                let tx = context
+                    .get::<tower_idempotency::PostgresTransaction>()
+                    .ok_or("no transaction")?;
+                let client = tx.client().await.map_err(|e| e.to_string())?;
+                client
+                    .execute(
+                        &format!("INSERT INTO {table} (message_id, amount) VALUES ($1, $2)"),
+                        &[&(id as i64), &amount],
+                    )
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn effects(&self) -> Result<u64, String> {
+        match self {
+            Self::Memory(effects) => Ok(effects.lock().unwrap().len() as u64),
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool, table) => {
+                let client = pool.get().await.map_err(|e| e.to_string())?;
+                let row = client
+                    .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(row.get::<_, i64>(0) as u64)
+            }
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let env = |name: &str, default: u64| -> Result<u64, String> {
+        std::env::var(name).map_or(Ok(default), |v| {
+            v.parse().map_err(|_| format!("{name} must be a number"))
+        })
+    };
+    let messages = env("CONSUMER_MESSAGES", 20)?;
+    let slow = Duration::from_millis(env("CONSUMER_SLOW_MS", 0)?);
+    let (engine, ledger, store) = from_env().await?;
+    println!("idempotency store: {store}");
+    let scope = Scope::new("consumer");
+    let queue = deliveries(messages);
+    let delivered = queue.len();
+    for delivery in queue {
+        let key = IdempotencyKey::parse(format!("message-{:06}", delivery.id).as_bytes())
+            .ok_or("a valid key")?;
+        let body: serde_json::Value = serde_json::from_str(&delivery.body)?;
+        let amount = body["amount"].as_i64().ok_or("an amount")?;
+        let (ledger, id) = (ledger.clone(), delivery.id);
+        let operation = move |context: Context| async move {
+            ledger.write(&context, id, amount).await?;
+            println!("effect written for message {id}");
+            tokio::time::sleep(slow).await;
+            Ok::<_, String>(Bytes::from(format!("effect of message {id}")))
+        };
+        let identity = Identity::Json(delivery.body.as_bytes());
+        match engine.run_bytes(&scope, &key, identity, operation).await {
+            Ok(Outcome::Executed(_)) => {}
+            Ok(Outcome::Replayed(_)) => println!("message {id} delivered again: not run again"),
+            Ok(other) => return Err(format!("message {id}: {other:?}").into()),
+            Err(error) => return Err(format!("message {id}: {error}").into()),
+        }
+    }
+    let effects = ledger.effects().await?;
+    println!("messages {messages}, deliveries {delivered}, effects {effects}");
+    Ok(())
+}
+
+/// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set
+/// (effects and records in one transaction); memory otherwise.
+async fn from_env() -> Result<(Engine, Ledger, &'static str), Box<dyn std::error::Error>> {
+    #[cfg(feature = "postgres")]
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        use deadpool_postgres::{Manager, Pool, Runtime};
+        let tables = std::env::var("CONSUMER_TABLES").unwrap_or_else(|_| "consumer".into());
+        let valid = !tables.is_empty()
+            && tables.len() <= 40
+            && tables
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !valid {
+            return Err("CONSUMER_TABLES must be up to 40 of [a-z0-9_]".into());
+        }
+        let effects = format!("{tables}_effects");
+        let mut config: tokio_postgres::Config = url.parse()?;
+        config.connect_timeout(Duration::from_secs(3));
+        let pool = Pool::builder(Manager::new(config.clone(), tokio_postgres::NoTls))
+            .max_size(4)
+            .runtime(Runtime::Tokio1)
+            .build()?;
+        let store = tower_idempotency::PostgresStore::new(pool.clone())
+            .with_table(&format!("{tables}_records"))
+            .with_lock_timeout(Duration::from_secs(2))
+            .with_listener(config);
+        store.migrate().await?;
+        pool.get()
+            .await?
+            .batch_execute(&format!(
+                // No unique constraint: an effect written twice would show as two rows.
+                "CREATE TABLE IF NOT EXISTS {effects} (
+                     message_id bigint NOT NULL,
+                     amount bigint NOT NULL,
+                     at timestamptz NOT NULL DEFAULT now()
+                 )"
+            ))
+            .await?;
+        let ledger = Ledger::Postgres(pool, effects);
+        return Ok((Engine::transactional(store), ledger, "postgres"));
+    }
+    let engine = Engine::new(MemoryStore::new());
+    Ok((engine, Ledger::Memory(Default::default()), "memory"))
+}
