@@ -20,7 +20,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use std::io::Read;
 use std::net::SocketAddr;
 use std::time::Duration;
 use support::child::ChildServer;
@@ -53,17 +52,7 @@ fn child_server() {
             .map_or(Duration::from_millis(default), Duration::from_millis)
     };
     let (lock, wait) = (millis(LOCK_ENV, 60_000), millis(WAIT_ENV, 5_000));
-    // Exit with the parent: it holds our stdin.
-    std::thread::spawn(|| {
-        let _ = std::io::stdin().read_to_end(&mut Vec::new());
-        std::process::exit(0);
-    });
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(serve(url, table, lock, wait));
+    crate::support::child::run_until_parent_exits(serve(url, table, lock, wait));
 }
 
 #[derive(Clone)]

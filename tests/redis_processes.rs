@@ -17,7 +17,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use std::io::Read;
 use std::time::Duration;
 use tower_idempotency::IdempotencyLayer;
 
@@ -29,17 +28,7 @@ fn redis_child_server() {
     let Ok(prefix) = std::env::var(SERVER_ENV) else {
         return;
     };
-    // Exit with the parent: it holds our stdin.
-    std::thread::spawn(|| {
-        let _ = std::io::stdin().read_to_end(&mut Vec::new());
-        std::process::exit(0);
-    });
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(serve(prefix));
+    crate::support::child::run_until_parent_exits(serve(prefix));
 }
 
 #[derive(Clone)]

@@ -213,18 +213,7 @@ impl Engine {
                 recorder.complete(bytes).await;
                 Ok(Outcome::Executed(value))
             }
-            Err(failure) => {
-                match (self.on_failure, &failure) {
-                    (OnFailure::Record, Failure::Operation(_)) | (_, Failure::Encode(_)) => {
-                        let (record, token) = claim.keep();
-                        recorder(self, record, token)
-                            .unavailable("the operation failed")
-                            .await;
-                    }
-                    (OnFailure::Release, _) => claim.release().await,
-                }
-                Err(failure.into())
-            }
+            Err(failure) => Err(self.failed(claim, failure).await),
         }
     }
 
@@ -275,18 +264,27 @@ impl Engine {
             }
             Err(failure) => {
                 transaction.rollback().await;
-                match (self.on_failure, &failure) {
-                    (OnFailure::Record, Failure::Operation(_)) | (_, Failure::Encode(_)) => {
-                        let (record, token) = claim.keep();
-                        recorder(self, record, token)
-                            .unavailable("the operation failed")
-                            .await;
-                    }
-                    (OnFailure::Release, _) => claim.release().await,
-                }
-                Err(failure.into())
+                Err(self.failed(claim, failure).await)
             }
         }
+    }
+}
+
+impl Engine {
+    /// Frees the key of a failed operation, or completes it without a value
+    /// (failures recorded, or a value that could not be encoded: the
+    /// operation ran).
+    async fn failed<E>(&self, claim: ClaimGuard, failure: Failure<E>) -> EngineError<E> {
+        match (self.on_failure, &failure) {
+            (OnFailure::Record, Failure::Operation(_)) | (_, Failure::Encode(_)) => {
+                let (record, token) = claim.keep();
+                recorder(self, record, token)
+                    .unavailable("the operation failed")
+                    .await;
+            }
+            (OnFailure::Release, _) => claim.release().await,
+        }
+        failure.into()
     }
 }
 

@@ -16,7 +16,6 @@ use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use http::StatusCode;
-use std::io::Read;
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
 use tower_idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction};
@@ -42,17 +41,7 @@ fn child_server() {
     let (mode, table) = config.split_once(' ').expect("mode and table");
     let (mode, table) = (mode.to_owned(), table.to_owned());
     let url = std::env::var("DATABASE_URL").expect("the server needs DATABASE_URL");
-    // Exit with the parent: it holds our stdin.
-    std::thread::spawn(|| {
-        let _ = std::io::stdin().read_to_end(&mut Vec::new());
-        std::process::exit(0);
-    });
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(serve(url, mode, table));
+    crate::support::child::run_until_parent_exits(serve(url, mode, table));
 }
 
 #[derive(Clone)]

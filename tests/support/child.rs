@@ -113,3 +113,19 @@ pub async fn scope_from_header(mut req: axum::extract::Request) -> axum::extract
     }
     req
 }
+
+/// The body of a server process: runs `server` on a two-worker runtime, and
+/// exits when the parent does (it holds our stdin).
+pub fn run_until_parent_exits(server: impl std::future::Future<Output = ()>) {
+    use std::io::Read;
+    std::thread::spawn(|| {
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        std::process::exit(0);
+    });
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(server);
+}
