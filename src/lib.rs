@@ -10,8 +10,9 @@
 //! # Quick start
 //!
 //! **1. Add the crate** (features: `postgres` for [`store`]'s PostgreSQL
-//! stores, `metrics` for counters and a latency histogram, `client` for the
-//! retry policy in [`client`]):
+//! stores, `redis` for `RedisStore` on Redis or Valkey, `metrics` for counters
+//! and a latency histogram, `client` for the retry policy in [`client`],
+//! `json` for typed values in [`engine`]):
 //!
 //! ```toml
 //! [dependencies]
@@ -145,7 +146,9 @@
 //! **5. Share records between instances** with PostgreSQL (feature
 //! `postgres`): `PostgresStore::new(pool)`, `migrate()` at startup,
 //! `purge_expired()` every few minutes. See [`store`] and the repository's
-//! `docs/postgres.md` and `docs/operating-postgres.md`.
+//! `docs/postgres.md` and `docs/operating-postgres.md`. With Redis or Valkey
+//! (feature `redis`), one server or a Cluster: `RedisStore::connect(url)` or
+//! `RedisStore::connect_cluster(nodes)` (`docs/redis.md`).
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
@@ -194,6 +197,13 @@
 //! [`client::OperationKey`]), and (feature `client`) retries
 //! `409 idempotency_in_progress` after its `Retry-After`, `503` and transport
 //! errors with `tower::retry` — never `idempotency_key_reuse` or other `4xx`.
+//!
+//! # Outside HTTP
+//!
+//! [`Engine`] is the machinery the layer runs on, for queue consumers,
+//! webhooks and scheduled jobs: it runs an async operation at most once per
+//! `(scope, key)` over any store and gives repeats the recorded result. See
+//! [`engine`] and `examples/consumer.rs`.
 //!
 //! # Jobs without keys
 //!
