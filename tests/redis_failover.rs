@@ -16,24 +16,37 @@ use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::{IdempotencyLayer, Scope};
 
-/// The port of a primary of the Cluster `nodes` belong to.
+/// The port of a primary of the Cluster `nodes` belong to, as any node that
+/// answers sees it.
 async fn a_primary(nodes: &[String]) -> u16 {
-    let mut conn = r::connection(&nodes[0]).await;
-    let listing: String = redis::cmd("CLUSTER")
-        .arg("NODES")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    listing
-        .lines()
-        .find(|line| {
-            line.split(' ')
-                .nth(2)
-                .is_some_and(|f| f.contains("master") && !f.contains("fail"))
-        })
-        .and_then(|line| line.split(' ').nth(1))
-        .and_then(|addr| addr.split('@').next()?.rsplit_once(':')?.1.parse().ok())
-        .expect("a primary")
+    for node in nodes {
+        let Ok(client) = redis::Client::open(node.as_str()) else {
+            continue;
+        };
+        let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+            continue;
+        };
+        let Ok(listing) = redis::cmd("CLUSTER")
+            .arg("NODES")
+            .query_async::<String>(&mut conn)
+            .await
+        else {
+            continue;
+        };
+        let primary = listing
+            .lines()
+            .find(|line| {
+                line.split(' ')
+                    .nth(2)
+                    .is_some_and(|f| f.contains("master") && !f.contains("fail"))
+            })
+            .and_then(|line| line.split(' ').nth(1))
+            .and_then(|addr| addr.split('@').next()?.rsplit_once(':')?.1.parse().ok());
+        if let Some(port) = primary {
+            return port;
+        }
+    }
+    panic!("no node of {nodes:?} answers")
 }
 
 fn kill_node(port: u16) {

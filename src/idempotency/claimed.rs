@@ -132,14 +132,22 @@ async fn heartbeat(store: Arc<dyn Store>, record: RecordKey, token: FencingToken
 }
 
 pin_project! {
-    /// Runs `work` while a heartbeat keeps its claim alive.
-    pub(crate) struct KeptAlive<W, H> {
+    /// Runs `work` while a heartbeat keeps its claim alive. The heartbeat is
+    /// made (and boxed) only once the work has to wait: most work finishes on
+    /// its first poll, and then never pays for it.
+    pub(crate) struct KeptAlive<W> {
         #[pin]
         work: W,
-        #[pin]
-        heartbeat: H,
-        beating: bool,
+        heartbeat: Heartbeat,
     }
+}
+
+enum Heartbeat {
+    /// Not started: what it needs.
+    Ready(Arc<dyn Store>, RecordKey, FencingToken),
+    Beating(Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// It stopped (the claim was lost), or is being started.
+    Stopped,
 }
 
 /// `work`, with its claim extended while it runs.
@@ -148,15 +156,14 @@ pub(crate) fn kept_alive<W: Future>(
     store: Arc<dyn Store>,
     record: RecordKey,
     token: FencingToken,
-) -> KeptAlive<W, impl Future<Output = ()>> {
+) -> KeptAlive<W> {
     KeptAlive {
         work,
-        heartbeat: heartbeat(store, record, token),
-        beating: true,
+        heartbeat: Heartbeat::Ready(store, record, token),
     }
 }
 
-impl<W: Future, H: Future<Output = ()>> Future for KeptAlive<W, H> {
+impl<W: Future> Future for KeptAlive<W> {
     type Output = W::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<W::Output> {
@@ -164,8 +171,17 @@ impl<W: Future, H: Future<Output = ()>> Future for KeptAlive<W, H> {
         if let Poll::Ready(output) = this.work.poll(cx) {
             return Poll::Ready(output);
         }
-        if *this.beating && this.heartbeat.poll(cx).is_ready() {
-            *this.beating = false;
+        if let Heartbeat::Ready(..) = this.heartbeat {
+            if let Heartbeat::Ready(store, record, token) =
+                std::mem::replace(this.heartbeat, Heartbeat::Stopped)
+            {
+                *this.heartbeat = Heartbeat::Beating(Box::pin(heartbeat(store, record, token)));
+            }
+        }
+        if let Heartbeat::Beating(beat) = this.heartbeat {
+            if beat.as_mut().poll(cx).is_ready() {
+                *this.heartbeat = Heartbeat::Stopped;
+            }
         }
         Poll::Pending
     }

@@ -147,8 +147,9 @@ impl Recorder {
             body,
         };
         let (store, record, token) = (self.store, self.record, self.token);
+        // Each attempt needs its own copy (the store takes it): one per call.
         let attempt = {
-            let (store, record, stored) = (store.clone(), record.clone(), stored.clone());
+            let store = store.clone();
             move || {
                 let (store, record, stored) = (store.clone(), record.clone(), stored.clone());
                 async move { store.complete(&record, token, stored).await }
@@ -162,7 +163,7 @@ impl Recorder {
         tracing::warn!(why, "the handler ran; its response is not replayable");
         let (store, record, token) = (self.store, self.record, self.token);
         let attempt = {
-            let (store, record) = (store.clone(), record.clone());
+            let store = store.clone();
             move || {
                 let (store, record) = (store.clone(), record.clone());
                 async move { store.complete_unavailable(&record, token).await }
