@@ -135,6 +135,12 @@ pub fn idempotent_app(h: Arc<Handler>) -> Router {
     let store = idempotent::memory::MemoryStore::builder()
         .try_build()
         .expect("idempotent memory store");
+    idempotent_route(h, store)
+}
+
+/// The handler behind `idempotent`'s tower layer over `store`, scoped by the
+/// tenant as ours is.
+fn idempotent_route<S: idempotent::IdempotencyStore + Clone>(h: Arc<Handler>, store: S) -> Router {
     let layer = idempotent::middleware::IdempotencyLayer::new(store).scope(|parts| {
         parts
             .extensions
@@ -155,16 +161,7 @@ pub async fn idempotent_valkey_app(h: Arc<Handler>, url: &str, prefix: &str) -> 
         .try_build()
         .await
         .expect("idempotent Valkey store");
-    let layer = idempotent::middleware::IdempotencyLayer::new(store).scope(|parts| {
-        parts
-            .extensions
-            .get::<Scope>()
-            .map(|s| s.as_str().to_owned())
-    });
-    Router::new()
-        .route(ORDERS, post(create_order))
-        .route_layer(layer)
-        .with_state(h)
+    idempotent_route(h, store)
 }
 
 /// The session stack `axum-idempotent` needs (cookies, a `ruts` session in a
