@@ -378,3 +378,42 @@ async fn the_engine_never_runs_an_operation_when_the_store_is_cut_off() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
+
+#[tokio::test]
+async fn a_record_naming_another_scope_is_refused_not_replayed() {
+    use sha2::{Digest, Sha256};
+    let Some(url) = r::url("forged record") else {
+        return;
+    };
+    let store = r::standalone(&url, |s| s).await;
+    let key = record("tenant-a", "order-forged-1");
+    // What a digest collision of two scopes would leave: tenant-a's record
+    // name holding tenant-b's completed record.
+    let digest = Sha256::digest(b"tenant-a");
+    let tag: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+    let name = format!("{}:{{{tag}}}:r:order-forged-1", store.prefix());
+    let mut conn = r::connection(&url).await;
+    let fp = fingerprint("a");
+    let _: () = redis::cmd("HSET")
+        .arg(&name)
+        .arg(&[
+            "sc",
+            "tenant-b",
+            "k",
+            "order-forged-1",
+            "tok",
+            "1",
+            "st",
+            "c",
+        ])
+        .arg("fp")
+        .arg(&fp.fingerprint().as_bytes()[..])
+        .arg(&["status", "201", "hd", "", "bd", "tenant-b's order"])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        matches!(store.begin(&key, &fp).await, Err(StoreError::Backend(_))),
+        "another scope's record must never be replayed"
+    );
+}
