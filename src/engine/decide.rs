@@ -41,28 +41,20 @@ pub(crate) async fn decide(
 ) -> Decision {
     let mut wait_until = None;
     loop {
+        // Transactional mode: a claim may come with its transaction already open.
         let begun = match transactions {
-            Some(transactions) => transactions
-                .begin_in_transaction(record, fingerprint)
-                .await
-                .map(|(begun, opened)| match begun {
-                    Begin::Claimed(token) => Ok(Decision::Claimed(token, opened)),
-                    other => Err(other),
-                }),
+            Some(transactions) => transactions.begin_in_transaction(record, fingerprint).await,
             None => store
                 .begin(record, fingerprint)
                 .await
-                .map(|begun| match begun {
-                    Begin::Claimed(token) => Ok(Decision::Claimed(token, None)),
-                    other => Err(other),
-                }),
+                .map(|begun| (begun, None)),
         };
         match begun {
-            Ok(Ok(claimed)) => return claimed,
-            Ok(Err(Begin::Replay(stored))) => return Decision::Replay(stored),
-            Ok(Err(Begin::Mismatch)) => return Decision::Mismatch,
-            Ok(Err(Begin::ResponseUnavailable)) => return Decision::Unavailable,
-            Ok(Err(Begin::InProgress)) => {
+            Ok((Begin::Claimed(token), opened)) => return Decision::Claimed(token, opened),
+            Ok((Begin::Replay(stored), _)) => return Decision::Replay(stored),
+            Ok((Begin::Mismatch, _)) => return Decision::Mismatch,
+            Ok((Begin::ResponseUnavailable, _)) => return Decision::Unavailable,
+            Ok((Begin::InProgress, _)) => {
                 let now = Instant::now();
                 let until = *wait_until.get_or_insert(now + wait_timeout);
                 if now >= until {
@@ -72,7 +64,6 @@ pub(crate) async fn decide(
                     return Decision::StoreFailed(error);
                 }
             }
-            Ok(Err(Begin::Claimed(_))) => unreachable!("claims are matched above"),
             Err(StoreError::ScopeQuotaExceeded) => return Decision::QuotaExceeded,
             Err(error) => return Decision::StoreFailed(error),
         }

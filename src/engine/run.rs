@@ -40,7 +40,6 @@ type Encoded<V> = (Bytes, V);
 /// Why a claimed run has no value.
 enum Failure<E> {
     Operation(E),
-    #[cfg_attr(not(feature = "json"), allow(dead_code))]
     Encode(String),
 }
 
@@ -85,14 +84,9 @@ impl Engine {
         Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
         E: Send + 'static,
     {
-        let operation = move |context| {
-            let run = operation(context);
-            async move {
-                let bytes = run.await.map_err(Failure::Operation)?;
-                Ok((bytes.clone(), bytes))
-            }
-        };
-        self.run_encoded(scope, key, identity, operation, |bytes| Ok(bytes.clone()))
+        let encode = |bytes: &Bytes| Ok(bytes.clone());
+        let decode = |bytes: &Bytes| Ok(bytes.clone());
+        self.run_encoded(scope, key, identity, operation, encode, decode)
             .await
     }
 
@@ -111,17 +105,13 @@ impl Engine {
         Fut: Future<Output = Result<T, E>> + Send + 'static,
         E: Send + 'static,
     {
-        let operation = move |context| {
-            let run = operation(context);
-            async move {
-                let value = run.await.map_err(Failure::Operation)?;
-                let bytes =
-                    serde_json::to_vec(&value).map_err(|e| Failure::Encode(e.to_string()))?;
-                Ok((Bytes::from(bytes), value))
-            }
+        let encode = |value: &T| {
+            serde_json::to_vec(value)
+                .map(Bytes::from)
+                .map_err(|e| e.to_string())
         };
         let decode = |bytes: &Bytes| serde_json::from_slice(bytes).map_err(|e| e.to_string());
-        self.run_encoded(scope, key, identity, operation, decode)
+        self.run_encoded(scope, key, identity, operation, encode, decode)
             .await
     }
 
@@ -131,14 +121,24 @@ impl Engine {
         key: &IdempotencyKey,
         identity: Identity<'_>,
         operation: F,
+        encode: fn(&V) -> Result<Bytes, String>,
         decode: impl FnOnce(&Bytes) -> Result<V, String>,
     ) -> Result<Outcome<V>, EngineError<E>>
     where
         V: Send + 'static,
         F: FnOnce(Context) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Encoded<V>, Failure<E>>> + Send + 'static,
+        Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Send + 'static,
     {
+        // The value, and the bytes it is recorded as.
+        let operation = move |context| {
+            let run = operation(context);
+            async move {
+                let value = run.await.map_err(Failure::Operation)?;
+                let bytes = encode(&value).map_err(Failure::Encode)?;
+                Ok((bytes, value))
+            }
+        };
         let record = RecordKey::new(scope.clone(), key.clone());
         let fingerprint: RequestFingerprint<'static> = fingerprint(scope, key, identity).into();
         let decided = decide(

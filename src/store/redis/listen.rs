@@ -1,4 +1,4 @@
-//! The subscriber: one pub/sub connection per store receives the ids that
+//! The subscriber: one pub/sub connection per store receives the record names that
 //! `complete` and `release` publish, and wakes this process's waiters (see
 //! `store::waiters` for the re-checks that cover lost messages).
 //!

@@ -1,7 +1,7 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
 use super::{backend, millis, Connection, Inner, RedisStore};
-use crate::store::encoding::{decode_headers, encode_headers, key_id};
+use crate::store::encoding::{decode_headers, encode_headers};
 use crate::store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
@@ -83,7 +83,8 @@ impl Inner {
             .arg(token.0.to_string())
             .arg(millis(self.config.retention))
             .arg(&self.channel)
-            .arg(key_id(key));
+            // The record's name already names it uniquely: the message's id.
+            .arg(&names.record);
         match &response {
             Some(response) => invocation
                 .arg("c")
@@ -321,7 +322,8 @@ impl Store for RedisStore {
             .arg(key.key().as_str())
             .arg(token.0.to_string())
             .arg(&inner.channel)
-            .arg(key_id(key));
+            // The record's name already names it uniquely: the message's id.
+            .arg(&names.record);
         let _released: i64 = inner.timed(inner.invoke(&invocation)).await?;
         Ok(())
     }
@@ -331,7 +333,9 @@ impl Store for RedisStore {
         inner.ensure_listener();
         inner
             .waits
-            .wait(key_id(key), timeout, || inner.lock_remaining(key))
+            .wait(inner.names(key).record, timeout, || {
+                inner.lock_remaining(key)
+            })
             .await
     }
 
