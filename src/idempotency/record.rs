@@ -22,9 +22,46 @@ use tokio::sync::mpsc;
 /// How many frames may wait for a slow caller before the recorder waits too.
 const FORWARD_FRAMES: usize = 8;
 
+/// Items read from a body: almost always one, which is then kept without an
+/// allocation of its own.
+#[derive(Default)]
+pub(crate) enum Few<T> {
+    #[default]
+    None,
+    One(T),
+    Many(Vec<T>),
+}
+
+impl<T> Few<T> {
+    pub(crate) fn push(&mut self, item: T) {
+        *self = match std::mem::take(self) {
+            Self::None => Self::One(item),
+            Self::One(first) => Self::Many(vec![first, item]),
+            Self::Many(mut all) => {
+                all.push(item);
+                Self::Many(all)
+            }
+        };
+    }
+}
+
+impl<T> IntoIterator for Few<T> {
+    type Item = T;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        let (one, many) = match self {
+            Self::None => (None, Vec::new()),
+            Self::One(item) => (Some(item), Vec::new()),
+            Self::Many(all) => (None, all),
+        };
+        one.into_iter().chain(many)
+    }
+}
+
 /// The copy of a body kept for the record: at most `limit` bytes.
 pub(crate) struct Copy {
-    chunks: Vec<Bytes>,
+    chunks: Few<Bytes>,
     len: usize,
     limit: usize,
     over: bool,
@@ -33,7 +70,7 @@ pub(crate) struct Copy {
 impl Copy {
     pub(crate) fn new(limit: usize) -> Self {
         Self {
-            chunks: Vec::new(),
+            chunks: Few::None,
             len: 0,
             limit,
             over: false,
@@ -47,7 +84,7 @@ impl Copy {
         if self.len + data.len() > self.limit {
             // Over the limit: no record of it, so no copy to keep either.
             self.over = true;
-            self.chunks = Vec::new();
+            self.chunks = Few::None;
             return;
         }
         self.len += data.len();
@@ -60,12 +97,12 @@ impl Copy {
     }
 
     pub(crate) fn into_bytes(self) -> Bytes {
-        match self.chunks.len() {
-            0 => Bytes::new(),
-            1 => self.chunks.into_iter().next().expect("one chunk"),
-            _ => {
+        match self.chunks {
+            Few::None => Bytes::new(),
+            Few::One(chunk) => chunk,
+            Few::Many(chunks) => {
                 let mut joined = BytesMut::with_capacity(self.len);
-                for chunk in &self.chunks {
+                for chunk in &chunks {
                     joined.extend_from_slice(chunk);
                 }
                 joined.freeze()
@@ -99,7 +136,7 @@ fn data_frame<D: Into<Bytes>>(frame: Frame<D>) -> Frame<Bytes> {
 pub(crate) async fn read<B>(
     body: &mut Pinned<B>,
     copy: &mut Copy,
-    read: &mut Vec<Frame<Bytes>>,
+    read: &mut Few<Frame<Bytes>>,
     wait: bool,
 ) -> Read
 where
@@ -236,7 +273,7 @@ impl Forward {
 pub(crate) struct Rest<B> {
     pub(crate) body: Pinned<B>,
     pub(crate) copy: Copy,
-    pub(crate) read: Vec<Frame<Bytes>>,
+    pub(crate) read: Few<Frame<Bytes>>,
     pub(crate) recorder: Option<Recorder>,
 }
 
@@ -367,7 +404,7 @@ where
 pub(crate) async fn conclude<X>(
     end: Read,
     copy: Copy,
-    read: Vec<Frame<Bytes>>,
+    read: Few<Frame<Bytes>>,
     recorder: Option<Recorder>,
 ) -> (ResponseBody<X>, Outcome) {
     match (end, recorder) {
@@ -422,7 +459,7 @@ where
 }
 
 /// The data of `frames`, joined (trailers are not recorded or replayed).
-fn concat(frames: Vec<Frame<Bytes>>) -> Bytes {
+fn concat(frames: Few<Frame<Bytes>>) -> Bytes {
     let mut joined = BytesMut::new();
     for frame in frames {
         if let Ok(data) = frame.into_data() {

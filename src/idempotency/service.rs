@@ -1,7 +1,7 @@
 use super::claimed::{kept_alive, Running};
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
-use super::record::{self, Copy, Read, Recorder, Rest};
+use super::record::{self, Copy, Few, Read, Recorder, Rest};
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
 use crate::engine::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
@@ -266,7 +266,7 @@ where
     // What the body has ready now: most bodies are whole at once and are
     // recorded before the answer, as they are replayed.
     let mut body = Box::pin(res_body);
-    let (mut copy, mut frames) = (Copy::new(config.record_limit), Vec::new());
+    let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
     let (body, outcome) = match record::read(&mut body, &mut copy, &mut frames, false).await {
         end @ (Read::Ended | Read::Failed(_)) => {
             record::conclude(end, copy, frames, Some(recorder)).await
@@ -397,7 +397,7 @@ where
     // Read whole before the commit (nothing the handler wrote is visible
     // before it), up to the record limit.
     let mut body = Box::pin(res_body);
-    let (mut copy, mut frames) = (Copy::new(config.record_limit), Vec::new());
+    let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
     match record::read(&mut body, &mut copy, &mut frames, true).await {
         Read::Failed(error) => {
             transaction.rollback().await;

@@ -42,6 +42,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -297,48 +299,86 @@ pub trait RecordTransaction: Send {
     async fn rollback(self: Box<Self>);
 }
 
+/// The future of a store method, as `async_trait` declares it.
+type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
 /// Shares one store between layers (or keeps a handle for `purge_expired`).
+///
+/// The request-path methods hand on the shared store's own future rather than
+/// boxing a second one around it: written out as `async_trait` declares them.
 #[async_trait]
 impl<T: Store + ?Sized> Store for Arc<T> {
-    async fn begin(
-        &self,
-        key: &RecordKey,
-        request: &RequestFingerprint<'_>,
-    ) -> Result<Begin, StoreError> {
-        (**self).begin(key, request).await
+    fn begin<'s, 'k, 'r, 'f, 'a>(
+        &'s self,
+        key: &'k RecordKey,
+        request: &'r RequestFingerprint<'f>,
+    ) -> StoreFuture<'a, Begin>
+    where
+        's: 'a,
+        'k: 'a,
+        'r: 'a,
+        'f: 'a,
+        Self: 'a,
+    {
+        (**self).begin(key, request)
     }
 
-    async fn complete(
-        &self,
-        key: &RecordKey,
+    fn complete<'s, 'k, 'a>(
+        &'s self,
+        key: &'k RecordKey,
         token: FencingToken,
         response: StoredResponse,
-    ) -> Result<(), StoreError> {
-        (**self).complete(key, token, response).await
+    ) -> StoreFuture<'a, ()>
+    where
+        's: 'a,
+        'k: 'a,
+        Self: 'a,
+    {
+        (**self).complete(key, token, response)
     }
 
-    async fn complete_unavailable(
-        &self,
-        key: &RecordKey,
+    fn complete_unavailable<'s, 'k, 'a>(
+        &'s self,
+        key: &'k RecordKey,
         token: FencingToken,
-    ) -> Result<(), StoreError> {
-        (**self).complete_unavailable(key, token).await
+    ) -> StoreFuture<'a, ()>
+    where
+        's: 'a,
+        'k: 'a,
+        Self: 'a,
+    {
+        (**self).complete_unavailable(key, token)
     }
 
     fn lock_timeout(&self) -> Duration {
         (**self).lock_timeout()
     }
 
-    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        (**self).extend(key, token).await
+    fn extend<'s, 'k, 'a>(&'s self, key: &'k RecordKey, token: FencingToken) -> StoreFuture<'a, ()>
+    where
+        's: 'a,
+        'k: 'a,
+        Self: 'a,
+    {
+        (**self).extend(key, token)
     }
 
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        (**self).release(key, token).await
+    fn release<'s, 'k, 'a>(&'s self, key: &'k RecordKey, token: FencingToken) -> StoreFuture<'a, ()>
+    where
+        's: 'a,
+        'k: 'a,
+        Self: 'a,
+    {
+        (**self).release(key, token)
     }
 
-    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
-        (**self).wait(key, timeout).await
+    fn wait<'s, 'k, 'a>(&'s self, key: &'k RecordKey, timeout: Duration) -> StoreFuture<'a, ()>
+    where
+        's: 'a,
+        'k: 'a,
+        Self: 'a,
+    {
+        (**self).wait(key, timeout)
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
