@@ -200,17 +200,16 @@ pub fn axum_idempotent_layer() -> axum_idempotent::IdempotentLayer<ruts::store::
 }
 
 /// The handler behind the session stack, with or without axum-idempotent's
-/// layer on the whole router.
+/// layer on its route.
 pub fn axum_idempotent_app(h: Arc<Handler>, with_layer: bool) -> Router {
-    let router = Router::new()
-        .route(ORDERS, post(create_order))
-        .with_state(h);
-    let router = if with_layer {
-        router.layer(axum_idempotent_layer())
+    // Mounted with `route_layer`, as ours and `idempotent`'s are.
+    let route = Router::new().route(ORDERS, post(create_order));
+    let route = if with_layer {
+        route.route_layer(axum_idempotent_layer())
     } else {
-        router
+        route
     };
-    with_session_stack(router, 100_000)
+    with_session_stack(route.with_state(h), 100_000)
 }
 
 /// Opens a session on an [`axum_idempotent_app`]; returns its `Cookie` header value.
