@@ -304,8 +304,9 @@ type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + S
 
 /// Shares one store between layers (or keeps a handle for `purge_expired`).
 ///
-/// The request-path methods hand on the shared store's own future rather than
-/// boxing a second one around it: written out as `async_trait` declares them.
+/// The methods every request calls hand on the shared store's own future
+/// rather than boxing a second one around it: written out as `async_trait`
+/// declares them.
 #[async_trait]
 impl<T: Store + ?Sized> Store for Arc<T> {
     fn begin<'s, 'k, 'r, 'f, 'a>(
@@ -354,31 +355,16 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         (**self).lock_timeout()
     }
 
-    fn extend<'s, 'k, 'a>(&'s self, key: &'k RecordKey, token: FencingToken) -> StoreFuture<'a, ()>
-    where
-        's: 'a,
-        'k: 'a,
-        Self: 'a,
-    {
-        (**self).extend(key, token)
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        (**self).extend(key, token).await
     }
 
-    fn release<'s, 'k, 'a>(&'s self, key: &'k RecordKey, token: FencingToken) -> StoreFuture<'a, ()>
-    where
-        's: 'a,
-        'k: 'a,
-        Self: 'a,
-    {
-        (**self).release(key, token)
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        (**self).release(key, token).await
     }
 
-    fn wait<'s, 'k, 'a>(&'s self, key: &'k RecordKey, timeout: Duration) -> StoreFuture<'a, ()>
-    where
-        's: 'a,
-        'k: 'a,
-        Self: 'a,
-    {
-        (**self).wait(key, timeout)
+    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
+        (**self).wait(key, timeout).await
     }
 
     async fn purge_expired(&self) -> Result<u64, StoreError> {
