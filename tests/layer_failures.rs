@@ -53,13 +53,13 @@ fn post(key: &str, body: impl Into<Body>) -> Request<Body> {
 }
 
 /// One step of a [`Scripted`] body.
-enum Step {
+pub(crate) enum Step {
     Data(Bytes),
     Pause(Duration),
     Fail(&'static str),
 }
 
-fn data(bytes: &'static [u8]) -> Step {
+pub(crate) fn data(bytes: &'static [u8]) -> Step {
     Step::Data(Bytes::from_static(bytes))
 }
 
@@ -69,7 +69,7 @@ struct Scripted {
     pause: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-fn scripted(steps: impl IntoIterator<Item = Step>) -> Body {
+pub(crate) fn scripted(steps: impl IntoIterator<Item = Step>) -> Body {
     Body::new(Scripted {
         steps: steps.into_iter().collect(),
         pause: None,

@@ -218,34 +218,18 @@ async fn a_cache_policy_can_decline_event_streams_by_their_head() {
     );
 }
 
-/// Yields its chunks one per poll, each ready at once: a body of several frames
-/// that is whole by the time the layer first reads it.
-struct ReadyChunks(std::collections::VecDeque<Bytes>);
-
-impl Body for ReadyChunks {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(self.0.pop_front().map(|chunk| Ok(Frame::data(chunk))))
-    }
-}
-
 #[tokio::test]
 async fn a_response_of_several_ready_frames_is_recorded_whole_and_replayed_alike() {
+    use crate::layer_failures::{data, scripted};
     let runs = Arc::new(AtomicUsize::new(0));
     let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn({
         let runs = runs.clone();
         move |_req: Request<Full<Bytes>>| {
-            let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
-            async move {
-                let chunks = [r#"{"id":"#, &n.to_string(), r#","lines":[1,2"#, ",3]}"];
-                let body = ReadyChunks(chunks.iter().map(|c| Bytes::from(c.to_string())).collect());
-                Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap())
-            }
+            runs.fetch_add(1, Ordering::SeqCst);
+            // Four frames, each ready when the layer reads the body.
+            let chunks = [&b"{\"id\":"[..], b"1", b",\"lines\":[1,2", b",3]}"];
+            let body = scripted(chunks.map(data));
+            async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
         }
     }));
     let (status, first) = code_of(svc.clone().oneshot(request()).await.unwrap()).await;
