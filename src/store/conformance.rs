@@ -60,10 +60,7 @@ pub const SHORT: Durations = Durations {
 
 /// Helper: record.
 pub fn record(scope: &str, key: &str) -> RecordKey {
-    RecordKey::new(
-        Scope::new(scope),
-        IdempotencyKey::parse(key.as_bytes()).expect("valid test key"),
-    )
+    RecordKey::for_test(scope, key)
 }
 
 /// A request whose fingerprint was computed up front (its exact digest is then

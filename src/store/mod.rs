@@ -69,6 +69,15 @@ impl RecordKey {
     pub fn key(&self) -> &IdempotencyKey {
         &self.key
     }
+
+    /// A record key from test strings; panics on a key that does not parse.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn for_test(scope: &str, key: &str) -> Self {
+        Self::new(
+            Scope::new(scope),
+            IdempotencyKey::parse(key.as_bytes()).expect("valid test key"),
+        )
+    }
 }
 
 /// Proof of a claim: only its holder may complete or release the record.

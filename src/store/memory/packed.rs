@@ -254,14 +254,10 @@ impl Writer<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{IdempotencyKey, Scope};
     use http::header;
 
     fn record(scope: &str, key: &str) -> RecordKey {
-        RecordKey::new(
-            Scope::new(scope),
-            IdempotencyKey::parse(key.as_bytes()).unwrap(),
-        )
+        RecordKey::for_test(scope, key)
     }
 
     #[test]

@@ -397,13 +397,9 @@ fn millis(d: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{IdempotencyKey, Scope};
 
     fn record(scope: &str, key: &str) -> RecordKey {
-        RecordKey::new(
-            Scope::new(scope),
-            IdempotencyKey::parse(key.as_bytes()).unwrap(),
-        )
+        RecordKey::for_test(scope, key)
     }
 
     #[test]
