@@ -4,8 +4,7 @@
 //! started again: every message's effect is written exactly once.
 
 use crate::http::example_binary;
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 /// Runs the consumer to its end with `env`; returns its output lines.
 fn run_to_end(env: &[(&str, Option<&str>)]) -> Vec<String> {
@@ -39,6 +38,8 @@ fn duplicates_and_reordered_redeliveries_write_each_effect_once() {
 #[cfg(feature = "postgres")]
 #[test]
 fn a_consumer_killed_mid_message_and_restarted_writes_each_effect_once() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
     let Ok(url) = std::env::var("DATABASE_URL") else {
         assert!(
             std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
