@@ -106,6 +106,7 @@ mod future;
 pub mod contract {}
 
 mod layer;
+mod plain;
 pub(crate) mod record;
 mod service;
 

@@ -14,9 +14,10 @@ use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
 use http_body::{Body, Frame};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::Poll;
+use std::task::{ready, Context, Poll};
 use tokio::sync::mpsc;
 
 /// How many frames may wait for a slow caller before the recorder waits too.
@@ -144,11 +145,47 @@ where
     B::Data: Into<Bytes>,
     B::Error: Into<BoxError>,
 {
-    std::future::poll_fn(|cx| loop {
-        match body.as_mut().poll_frame(cx) {
-            Poll::Ready(None) => return Poll::Ready(Read::Ended),
-            Poll::Ready(Some(Err(error))) => return Poll::Ready(Read::Failed(error.into())),
-            Poll::Ready(Some(Ok(frame))) => {
+    std::future::poll_fn(|cx| match read_until_pending(body, copy, read, cx) {
+        Poll::Pending if !wait => Poll::Ready(Read::Continues),
+        polled => polled,
+    })
+    .await
+}
+
+/// Reads the frames `body` has ready now; [`Read::Continues`] if it has to wait.
+pub(crate) fn read_ready<B>(
+    body: &mut Pinned<B>,
+    copy: &mut Copy,
+    read: &mut Few<Frame<Bytes>>,
+    cx: &mut Context<'_>,
+) -> Read
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    match read_until_pending(body, copy, read, cx) {
+        Poll::Ready(end) => end,
+        Poll::Pending => Read::Continues,
+    }
+}
+
+fn read_until_pending<B>(
+    body: &mut Pinned<B>,
+    copy: &mut Copy,
+    read: &mut Few<Frame<Bytes>>,
+    cx: &mut Context<'_>,
+) -> Poll<Read>
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    loop {
+        match ready!(body.as_mut().poll_frame(cx)) {
+            None => return Poll::Ready(Read::Ended),
+            Some(Err(error)) => return Poll::Ready(Read::Failed(error.into())),
+            Some(Ok(frame)) => {
                 let frame = data_frame(frame);
                 if let Some(data) = frame.data_ref() {
                     copy.keep(data);
@@ -158,11 +195,8 @@ where
                     return Poll::Ready(Read::Over);
                 }
             }
-            Poll::Pending if wait => return Poll::Pending,
-            Poll::Pending => return Poll::Ready(Read::Continues),
         }
-    })
-    .await
+    }
 }
 
 /// Completes the claim with what the body turned out to be.
@@ -177,68 +211,91 @@ pub(crate) struct Recorder {
 impl Recorder {
     /// Records the whole body; `false` if the store refused or failed (a
     /// failing store is then tried again in the background).
-    pub(crate) async fn complete(self, body: Bytes) -> bool {
+    ///
+    /// A plain function returning one async block: the future holds the
+    /// recorder's parts once, not once per level of nested async functions.
+    pub(crate) fn complete(self, body: Bytes) -> impl Future<Output = bool> + Send {
+        let Self {
+            store,
+            record,
+            token,
+            status,
+            headers,
+        } = self;
         let stored = StoredResponse {
-            status: self.status,
-            headers: self.headers,
+            status,
+            headers,
             body,
         };
-        let (store, record, token) = (self.store, self.record, self.token);
-        // Each attempt needs its own copy (the store takes it): one per call.
-        let attempt = {
-            let store = store.clone();
-            move || {
-                let (store, record, stored) = (store.clone(), record.clone(), stored.clone());
-                async move { store.complete(&record, token, stored).await }
-            }
-        };
-        attempted(&store, attempt, "its response could not be recorded").await
+        async move {
+            // The store takes its own copy: this one is kept for retries.
+            let error = match store.complete(&record, token, stored.clone()).await {
+                Ok(()) => return true,
+                Err(error) => error,
+            };
+            retry(
+                store,
+                error,
+                "its response could not be recorded",
+                move |store| {
+                    let (record, stored) = (record.clone(), stored.clone());
+                    async move { store.complete(&record, token, stored).await }
+                },
+            );
+            false
+        }
     }
 
     /// Completes the key without a replayable response.
-    pub(crate) async fn unavailable(self, why: &str) {
-        tracing::warn!(why, "the handler ran; its response is not replayable");
-        let (store, record, token) = (self.store, self.record, self.token);
-        let attempt = {
-            let store = store.clone();
-            move || {
-                let (store, record) = (store.clone(), record.clone());
-                async move { store.complete_unavailable(&record, token).await }
-            }
-        };
-        attempted(&store, attempt, "its completion could not be recorded").await;
+    pub(crate) fn unavailable(self, why: &'static str) -> impl Future<Output = ()> + Send {
+        let Self {
+            store,
+            record,
+            token,
+            ..
+        } = self;
+        async move {
+            tracing::warn!(why, "the handler ran; its response is not replayable");
+            let Err(error) = store.complete_unavailable(&record, token).await else {
+                return;
+            };
+            retry(
+                store,
+                error,
+                "its completion could not be recorded",
+                move |store| {
+                    let record = record.clone();
+                    async move { store.complete_unavailable(&record, token).await }
+                },
+            );
+        }
     }
 }
 
-/// Runs a completion once; if the store fails (an outage, a failover), the
-/// completion is tried again in the background with a backoff, for up to the
-/// store's lock timeout, while the caller gets its answer: the effect
-/// happened, and a key left in progress would run again once its lock ran
-/// out. A refusal (`ClaimLost`) is final. `true` when the first attempt
-/// recorded it.
-async fn attempted<F, Fut>(store: &Arc<dyn Store>, mut completion: F, what: &'static str) -> bool
+/// After a completion's first attempt failed: a refusal (`ClaimLost`) is
+/// final; a failing store (an outage, a failover) is tried again in the
+/// background with a backoff, for up to the store's lock timeout, while the
+/// caller gets its answer: the effect happened, and a key left in progress
+/// would run again once its lock ran out.
+fn retry<F, Fut>(store: Arc<dyn Store>, error: StoreError, what: &'static str, mut completion: F)
 where
-    F: FnMut() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Result<(), StoreError>> + Send,
+    F: FnMut(Arc<dyn Store>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), StoreError>> + Send,
 {
-    let error = match completion().await {
-        Ok(()) => return true,
-        Err(StoreError::Backend(error)) => error,
-        Err(error) => {
-            tracing::warn!(%error, "the handler ran but {what}");
-            return false;
-        }
+    let StoreError::Backend(error) = error else {
+        tracing::warn!(%error, "the handler ran but {what}");
+        return;
     };
     tracing::warn!(%error, "the handler ran but {what}; trying again");
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return false;
+        return;
     };
     let deadline = tokio::time::Instant::now() + store.lock_timeout();
     runtime.spawn(async move {
         let mut pause = std::time::Duration::from_millis(50);
         loop {
             tokio::time::sleep(pause).await;
-            match completion().await {
+            match completion(store.clone()).await {
                 Ok(()) => return,
                 Err(StoreError::Backend(_)) if tokio::time::Instant::now() + pause < deadline => {
                     pause = (pause * 2).min(std::time::Duration::from_secs(1));
@@ -250,7 +307,6 @@ where
             }
         }
     });
-    false
 }
 
 /// Forwards frames to the caller for as long as it listens.
@@ -401,37 +457,58 @@ where
 
 /// Concludes a body that ended or failed: answers it whole (or failing) and,
 /// with a recorder, records it or completes the key as unavailable.
-pub(crate) async fn conclude<X>(
+///
+/// Settled before the one await, so that the future holds only the answer
+/// and the completion still to run.
+pub(crate) fn conclude<X>(
     end: Read,
     copy: Copy,
     read: Few<Frame<Bytes>>,
     recorder: Option<Recorder>,
-) -> (ResponseBody<X>, Outcome) {
-    match (end, recorder) {
-        (Read::Failed(error), Some(recorder)) => {
+) -> impl Future<Output = (ResponseBody<X>, Outcome)> {
+    let (body, completion) = match (end, recorder) {
+        (Read::Failed(error), recorder) => {
             // The effects happened: never released, never run again.
-            recorder.unavailable("the response body failed").await;
-            (ResponseBody::failed(error), Outcome::Unavailable)
+            let completion =
+                recorder.map(|r| Completion::Unavailable(r, "the response body failed"));
+            (ResponseBody::failed(error), completion)
         }
-        (Read::Failed(error), None) => (ResponseBody::failed(error), Outcome::Unavailable),
         (_, Some(recorder)) if copy.is_over() => {
-            recorder
-                .unavailable("the response is over the record limit")
-                .await;
-            (ResponseBody::full(concat(read)), Outcome::Unavailable)
+            let why = "the response is over the record limit";
+            (
+                ResponseBody::full(concat(read)),
+                Some(Completion::Unavailable(recorder, why)),
+            )
         }
         (_, Some(recorder)) => {
             let body = copy.into_bytes();
-            let outcome = match recorder.complete(body.clone()).await {
+            let completion = Completion::Record(recorder, body.clone());
+            (ResponseBody::full(body), Some(completion))
+        }
+        (_, None) => (ResponseBody::full(concat(read)), None),
+    };
+    async move {
+        let outcome = match completion {
+            None => Outcome::Unavailable,
+            Some(Completion::Record(recorder, body)) => match recorder.complete(body).await {
                 true => Outcome::Claimed,
                 // The handler has still run: it answers, and its claim is kept
                 // until the lock expires, so no retry runs it again before.
                 false => Outcome::StoreError,
-            };
-            (ResponseBody::full(body), outcome)
-        }
-        (_, None) => (ResponseBody::full(concat(read)), Outcome::Unavailable),
+            },
+            Some(Completion::Unavailable(recorder, why)) => {
+                recorder.unavailable(why).await;
+                Outcome::Unavailable
+            }
+        };
+        (body, outcome)
     }
+}
+
+/// How a concluded body completes its key.
+enum Completion {
+    Record(Recorder, Bytes),
+    Unavailable(Recorder, &'static str),
 }
 
 /// Reads the rest here, without a task (no runtime, or cancel-on-drop), then

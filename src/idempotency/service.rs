@@ -1,7 +1,8 @@
 use super::claimed::{kept_alive, Running};
 use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
-use super::record::{self, Copy, Few, Read, Recorder, Rest};
+use super::plain::RunClaimed;
+use super::record::{self, Copy, Few, Read, Rest};
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
 use crate::engine::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
@@ -107,18 +108,29 @@ where
             key_hash = tracing::field::Empty,
             outcome = tracing::field::Empty,
         );
-        let future = telemetry::observed("idempotency", handle(self.config.clone(), ready, req));
+        // Taken apart here: a whole request moved into the future would be
+        // kept there beside its parts.
+        let (parts, body) = req.into_parts();
+        let future = telemetry::observed(
+            "idempotency",
+            handle(self.config.clone(), ready, parts, body),
+        );
         ResponseFuture::decided(Box::pin(future.instrument(span)))
     }
 }
 
-type Answer<B> = Response<ResponseBody<B>>;
+pub(crate) type Answer<B> = Response<ResponseBody<B>>;
 
-async fn handle<S, E, P, ReqBody, ResBody>(
+/// Decides a request and answers it. A plain function returning an async
+/// block, as the others here: an `async fn` keeps a second copy of each
+/// argument in its future, and this one is allocated for every request.
+#[allow(clippy::manual_async_fn)]
+fn handle<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
     inner: S,
-    req: Request<ReqBody>,
-) -> (Result<Answer<ResBody>, S::Error>, Outcome)
+    parts: http::request::Parts,
+    body: ReqBody,
+) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -131,175 +143,98 @@ where
     ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
-    let (parts, body) = req.into_parts();
+    async move {
+        let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
 
-    // Authentication comes first, so an anonymous caller learns nothing about keys.
-    let Some(scope) = config.scope.extract(&parts) else {
-        telemetry::no_scope("idempotency");
-        return refuse(Refusal::Unauthorized);
-    };
-    let Some(key) = IdempotencyKey::from_header_values(parts.headers.get_all(&config.header))
-    else {
-        return refuse(Refusal::KeyRequired);
-    };
-    let bytes =
-        match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
-            Ok(bytes) => bytes,
-            Err(refusal) => return refuse(refusal),
+        // Authentication comes first, so an anonymous caller learns nothing about keys.
+        let Some(scope) = config.scope.extract(&parts) else {
+            telemetry::no_scope("idempotency");
+            return refuse(Refusal::Unauthorized);
         };
-    let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-    let record = RecordKey::new(scope, key);
-    // Computed by the store only as far as it needs: a replay of the same bytes
-    // never canonicalises the body.
-    let fingerprint = RequestFingerprint::new(
-        &parts.method,
-        path_and_query,
-        record.key(),
-        record.scope().as_str(),
-        parts.headers.get(CONTENT_TYPE),
-        &bytes,
-    );
-    telemetry::identify(record.scope().as_str(), record.key().as_str());
-    let store = &config.store;
+        let Some(key) = IdempotencyKey::from_header_values(parts.headers.get_all(&config.header))
+        else {
+            return refuse(Refusal::KeyRequired);
+        };
+        let bytes =
+            match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
+                Ok(bytes) => bytes,
+                Err(refusal) => return refuse(refusal),
+            };
+        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        let record = RecordKey::new(scope, key);
+        // Computed by the store only as far as it needs: a replay of the same bytes
+        // never canonicalises the body.
+        let fingerprint = RequestFingerprint::new(
+            &parts.method,
+            path_and_query,
+            record.key(),
+            record.scope().as_str(),
+            parts.headers.get(CONTENT_TYPE),
+            &bytes,
+        );
+        telemetry::identify(record.scope().as_str(), record.key().as_str());
+        let store = &config.store;
 
-    let (token, opened) = match decide(
-        store,
-        config.transactions.as_ref(),
-        &record,
-        &fingerprint,
-        config.wait_timeout,
-    )
-    .await
-    {
-        Decision::Claimed(token, opened) => (token, opened),
-        Decision::Replay(stored) => return (Ok(replay(&stored)), Outcome::Replayed),
-        Decision::Mismatch => return refuse(Refusal::KeyReuse),
-        Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
-        Decision::InProgress => return refuse(Refusal::InProgress),
-        Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),
-        Decision::StoreFailed(_) => return refuse(Refusal::StoreUnavailable),
-    };
-
-    drop(fingerprint); // it borrows `parts`
-    let admitted = match config.max_in_flight {
-        None => Some(config.in_flight.enter()),
-        Some(max) => config.in_flight.try_enter(max),
-    };
-    let Some(running) = admitted else {
-        // Shed before the handler: its claim (and transaction) go back at once.
-        if let Some(transaction) = opened {
-            transaction.rollback().await;
-        }
-        ClaimGuard::new(store.clone(), record, token)
-            .release()
-            .await;
-        return refuse(Refusal::Overloaded);
-    };
-    let claimed = claimed_handler(
-        config.clone(),
-        inner,
-        parts,
-        bytes,
-        (record, token, opened),
-        running,
-    );
-    if config.cancel_on_drop {
-        return claimed.await;
-    }
-    // From here the handler's effects may begin: it runs to completion whether
-    // or not this caller is still there to hear the answer.
-    match run_to_completion(claimed).await {
-        Ok(answer) => answer,
-        // It panicked (its claim guard released the key while unwinding), or the
-        // runtime is shutting down.
-        Err(_) => refuse(Refusal::HandlerFailed),
-    }
-}
-
-/// Runs the inner service for a claimed key and records its response.
-async fn run_claimed<S, E, P, ReqBody, ResBody>(
-    config: Arc<Config<E, P>>,
-    mut inner: S,
-    parts: http::request::Parts,
-    bytes: Bytes,
-    record: RecordKey,
-    token: FencingToken,
-) -> (Result<Answer<ResBody>, S::Error>, Outcome)
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    P: CachePolicy,
-    ReqBody: From<Bytes>,
-    ResBody: Body + Send + 'static,
-    ResBody::Data: Into<Bytes> + Send,
-    ResBody::Error: Into<BoxError>,
-{
-    let store = &config.store;
-    // The guard holds the record key until the claim is kept or released.
-    let claim = ClaimGuard::new(store.clone(), record, token);
-    let response = match inner
-        .call(Request::from_parts(parts, ReqBody::from(bytes)))
+        let (token, opened) = match decide(
+            store,
+            config.transactions.as_ref(),
+            &record,
+            &fingerprint,
+            config.wait_timeout,
+        )
         .await
-    {
-        Ok(response) => response,
-        Err(error) => {
-            claim.release().await;
-            return (Err(error), Outcome::Released);
-        }
-    };
-    let (res_parts, res_body) = response.into_parts();
-    if !config.policy.should_record(&res_parts) {
-        claim.release().await;
-        let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
-        return (Ok(response), Outcome::Released);
-    }
-    // The handler's effects have happened: from here on a dropped future keeps
-    // the claim until its lock expires rather than letting a retry run them again.
-    let (record, token) = claim.keep();
-    let recorder = Recorder {
-        store: store.clone(),
-        record,
-        token,
-        status: res_parts.status,
-        headers: recorded_headers(&config.replayed_headers, &res_parts),
-    };
-    // What the body has ready now: most bodies are whole at once and are
-    // recorded before the answer, as they are replayed.
-    let mut body = Box::pin(res_body);
-    let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
-    let (body, outcome) = match record::read(&mut body, &mut copy, &mut frames, false).await {
-        end @ (Read::Ended | Read::Failed(_)) => {
-            record::conclude(end, copy, frames, Some(recorder)).await
-        }
-        // Still streaming, or past the limit: the caller gets it as it is
-        // produced, and the record (or "unavailable") follows.
-        Read::Over | Read::Continues => {
-            let rest = Rest {
-                body,
-                copy,
-                read: frames,
-                recorder: Some(recorder),
-            };
-            let handed_over = match config.cancel_on_drop {
-                // Cut with the caller's future: read here, as the handler ran.
-                true => Err(Box::new(rest)),
-                false => record::spawn_rest(rest, config.in_flight.enter()),
-            };
-            match handed_over {
-                Ok(frames) => (ResponseBody::streamed(frames), Outcome::Claimed),
-                // Rare (cancel-on-drop with a streaming body): boxed, so
-                // that it does not size every claimed request's future.
-                Err(rest) => Box::pin(record::finish_here(*rest)).await,
+        {
+            Decision::Claimed(token, opened) => (token, opened),
+            Decision::Replay(stored) => return (Ok(replay(&stored)), Outcome::Replayed),
+            Decision::Mismatch => return refuse(Refusal::KeyReuse),
+            Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
+            Decision::InProgress => return refuse(Refusal::InProgress),
+            Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),
+            Decision::StoreFailed(_) => return refuse(Refusal::StoreUnavailable),
+        };
+
+        drop(fingerprint); // it borrows `parts`
+        let admitted = match config.max_in_flight {
+            None => Some(config.in_flight.enter()),
+            Some(max) => config.in_flight.try_enter(max),
+        };
+        let Some(running) = admitted else {
+            // Shed before the handler: its claim (and transaction) go back at once.
+            if let Some(transaction) = opened {
+                transaction.rollback().await;
             }
+            ClaimGuard::new(store.clone(), record, token)
+                .release()
+                .await;
+            return refuse(Refusal::Overloaded);
+        };
+        let claimed = claimed_handler(
+            config.clone(),
+            inner,
+            parts,
+            bytes,
+            (record, token, opened),
+            running,
+        );
+        if config.cancel_on_drop {
+            return claimed.await;
         }
-    };
-    (Ok(Response::from_parts(res_parts, body)), outcome)
+        // From here the handler's effects may begin: it runs to completion whether
+        // or not this caller is still there to hear the answer.
+        match run_to_completion(claimed).await {
+            Ok(answer) => answer,
+            // It panicked (its claim guard released the key while unwinding), or the
+            // runtime is shutting down.
+            Err(_) => refuse(Refusal::HandlerFailed),
+        }
+    }
 }
 
 /// The claimed handler, its recording and (plain mode) its heartbeat, on the
 /// heap: built by a plain function, so that neither its state nor a copy of
 /// it sizes the decision's future, and ready to move into a task. Each mode is
-/// its own box, so the plain mode's is not as large as the transactional one's.
+/// its own box, so the plain mode's ([`RunClaimed`]) stays small enough for
+/// the allocator's fast path.
 #[allow(clippy::type_complexity)]
 fn claimed_handler<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
@@ -323,39 +258,36 @@ where
     let span = tracing::Span::current();
     match config.transactions.clone() {
         // The transaction's row lock keeps the claim: no heartbeat.
-        Some(transactions) => Box::pin(
-            async move {
-                let claim = (record, token, opened);
-                let answer =
-                    run_in_transaction(config, &*transactions, inner, parts, bytes, claim).await;
-                drop(running);
-                answer
-            }
-            .instrument(span),
-        ),
-        None => Box::pin(
-            async move {
-                let (store, heartbeat_key) = (config.store.clone(), record.clone());
-                let claimed = run_claimed(config, inner, parts, bytes, record, token);
-                let answer = kept_alive(claimed, store, heartbeat_key, token).await;
-                drop(running);
-                answer
-            }
-            .instrument(span),
-        ),
+        Some(transactions) => {
+            let claim = (record, token, opened);
+            let claimed =
+                run_in_transaction(config, transactions, inner, parts, bytes, claim, running);
+            Box::pin(claimed.instrument(span))
+        }
+        None => {
+            let (store, heartbeat_key) = (config.store.clone(), record.clone());
+            // The guard holds the record key until the claim is kept or released.
+            let claim = ClaimGuard::new(store.clone(), record, token);
+            let request = Request::from_parts(parts, ReqBody::from(bytes));
+            let claimed = RunClaimed::new(config, inner, request, claim, running);
+            Box::pin(kept_alive(claimed, store, heartbeat_key, token).instrument(span))
+        }
     }
 }
 
 /// Runs the inner service for a claimed key inside the store's transaction,
-/// and records its response in the same transaction.
-async fn run_in_transaction<S, E, P, ReqBody, ResBody>(
+/// and records its response in the same transaction; counted as running
+/// until it returns. Not an `async fn`, for the reason given at [`handle`].
+#[allow(clippy::manual_async_fn)]
+fn run_in_transaction<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
-    transactions: &dyn TransactionalStore,
+    transactions: Arc<dyn TransactionalStore>,
     mut inner: S,
     mut parts: http::request::Parts,
     bytes: Bytes,
     (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
-) -> (Result<Answer<ResBody>, S::Error>, Outcome)
+    running: Running,
+) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     P: CachePolicy,
@@ -364,97 +296,102 @@ where
     ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
-    let claim = ClaimGuard::new(config.store.clone(), record, token);
-    let (claim, transaction) = match open_transaction(transactions, claim, token, opened).await {
-        Ok(opened) => opened,
-        // Taken over before the handler ran: the new owner runs it.
-        Err(NotOpened::TakenOver) => return refuse(Refusal::InProgress),
-        Err(NotOpened::Failed(_)) => return refuse(Refusal::StoreUnavailable),
-    };
-    transaction.share(&mut parts.extensions);
-    // Until the commit, nothing the handler wrote exists for anyone else: every
-    // path that does not record rolls it back and frees the key, and so does a
-    // panic or a dropped future (the transaction and the guard are dropped).
-    let response = match inner
-        .call(Request::from_parts(parts, ReqBody::from(bytes)))
-        .await
-    {
-        Ok(response) => response,
-        Err(error) => {
+    async move {
+        // Moved in, so that it is counted until this future completes.
+        let _running = running;
+        let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
+        let claim = ClaimGuard::new(config.store.clone(), record, token);
+        let (claim, transaction) =
+            match open_transaction(&*transactions, claim, token, opened).await {
+                Ok(opened) => opened,
+                // Taken over before the handler ran: the new owner runs it.
+                Err(NotOpened::TakenOver) => return refuse(Refusal::InProgress),
+                Err(NotOpened::Failed(_)) => return refuse(Refusal::StoreUnavailable),
+            };
+        transaction.share(&mut parts.extensions);
+        // Until the commit, nothing the handler wrote exists for anyone else: every
+        // path that does not record rolls it back and frees the key, and so does a
+        // panic or a dropped future (the transaction and the guard are dropped).
+        let response = match inner
+            .call(Request::from_parts(parts, ReqBody::from(bytes)))
+            .await
+        {
+            Ok(response) => response,
+            Err(error) => {
+                transaction.rollback().await;
+                claim.release().await;
+                return (Err(error), Outcome::Released);
+            }
+        };
+        let (res_parts, res_body) = response.into_parts();
+        if !config.policy.should_record(&res_parts) {
             transaction.rollback().await;
             claim.release().await;
-            return (Err(error), Outcome::Released);
-        }
-    };
-    let (res_parts, res_body) = response.into_parts();
-    if !config.policy.should_record(&res_parts) {
-        transaction.rollback().await;
-        claim.release().await;
-        let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
-        return (Ok(response), Outcome::Released);
-    }
-    // Read whole before the commit (nothing the handler wrote is visible
-    // before it), up to the record limit.
-    let mut body = Box::pin(res_body);
-    let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
-    match record::read(&mut body, &mut copy, &mut frames, true).await {
-        Read::Failed(error) => {
-            transaction.rollback().await;
-            claim.release().await;
-            let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+            let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
             return (Ok(response), Outcome::Released);
         }
-        Read::Ended => {}
-        // Too large to record: the writes commit, marked as not replayable,
-        // and the body goes on to the caller.
-        Read::Over | Read::Continues => {
-            if let Err(error) = transaction.commit_unavailable().await {
+        // Read whole before the commit (nothing the handler wrote is visible
+        // before it), up to the record limit.
+        let mut body = Box::pin(res_body);
+        let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
+        match record::read(&mut body, &mut copy, &mut frames, true).await {
+            Read::Failed(error) => {
+                transaction.rollback().await;
+                claim.release().await;
+                let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+                return (Ok(response), Outcome::Released);
+            }
+            Read::Ended => {}
+            // Too large to record: the writes commit, marked as not replayable,
+            // and the body goes on to the caller.
+            Read::Over | Read::Continues => {
+                if let Err(error) = transaction.commit_unavailable().await {
+                    tracing::warn!(%error, "the handler's transaction did not commit");
+                    claim.release().await;
+                    return refuse(Refusal::StoreUnavailable);
+                }
+                let _ = claim.keep();
+                let rest = Rest {
+                    body,
+                    copy,
+                    read: frames,
+                    recorder: None,
+                };
+                let body = match record::spawn_rest(rest, config.in_flight.enter()) {
+                    Ok(frames) => ResponseBody::streamed(frames),
+                    Err(rest) => record::finish_here(*rest).await.0,
+                };
+                return (
+                    Ok(Response::from_parts(res_parts, body)),
+                    Outcome::Unavailable,
+                );
+            }
+        }
+        let body = copy.into_bytes();
+        let stored = StoredResponse {
+            status: res_parts.status,
+            headers: recorded_headers(&config.replayed_headers, &res_parts),
+            body: body.clone(),
+        };
+        match transaction.commit(stored).await {
+            Ok(()) => {
+                let _ = claim.keep();
+                let response = Response::from_parts(res_parts, ResponseBody::full(body));
+                (Ok(response), Outcome::Claimed)
+            }
+            // Rolled back (or, if the connection died during COMMIT, unknown: then
+            // the record committed with the writes, and the release is refused).
+            Err(error) => {
                 tracing::warn!(%error, "the handler's transaction did not commit");
                 claim.release().await;
-                return refuse(Refusal::StoreUnavailable);
+                refuse(Refusal::StoreUnavailable)
             }
-            let _ = claim.keep();
-            let rest = Rest {
-                body,
-                copy,
-                read: frames,
-                recorder: None,
-            };
-            let body = match record::spawn_rest(rest, config.in_flight.enter()) {
-                Ok(frames) => ResponseBody::streamed(frames),
-                Err(rest) => record::finish_here(*rest).await.0,
-            };
-            return (
-                Ok(Response::from_parts(res_parts, body)),
-                Outcome::Unavailable,
-            );
-        }
-    }
-    let body = copy.into_bytes();
-    let stored = StoredResponse {
-        status: res_parts.status,
-        headers: recorded_headers(&config.replayed_headers, &res_parts),
-        body: body.clone(),
-    };
-    match transaction.commit(stored).await {
-        Ok(()) => {
-            let _ = claim.keep();
-            let response = Response::from_parts(res_parts, ResponseBody::full(body));
-            (Ok(response), Outcome::Claimed)
-        }
-        // Rolled back (or, if the connection died during COMMIT, unknown: then
-        // the record committed with the writes, and the release is refused).
-        Err(error) => {
-            tracing::warn!(%error, "the handler's transaction did not commit");
-            claim.release().await;
-            refuse(Refusal::StoreUnavailable)
         }
     }
 }
 
 /// The allow-listed headers of a response, as they are recorded.
-fn recorded_headers(
+pub(crate) fn recorded_headers(
     replayed_headers: &[http::HeaderName],
     parts: &http::response::Parts,
 ) -> Vec<(http::HeaderName, HeaderValue)> {
