@@ -175,7 +175,7 @@ pub fn request(key: &str, body: &Bytes, cookie: Option<&HeaderValue>) -> Request
     builder.body(Body::from(body.clone())).expect("request")
 }
 
-/// Requests for one batch, built before timing.
+/// Requests for one batch, to be built before timing (`MOUNTED_BUILD=before`).
 pub fn requests(
     variant: Variant,
     n: u64,
@@ -184,15 +184,24 @@ pub fn requests(
     cookie: Option<&HeaderValue>,
 ) -> Vec<Request> {
     (0..n)
-        .map(|i| {
-            let key = if !variant.replays() {
-                format!("order-{run:04}-{i:010}")
-            } else {
-                seed_key(i % replay_keys())
-            };
-            request(&key, body, cookie)
-        })
+        .map(|i| nth_request(variant, i, run, body, cookie))
         .collect()
+}
+
+/// Request `i` of a batch.
+pub fn nth_request(
+    variant: Variant,
+    i: u64,
+    run: u64,
+    body: &Bytes,
+    cookie: Option<&HeaderValue>,
+) -> Request {
+    let key = if !variant.replays() {
+        format!("order-{run:04}-{i:010}")
+    } else {
+        seed_key(i % replay_keys())
+    };
+    request(&key, body, cookie)
 }
 
 /// How many completed keys the replay variants cycle through
