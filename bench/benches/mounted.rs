@@ -88,8 +88,9 @@ fn run(runtime: &str, variants: &[Variant], rounds: usize, batch: u64) {
     let at = |v: Variant| variants.iter().position(|x| *x == v).map(|i| med[i]);
     let over = |v: Variant| Some(at(v)? - at(v.baseline())?);
     println!(
-        "## Mounted in axum ({runtime}-thread runtime): route_layer, router clone + oneshot per request, {}-byte unsorted JSON, String handler",
-        body.len()
+        "## Mounted in axum ({runtime}-thread runtime): route_layer, router clone + oneshot per request, {}-byte unsorted JSON, String handler, requests built {}",
+        body.len(),
+        if build_inline() { "as they are sent" } else { "before timing" }
     );
     println!("{rounds} interleaved rounds × {batch} requests per variant; median wall time per request (min–max of rounds)");
     println!();
