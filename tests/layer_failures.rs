@@ -160,6 +160,62 @@ async fn handler_panic_frees_the_key_claims_never_stuck_in_progress() {
     }
 }
 
+/// A request body type whose rebuilding from the buffered bytes panics on
+/// the body `boom`.
+struct Fragile(http_body_util::Full<Bytes>);
+
+impl http_body::Body for Fragile {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Pin::new(&mut self.get_mut().0).poll_frame(cx)
+    }
+}
+
+impl From<Bytes> for Fragile {
+    fn from(bytes: Bytes) -> Self {
+        assert_ne!(
+            &bytes[..],
+            b"boom",
+            "the body type failed (expected by this test)"
+        );
+        Self(http_body_util::Full::new(bytes))
+    }
+}
+
+/// Rebuilding the request for the handler happens once the key is claimed:
+/// a panic there is the handler's, answered `500`, and frees the key.
+#[tokio::test]
+async fn a_panic_rebuilding_the_request_body_answers_500_and_frees_the_key() {
+    let (store, runs) = (MemoryStore::new(), Runs::default());
+    let counter = runs.0.clone();
+    let svc = IdempotencyLayer::new(store.clone()).layer(tower::service_fn(
+        move |_req: Request<Fragile>| {
+            let run = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+            async move { Ok::<_, Infallible>(created(run)) }
+        },
+    ));
+    let request = |body: &'static [u8]| {
+        let mut req = Request::post("/v1/orders")
+            .header("idempotency-key", KEY)
+            .body(Fragile(http_body_util::Full::new(Bytes::from_static(body))))
+            .unwrap();
+        req.extensions_mut().insert(Scope::new("merchant_1"));
+        req
+    };
+    let res = svc.clone().oneshot(request(b"boom")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(runs.get(), 0, "the handler never ran");
+    until_released(&store, 0).await;
+    let other = svc.clone().oneshot(request(b"{}")).await.unwrap();
+    assert_eq!(other.status(), StatusCode::CREATED, "the key is free again");
+    assert_eq!(runs.get(), 1);
+}
+
 /// A handler that, for requests carrying `x-hang`, signals `started` and never answers.
 fn hanging(
     runs: &Runs,

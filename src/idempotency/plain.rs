@@ -21,6 +21,7 @@ use http::{Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -47,8 +48,13 @@ pin_project! {
 pin_project! {
     #[project = StageProjection]
     enum Stage<S, ReqBody, F, Out> {
-        // Called at the first poll, where a panic of the handler is caught.
-        NotCalled { inner: S, request: Option<Request<ReqBody>> },
+        // Called at the first poll, where a panic of the handler (or of
+        // building its request) is caught.
+        NotCalled {
+            inner: S,
+            request: Option<(http::request::Parts, Bytes)>,
+            body: PhantomData<fn() -> ReqBody>,
+        },
         Calling { #[pin] call: F },
         // Recording the response, or releasing the claim.
         Finishing { rest: Boxed<Out> },
@@ -63,7 +69,7 @@ where
     pub(crate) fn new(
         config: Arc<Config<E, P>>,
         inner: S,
-        request: Request<ReqBody>,
+        request: (http::request::Parts, Bytes),
         claim: ClaimGuard,
         running: Running,
     ) -> Self {
@@ -71,6 +77,7 @@ where
             stage: Stage::NotCalled {
                 inner,
                 request: Some(request),
+                body: PhantomData,
             },
             config,
             claim: Some(claim),
@@ -85,6 +92,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     S::Error: Send + 'static,
     P: CachePolicy,
+    ReqBody: From<Bytes>,
     ResBody: Body + Send + 'static,
     ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,
@@ -95,9 +103,9 @@ where
         let mut this = self.project();
         loop {
             match this.stage.as_mut().project() {
-                StageProjection::NotCalled { inner, request } => {
-                    let request = request.take().expect("called once");
-                    let call = inner.call(request);
+                StageProjection::NotCalled { inner, request, .. } => {
+                    let (parts, bytes) = request.take().expect("called once");
+                    let call = inner.call(Request::from_parts(parts, ReqBody::from(bytes)));
                     this.stage.set(Stage::Calling { call });
                 }
                 StageProjection::Calling { call } => {

@@ -268,8 +268,7 @@ where
             let (store, heartbeat_key) = (config.store.clone(), record.clone());
             // The guard holds the record key until the claim is kept or released.
             let claim = ClaimGuard::new(store.clone(), record, token);
-            let request = Request::from_parts(parts, ReqBody::from(bytes));
-            let claimed = RunClaimed::new(config, inner, request, claim, running);
+            let claimed = RunClaimed::new(config, inner, (parts, bytes), claim, running);
             Box::pin(kept_alive(claimed, store, heartbeat_key, token).instrument(span))
         }
     }
