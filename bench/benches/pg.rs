@@ -361,10 +361,19 @@ fn main() {
             v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
             v[v.len() / 2]
         };
+        // Each run's ratio is taken between the two halves of that run, which
+        // follow each other: the machine's speed drifts less within a run than
+        // between runs.
+        let paired: Vec<f64> = ours_runs
+            .iter()
+            .zip(&pgbench_runs)
+            .map(|(ours, tps)| 100.0 * ours / tps)
+            .collect();
         let (ours, tps) = (med(ours_runs), med(pgbench_runs));
         println!(
-            "- median: PostgresStore {ours:.0} fresh requests/s, pgbench {tps:.0} transactions/s: {:.1}% of pgbench",
-            100.0 * ours / tps
+            "- median: PostgresStore {ours:.0} fresh requests/s, pgbench {tps:.0} transactions/s: {:.1}% of pgbench; median of the runs' own ratios {:.1}%",
+            100.0 * ours / tps,
+            med(paired)
         );
         if let Some((_, text)) = &pgbench {
             for line in text.lines().filter(|l| {
