@@ -53,6 +53,7 @@ fn post(key: &str, body: impl Into<Body>) -> Request<Body> {
 }
 
 /// One step of a [`Scripted`] body.
+#[derive(Clone)]
 pub(crate) enum Step {
     Data(Bytes),
     Pause(Duration),

@@ -218,25 +218,24 @@ async fn a_cache_policy_can_decline_event_streams_by_their_head() {
     );
 }
 
-#[tokio::test]
-async fn a_response_of_several_ready_frames_is_recorded_whole_and_replayed_alike() {
-    use crate::layer_failures::{data, scripted};
+/// Serves `steps` as the handler's `201` body through `layer`: the caller
+/// gets `expected`, a retry the same bytes replayed, and the handler ran once.
+async fn recorded_whole_and_replayed_alike(
+    layer: IdempotencyLayer,
+    steps: Vec<crate::layer_failures::Step>,
+    expected: &str,
+) {
     let runs = Arc::new(AtomicUsize::new(0));
-    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn({
+    let svc = layer.layer(service_fn({
         let runs = runs.clone();
         move |_req: Request<Full<Bytes>>| {
             runs.fetch_add(1, Ordering::SeqCst);
-            // Four frames, each ready when the layer reads the body.
-            let chunks = [&b"{\"id\":"[..], b"1", b",\"lines\":[1,2", b",3]}"];
-            let body = scripted(chunks.map(data));
+            let body = crate::layer_failures::scripted(steps.clone());
             async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
         }
     }));
     let (status, first) = code_of(svc.clone().oneshot(request()).await.unwrap()).await;
-    assert_eq!(
-        (status, first.as_str()),
-        (StatusCode::CREATED, r#"{"id":1,"lines":[1,2,3]}"#)
-    );
+    assert_eq!((status, first.as_str()), (StatusCode::CREATED, expected));
     let retry = svc.clone().oneshot(request()).await.unwrap();
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     let (status, replayed) = code_of(retry).await;
@@ -244,36 +243,32 @@ async fn a_response_of_several_ready_frames_is_recorded_whole_and_replayed_alike
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
+#[tokio::test]
+async fn a_response_of_several_ready_frames_is_recorded_whole_and_replayed_alike() {
+    use crate::layer_failures::data;
+    // Four frames, each ready when the layer reads the body.
+    let chunks = [&b"{\"id\":"[..], b"1", b",\"lines\":[1,2", b",3]}"];
+    let layer = IdempotencyLayer::new(MemoryStore::new());
+    recorded_whole_and_replayed_alike(
+        layer,
+        chunks.map(data).into(),
+        r#"{"id":1,"lines":[1,2,3]}"#,
+    )
+    .await;
+}
+
 /// With `with_cancel_on_drop(true)` nothing outlives the caller's future, so
 /// a body still streaming when the handler answers is read to its end there,
 /// recorded, and then answered whole.
 #[tokio::test]
 async fn with_cancel_on_drop_a_streaming_body_is_read_to_its_end_and_recorded() {
-    use crate::layer_failures::{data, scripted, Step};
-    let runs = Arc::new(AtomicUsize::new(0));
+    use crate::layer_failures::{data, Step};
+    // The second half comes after a pause: not ready when the layer first reads.
+    let steps = vec![
+        data(b"{\"id\":1,"),
+        Step::Pause(Duration::from_millis(20)),
+        data(b"\"lines\":3}"),
+    ];
     let layer = IdempotencyLayer::new(MemoryStore::new()).with_cancel_on_drop(true);
-    let svc = layer.layer(service_fn({
-        let runs = runs.clone();
-        move |_req: Request<Full<Bytes>>| {
-            runs.fetch_add(1, Ordering::SeqCst);
-            // The second half comes after a pause: not ready when the layer first reads.
-            let steps = [
-                data(b"{\"id\":1,"),
-                Step::Pause(Duration::from_millis(20)),
-                data(b"\"lines\":3}"),
-            ];
-            let body = scripted(steps);
-            async move { Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap()) }
-        }
-    }));
-    let (status, first) = code_of(svc.clone().oneshot(request()).await.unwrap()).await;
-    assert_eq!(
-        (status, first.as_str()),
-        (StatusCode::CREATED, r#"{"id":1,"lines":3}"#)
-    );
-    let retry = svc.clone().oneshot(request()).await.unwrap();
-    assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    let (status, replayed) = code_of(retry).await;
-    assert_eq!((status, replayed), (StatusCode::CREATED, first));
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    recorded_whole_and_replayed_alike(layer, steps, r#"{"id":1,"lines":3}"#).await;
 }
