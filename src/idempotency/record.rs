@@ -131,28 +131,22 @@ fn data_frame<D: Into<Bytes>>(frame: Frame<D>) -> Frame<Bytes> {
     frame.map_data(Into::into)
 }
 
-/// Reads the frames `body` has ready now, without waiting for more (most
-/// recorded bodies are whole at once), or, with `wait`, until it ends, fails
-/// or goes over the limit.
-pub(crate) async fn read<B>(
+/// Reads `body` until it ends, fails or goes over the limit.
+pub(crate) async fn read_to_end<B>(
     body: &mut Pinned<B>,
     copy: &mut Copy,
     read: &mut Few<Frame<Bytes>>,
-    wait: bool,
 ) -> Read
 where
     B: Body,
     B::Data: Into<Bytes>,
     B::Error: Into<BoxError>,
 {
-    std::future::poll_fn(|cx| match read_until_pending(body, copy, read, cx) {
-        Poll::Pending if !wait => Poll::Ready(Read::Continues),
-        polled => polled,
-    })
-    .await
+    std::future::poll_fn(|cx| read_until_pending(body, copy, read, cx)).await
 }
 
-/// Reads the frames `body` has ready now; [`Read::Continues`] if it has to wait.
+/// Reads the frames `body` has ready now, without waiting for more (most
+/// recorded bodies are whole at once): [`Read::Continues`] if it has to wait.
 pub(crate) fn read_ready<B>(
     body: &mut Pinned<B>,
     copy: &mut Copy,
@@ -170,6 +164,8 @@ where
     }
 }
 
+/// Reads frames until the body ends, fails or goes over the limit (`Ready`),
+/// or has to wait (`Pending`).
 fn read_until_pending<B>(
     body: &mut Pinned<B>,
     copy: &mut Copy,
@@ -526,7 +522,7 @@ where
         recorder,
     } = rest;
     let end = loop {
-        match read(&mut body, &mut copy, &mut frames, true).await {
+        match read_to_end(&mut body, &mut copy, &mut frames).await {
             // Past the limit the frames are still gathered, for the caller.
             Read::Over | Read::Continues => continue,
             end => break end,

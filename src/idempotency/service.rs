@@ -333,7 +333,7 @@ where
         // before it), up to the record limit.
         let mut body = Box::pin(res_body);
         let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
-        match record::read(&mut body, &mut copy, &mut frames, true).await {
+        match record::read_to_end(&mut body, &mut copy, &mut frames).await {
             Read::Failed(error) => {
                 transaction.rollback().await;
                 claim.release().await;
