@@ -31,6 +31,12 @@ pub enum Refusal {
     ResponseUnavailable,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
+    /// `503 idempotency_outcome_unknown` with `Retry-After`: the handler ran,
+    /// then its transaction's commit failed, or its outcome is unknown (the
+    /// connection lost during `COMMIT`). Its writes and its record committed
+    /// together or not at all: a retry under the same key replays the record,
+    /// or runs the request once more on a clean slate.
+    OutcomeUnknown,
     /// `429 idempotency_quota_exceeded`: the request's scope holds as many
     /// records as the store's per-scope quota allows; nothing was run.
     QuotaExceeded,
@@ -56,6 +62,7 @@ impl Refusal {
             Self::InProgress => "idempotency_in_progress",
             Self::ResponseUnavailable => "idempotency_response_unavailable",
             Self::StoreUnavailable => "idempotency_store_unavailable",
+            Self::OutcomeUnknown => "idempotency_outcome_unknown",
             Self::QuotaExceeded => "idempotency_quota_exceeded",
             Self::Overloaded => "overloaded",
             Self::HandlerFailed => "internal_error",
@@ -83,6 +90,11 @@ impl Refusal {
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
             }
+            Self::OutcomeUnknown => {
+                "the request was processed, but whether its result was saved is unknown; \
+                 retry with the same idempotency key: the retry returns the saved result, \
+                 or processes the request again if nothing was saved"
+            }
             Self::QuotaExceeded => {
                 "this account holds as many idempotency keys as it may; the request was not \
                  processed, retry once earlier keys have expired"
@@ -96,7 +108,7 @@ impl Refusal {
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            Self::InProgress | Self::StoreUnavailable | Self::Overloaded
+            Self::InProgress | Self::StoreUnavailable | Self::OutcomeUnknown | Self::Overloaded
         )
     }
 
@@ -110,7 +122,9 @@ impl Refusal {
             // Not 409: clients following the IETF draft retry a 409 later,
             // and this answer never changes while the record is retained.
             Self::ResponseUnavailable => StatusCode::GONE,
-            Self::StoreUnavailable | Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::StoreUnavailable | Self::OutcomeUnknown | Self::Overloaded => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
             Self::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -92,7 +92,7 @@ impl From<crate::Refusal> for Outcome {
         match refusal {
             Refusal::KeyReuse => Self::Reused,
             Refusal::InProgress => Self::InProgress,
-            Refusal::StoreUnavailable => Self::StoreError,
+            Refusal::StoreUnavailable | Refusal::OutcomeUnknown => Self::StoreError,
             Refusal::HandlerFailed => Self::Released,
             Refusal::ResponseUnavailable => Self::Unavailable,
             Refusal::QuotaExceeded => Self::OverQuota,

@@ -8,6 +8,9 @@
 #[cfg(all(feature = "postgres", feature = "test-util"))]
 #[path = "exactly_once/postgres.rs"]
 mod postgres;
+#[cfg(all(feature = "postgres", feature = "test-util"))]
+#[path = "exactly_once/postgres_liveness.rs"]
+mod postgres_liveness;
 #[cfg(feature = "postgres")]
 #[path = "exactly_once/processes.rs"]
 mod processes;

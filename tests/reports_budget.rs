@@ -59,12 +59,16 @@ async fn a_token_cap_reserves_each_reports_estimate_and_429_says_when_it_resets(
 /// `REPORT_PROVIDER_FAIL=5xx`: the job fails `provider_5xx` and its tokens
 /// return, so the tenant can start another report within the cap.
 async fn a_failed_providers_job_returns_its_tokens(backend: Backend) {
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
     let opts = Opts {
         token_cap: Some(1500),
         worker: app::Worker::BuiltIn {
             chunk_delay: std::time::Duration::from_millis(20),
         },
         provider_failure: Some(app::ProviderFailure::Status5xx),
+        // The provider answers only once the second start was refused, so the
+        // refusal never races the failure.
+        provider_gate: Some(gate.clone()),
         ..Opts::default()
     };
     let app = demo_with(&backend, opts).await;
@@ -72,6 +76,7 @@ async fn a_failed_providers_job_returns_its_tokens(backend: Backend) {
     let job = app.start_id(tenant, &health("2026-08"), 202).await;
     // While it runs, its 1200 tokens are reserved: no room for a second.
     assert_eq!(app.start(tenant, &health("2026-09")).await.status, 429);
+    gate.add_permits(1);
     let failed = tokio::time::timeout(std::time::Duration::from_secs(10), async {
         loop {
             let job = app.job(tenant, &job).await;

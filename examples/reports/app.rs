@@ -106,6 +106,9 @@ pub struct Config {
     pub token_cap: Option<u64>,
     /// Makes the built-in worker's provider fail (`REPORT_PROVIDER_FAIL`).
     pub provider_failure: Option<ProviderFailure>,
+    /// Holds each provider call until a permit is available (one per call):
+    /// the caller decides when the provider answers. `None`: at once.
+    pub provider_gate: Option<Arc<tokio::sync::Semaphore>>,
     /// The bearer token of `POST /admin/budget/reset` (`ADMIN_TOKEN`).
     pub admin_token: Arc<str>,
     /// The identity leases granted by `POST /reports/start` go to
@@ -122,6 +125,7 @@ impl Default for Config {
             budget: None,
             token_cap: None,
             provider_failure: None,
+            provider_gate: None,
             admin_token: "admin".into(),
             owner: None,
         }
@@ -134,6 +138,7 @@ struct AppState {
     store: Arc<dyn Jobs>,
     worker: Worker,
     provider_failure: Option<ProviderFailure>,
+    provider_gate: Option<Arc<tokio::sync::Semaphore>>,
     admin_token: Arc<str>,
 }
 
@@ -168,6 +173,7 @@ pub fn router_with_records(
         store,
         worker: config.worker,
         provider_failure: config.provider_failure,
+        provider_gate: config.provider_gate,
         admin_token: config.admin_token,
     };
     let tenant = Router::new()

@@ -31,8 +31,11 @@ pub(super) async fn start_report(
     match state.worker {
         Worker::Off => {}
         Worker::BuiltIn { chunk_delay } => {
-            let failure = state.provider_failure;
+            let (failure, gate) = (state.provider_failure, state.provider_gate.clone());
             lease.spawn_worker(move |lease| async move {
+                if let Some(gate) = gate {
+                    gate.acquire().await.map_err(|_| "provider_gone")?.forget();
+                }
                 if let Some(failure) = failure {
                     // The provider call: an error, or no answer before our timeout.
                     tokio::time::sleep(chunk_delay).await;

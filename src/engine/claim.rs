@@ -18,6 +18,8 @@ pub(crate) struct ClaimGuard {
     pub(crate) store: Arc<dyn Store>,
     /// The claim, until it is kept or released.
     pub(crate) armed: Option<(RecordKey, FencingToken)>,
+    /// The claim lives in a transaction: ending that frees it, no release is sent.
+    pub(crate) in_transaction: bool,
 }
 
 impl ClaimGuard {
@@ -25,6 +27,7 @@ impl ClaimGuard {
         Self {
             store,
             armed: Some((record, token)),
+            in_transaction: false,
         }
     }
 
@@ -39,6 +42,10 @@ impl ClaimGuard {
     }
 
     pub(crate) async fn release(mut self) {
+        if self.in_transaction {
+            self.armed = None;
+            return;
+        }
         let (record, token) = self.armed.as_ref().expect("an armed claim");
         // Best effort: if the store is down, the claim's lock expiry frees the key.
         let _ = self.store.release(record, *token).await;
@@ -52,6 +59,9 @@ impl Drop for ClaimGuard {
         let Some((record, token)) = self.armed.take() else {
             return;
         };
+        if self.in_transaction {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let store = self.store.clone();
             runtime.spawn(async move {
@@ -82,7 +92,11 @@ pub(crate) async fn open_transaction(
         None => transactions.open(claim.record(), token).await,
     };
     match opened {
-        Ok(transaction) => Ok((claim, transaction)),
+        Ok(transaction) => {
+            let mut claim = claim;
+            claim.in_transaction = transaction.holds_claim();
+            Ok((claim, transaction))
+        }
         Err(StoreError::ClaimLost) => {
             let _ = claim.keep();
             Err(NotOpened::TakenOver)

@@ -101,6 +101,11 @@ pub enum EngineError<E> {
     /// run, its result could not be recorded and the key stays in progress
     /// until its lock runs out).
     Store(StoreError),
+    /// The operation ran (in transactional mode), then its transaction's
+    /// commit failed or its outcome is unknown: its writes and its record
+    /// committed together or not at all. A retry under the same key returns
+    /// the recorded outcome, or runs the operation once more on a clean slate.
+    OutcomeUnknown(StoreError),
     /// The operation ran and failed.
     Operation(E),
     /// The operation panicked; its key was freed.
@@ -113,6 +118,7 @@ impl<E: fmt::Display> fmt::Display for EngineError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Store(e) => write!(f, "idempotency store: {e}"),
+            Self::OutcomeUnknown(e) => write!(f, "ran, but its commit's outcome is unknown: {e}"),
             Self::Operation(e) => write!(f, "operation failed: {e}"),
             Self::Panicked => f.write_str("operation panicked"),
             Self::Value(e) => write!(f, "recorded value: {e}"),
@@ -123,7 +129,7 @@ impl<E: fmt::Display> fmt::Display for EngineError<E> {
 impl<E: std::error::Error + 'static> std::error::Error for EngineError<E> {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Store(e) => Some(e),
+            Self::Store(e) | Self::OutcomeUnknown(e) => Some(e),
             Self::Operation(e) => Some(e),
             _ => None,
         }

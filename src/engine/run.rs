@@ -258,7 +258,7 @@ impl Engine {
                     }
                     Err(error) => {
                         claim.release().await;
-                        Err(EngineError::Store(error))
+                        Err(EngineError::OutcomeUnknown(error))
                     }
                 }
             }

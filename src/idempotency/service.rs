@@ -347,7 +347,7 @@ where
                 if let Err(error) = transaction.commit_unavailable().await {
                     tracing::warn!(%error, "the handler's transaction did not commit");
                     claim.release().await;
-                    return refuse(Refusal::StoreUnavailable);
+                    return refuse(Refusal::OutcomeUnknown);
                 }
                 let _ = claim.keep();
                 let rest = Rest {
@@ -380,10 +380,11 @@ where
             }
             // Rolled back (or, if the connection died during COMMIT, unknown: then
             // the record committed with the writes, and the release is refused).
+            // The handler ran either way: never "not processed".
             Err(error) => {
                 tracing::warn!(%error, "the handler's transaction did not commit");
                 claim.release().await;
-                refuse(Refusal::StoreUnavailable)
+                refuse(Refusal::OutcomeUnknown)
             }
         }
     }

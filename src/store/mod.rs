@@ -17,6 +17,8 @@ pub mod jobs;
 mod memory;
 #[cfg(feature = "leases")]
 mod memory_jobs;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod near_cache;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "redis")]
@@ -29,6 +31,8 @@ pub use jobs::{JobMaintenance, JobReader, JobStore, JobStoreError};
 pub use memory::MemoryStore;
 #[cfg(feature = "leases")]
 pub use memory_jobs::MemoryJobStore;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+pub use near_cache::NearCache;
 #[cfg(all(feature = "postgres", feature = "leases"))]
 pub use postgres::PostgresJobStore;
 #[cfg(feature = "postgres")]
@@ -287,6 +291,13 @@ pub trait TransactionalStore: Store {
 pub trait RecordTransaction: Send {
     /// Puts the handle the handler writes through into its request extensions.
     fn share(&self, extensions: &mut http::Extensions);
+
+    /// Whether the claim itself was made in this transaction (by
+    /// [`TransactionalStore::begin_in_transaction`]), so that ending it without
+    /// a commit frees the key and the layer sends no [`Store::release`].
+    fn holds_claim(&self) -> bool {
+        false
+    }
 
     /// Records `response` (fenced by the claim's token) and commits it with
     /// everything the handler wrote. On error nothing of it is committed, unless

@@ -411,9 +411,11 @@ async fn a_caller_hanging_up_never_repeats_an_effect() {
     }
 }
 
-/// Transactional mode's round trips on a warm connection: the claim and the
-/// transaction's lock in one, the completion and the commit in another, and
-/// the handler's own statements.
+/// Transactional mode's round trips on a warm connection: the claim with the
+/// transaction's `BEGIN` in one, the completion and the commit in another, and
+/// the handler's own statements. A replay on the instance that recorded the
+/// response (or already read it) costs none; on another instance, one before
+/// the answer and a `ROLLBACK` after it, then none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
     let Some(url) = pg::database_url("transactional_round_trips") else {
@@ -425,10 +427,26 @@ async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
         table: table.clone(),
         step: Duration::ZERO,
     };
+    // Another instance on the same table.
+    let other = PostgresStore::new(pg::pool(pg::pg_config(&url), 1))
+        .with_table(store.table().split_once('.').unwrap().1)
+        .with_lock_timeout(Duration::from_secs(10))
+        .with_listener(pg::pg_config(&url));
+    let other_app = app(
+        IdempotencyLayer::transactional(other.clone()),
+        effects.clone(),
+    );
     let app = app(IdempotencyLayer::transactional(store.clone()), effects);
     for i in 0..2 {
         send(&app, &format!("order-warm-{i}"), None).await; // prepares on the one connection
     }
+    timeout(PATIENCE, async {
+        while !store.is_listening() {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
     let before = store.round_trips();
     assert_eq!(
         send(&app, "order-trips-1", None).await.0,
@@ -437,20 +455,39 @@ async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
     assert_eq!(
         store.round_trips() - before,
         2,
-        "fresh: claim+BEGIN+lock, UPDATE+COMMIT"
+        "fresh: BEGIN+claim, UPDATE+COMMIT"
     );
     let before = store.round_trips();
     assert!(send(&app, "order-trips-1", None).await.2);
-    // The replay's answer needs one; the transaction opened for nothing is
-    // rolled back after it (one more, off the answer's path).
+    assert_eq!(
+        store.round_trips() - before,
+        0,
+        "recorded here: answered near"
+    );
+
+    send(&other_app, "order-warm-0", None).await; // prepares, and starts the listener
     timeout(PATIENCE, async {
-        while store.round_trips() - before < 2 {
+        while !other.is_listening() {
             sleep(Duration::from_millis(5)).await;
         }
     })
     .await
     .unwrap();
-    assert_eq!(store.round_trips() - before, 2);
+    let before = other.round_trips();
+    assert!(send(&other_app, "order-trips-1", None).await.2);
+    // The replay's answer needs one; the transaction opened for nothing is
+    // rolled back after it (one more, off the answer's path).
+    timeout(PATIENCE, async {
+        while other.round_trips() - before < 2 {
+            sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(other.round_trips() - before, 2);
+    let before = other.round_trips();
+    assert!(send(&other_app, "order-trips-1", None).await.2);
+    assert_eq!(other.round_trips() - before, 0, "read once: answered near");
 }
 
 /// Transactional mode, a response over the record limit: the writes commit

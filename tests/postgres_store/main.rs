@@ -11,6 +11,7 @@ use tower_idempotency::store::conformance;
 
 mod claims;
 mod layer;
+mod near_cache;
 mod outages;
 mod retention;
 mod schema;

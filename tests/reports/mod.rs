@@ -218,6 +218,7 @@ pub struct Opts {
     pub budget: Option<Budget>,
     pub token_cap: Option<u64>,
     pub provider_failure: Option<app::ProviderFailure>,
+    pub provider_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Default for Opts {
@@ -228,6 +229,7 @@ impl Default for Opts {
             budget: None,
             token_cap: None,
             provider_failure: None,
+            provider_gate: None,
         }
     }
 }
@@ -238,6 +240,7 @@ pub fn config(opts: &Opts) -> Config {
         budget: opts.budget,
         token_cap: opts.token_cap,
         provider_failure: opts.provider_failure,
+        provider_gate: opts.provider_gate.clone(),
         admin_token: "admin".into(),
         owner: Some("reports-api".into()),
     }

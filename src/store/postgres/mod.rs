@@ -52,11 +52,13 @@ use self::single_flight::{Flights, Leader};
 use self::sql::{is_identifier, Sql};
 use self::wait::{listener_connect, ListenerConnect};
 use super::encoding::decode_headers;
+use super::near_cache::{Cache, Completed, NearCache};
 use super::waiters::Waits;
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::body::BoxError;
 use crate::limits;
 use bytes::Bytes;
+use dashmap::DashMap;
 use deadpool_postgres::{Object, Pool};
 use http::StatusCode;
 use sha2::{Digest, Sha256};
@@ -71,7 +73,7 @@ use tokio_postgres::{Row, Socket, Statement};
 
 /// How often `begin` re-runs its statement when a concurrent transaction keeps
 /// committing a live row after the statement's snapshot was taken.
-const BEGIN_ATTEMPTS: usize = 8;
+pub(super) const BEGIN_ATTEMPTS: usize = 8;
 
 /// A [`Store`] in a PostgreSQL table, shared by every instance of an application.
 ///
@@ -133,6 +135,10 @@ struct Inner {
     waits: Waits,
     flights: Flights,
     stats: Stats,
+    /// Completed records this instance wrote or read (see [`NearCache`]).
+    near_cache: Option<Cache>,
+    /// The fingerprints of this instance's plain-mode claims, until completed.
+    claims: DashMap<RecordKey, (FencingToken, [u8; 32])>,
 }
 
 #[derive(Clone)]
@@ -143,6 +149,7 @@ struct Config {
     lock_timeout: Duration,
     operation_timeout: Duration,
     listener: Option<ListenerConnect>,
+    near_cache: NearCache,
 }
 
 #[derive(Default)]
@@ -182,6 +189,7 @@ impl PostgresStore {
                 lock_timeout: Duration::from_secs(10),
                 operation_timeout: Duration::from_secs(5),
                 listener: None,
+                near_cache: NearCache::default(),
             },
         )
     }
@@ -201,11 +209,13 @@ impl PostgresStore {
         Self {
             inner: Arc::new(Inner {
                 pool,
+                near_cache: Cache::new(config.near_cache),
                 config,
                 sql,
                 waits: Waits::default(),
                 flights: Flights::default(),
                 stats: Stats::default(),
+                claims: DashMap::new(),
             }),
         }
     }
@@ -298,6 +308,18 @@ impl PostgresStore {
         self.reconfigure(|c| c.listener = Some(connect))
     }
 
+    /// The near cache of completed records (default: 16 MiB, entries trusted
+    /// for 10 s; [`NearCache::disabled`] turns it off).
+    ///
+    /// A retry of a record this instance completed or already read is then
+    /// answered from memory, with no round trip. It is used only while the
+    /// [listener](Self::with_listener) is connected, because that is how a
+    /// [`purge_scope`](Store::purge_scope) on another instance reaches this
+    /// one: without a listener every `begin` asks the database.
+    pub fn with_near_cache(self, near_cache: NearCache) -> Self {
+        self.reconfigure(|c| c.near_cache = near_cache)
+    }
+
     /// Creates or upgrades the schema, sequence, table and index: the numbered
     /// migrations of the table not yet recorded in
     /// `<schema>.tower_idempotency_migrations` run in order.
@@ -338,6 +360,18 @@ pub(super) fn backend(error: impl Into<BoxError>) -> StoreError {
 
 pub(super) fn hex_sha256(bytes: &[u8]) -> String {
     super::encoding::hex(&Sha256::digest(bytes))
+}
+
+/// The completed record a `begin` row answered with, for the near cache:
+/// its answer and how long the database said it has left.
+fn completed_of(begun: &Begin, row: &Row) -> Option<(Completed, Duration)> {
+    let completed = match begun {
+        Begin::Replay(stored) => Completed::Response(stored.clone()),
+        Begin::ResponseUnavailable => Completed::Unavailable,
+        _ => return None,
+    };
+    let remaining: Option<i64> = row.try_get(5).ok()?;
+    Some((completed, Duration::from_millis(remaining?.max(0) as u64)))
 }
 
 fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
@@ -433,11 +467,14 @@ impl Inner {
             leader.close();
         }
         for _ in 0..BEGIN_ATTEMPTS {
+            let (sent, epoch) = (tokio::time::Instant::now(), self.near_epoch());
             let rows = self
                 .query(&client, &self.sql.begin, &[&scope, &k, &fp])
                 .await?;
             if let Some(row) = rows.first() {
-                return decode_begin(row);
+                let begun = decode_begin(row)?;
+                self.remember_begun(key, fp, &begun, row, sent, epoch);
+                return Ok(begun);
             }
             // A concurrent claim committed after this statement's snapshot.
             self.stats.begin_retries.fetch_add(1, Ordering::Relaxed);
@@ -445,6 +482,78 @@ impl Inner {
         Err(backend(format!(
             "begin saw the record change under it {BEGIN_ATTEMPTS} times in a row"
         )))
+    }
+
+    /// The near cache, while purges on other instances reach this one (the
+    /// listener is connected).
+    fn near(&self) -> Option<&Cache> {
+        let cache = self.near_cache.as_ref()?;
+        self.waits
+            .listening
+            .load(Ordering::Acquire)
+            .then_some(cache)
+    }
+
+    /// The near cache's epoch before a read (see [`Cache::insert`]).
+    fn near_epoch(&self) -> u64 {
+        self.near_cache.as_ref().map_or(0, Cache::epoch)
+    }
+
+    /// A completed record `begin` read is kept near; a claim's fingerprint is
+    /// kept until its completion (which knows only the key and token).
+    fn remember_begun(
+        &self,
+        key: &RecordKey,
+        fp: &[u8],
+        begun: &Begin,
+        row: &Row,
+        sent: tokio::time::Instant,
+        epoch: u64,
+    ) {
+        let (Some(_), Ok(fp)) = (self.near(), <[u8; 32]>::try_from(fp)) else {
+            return;
+        };
+        match begun {
+            Begin::Claimed(token) => {
+                self.claims.insert(key.clone(), (*token, fp));
+            }
+            _ => self.remember_read(key, &fp, begun, row, sent, epoch),
+        }
+    }
+
+    /// A completed record a `begin` statement read (sent at `sent`) is kept near.
+    fn remember_read(
+        &self,
+        key: &RecordKey,
+        fp: &[u8; 32],
+        begun: &Begin,
+        row: &Row,
+        sent: tokio::time::Instant,
+        epoch: u64,
+    ) {
+        if let (Some(cache), Some((completed, remaining))) = (self.near(), completed_of(begun, row))
+        {
+            cache.insert(key, *fp, completed, sent + remaining, epoch);
+        }
+    }
+
+    /// A claim completed (or ended) under `token`: its record, if known, is
+    /// kept near until `sent` + the retention (the database set its expiry
+    /// after `sent`).
+    fn remember_completed(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        completed: Option<Completed>,
+        sent: tokio::time::Instant,
+        epoch: u64,
+    ) {
+        let Some((_, (_, fp))) = self.claims.remove_if(key, |_, (ours, _)| *ours == token) else {
+            return;
+        };
+        if let (Some(cache), Some(completed)) = (self.near(), completed) {
+            cache.insert(key, fp, completed, sent + self.config.retention, epoch);
+        }
     }
 
     /// The lock's remaining time on the database's clock, if `key` is in progress.

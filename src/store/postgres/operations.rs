@@ -5,9 +5,11 @@ use super::sql::PURGE_BATCH;
 use super::PostgresStore;
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::store::encoding::{encode_headers, key_id};
+use crate::store::near_cache::Completed;
 use crate::RequestFingerprint;
 use async_trait::async_trait;
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
@@ -22,6 +24,9 @@ impl Store for PostgresStore {
         inner.ensure_listener();
         // Shared by every instance: only the canonical fingerprint is comparable.
         let fp = request.fingerprint().as_bytes();
+        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fp)) {
+            return Ok(known);
+        }
         // Concurrent identical calls share one query (see `single_flight`): after a
         // completion's NOTIFY, its waiters would otherwise all queue up behind the pool.
         inner
@@ -30,7 +35,7 @@ impl Store for PostgresStore {
                     match inner.flights.join(key, fp) {
                         Join::Lead(mut leader) => {
                             let begun = inner.begin_query(key, fp, Some(&mut leader)).await;
-                            leader.land(&begun);
+                            leader.land(begun.as_ref().ok());
                             return begun;
                         }
                         Join::Follow(follower) => {
@@ -68,7 +73,8 @@ impl Store for PostgresStore {
         let id = key_id(key);
         let params: [&(dyn ToSql + Sync); 7] =
             [&scope, &k, &token.0, &status, &headers, &body, &id];
-        inner
+        let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
+        let completed = inner
             .timed(async {
                 let client = inner.client().await?;
                 let rows = inner.query(&client, &inner.sql.complete, &params).await?;
@@ -77,7 +83,17 @@ impl Store for PostgresStore {
                 }
                 Ok(())
             })
-            .await
+            .await;
+        match &completed {
+            Ok(()) => {
+                let stored = Completed::Response(Arc::new(response));
+                inner.remember_completed(key, token, Some(stored), sent, epoch);
+            }
+            Err(StoreError::ClaimLost) => inner.remember_completed(key, token, None, sent, epoch),
+            // Retried by the layer: the claim's fingerprint is still needed.
+            Err(_) => {}
+        }
+        completed
     }
 
     async fn complete_unavailable(
@@ -88,7 +104,8 @@ impl Store for PostgresStore {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
         let id = key_id(key);
-        inner
+        let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
+        let completed = inner
             .timed(async {
                 let client = inner.client().await?;
                 let params: [&(dyn ToSql + Sync); 4] = [&scope, &k, &token.0, &id];
@@ -100,7 +117,16 @@ impl Store for PostgresStore {
                 }
                 Ok(())
             })
-            .await
+            .await;
+        match &completed {
+            Ok(()) => {
+                let unavailable = Some(Completed::Unavailable);
+                inner.remember_completed(key, token, unavailable, sent, epoch);
+            }
+            Err(StoreError::ClaimLost) => inner.remember_completed(key, token, None, sent, epoch),
+            Err(_) => {}
+        }
+        completed
     }
 
     fn lock_timeout(&self) -> Duration {
@@ -117,6 +143,7 @@ impl Store for PostgresStore {
                     .query(&client, &inner.sql.extend, &[&scope, &k, &token.0])
                     .await?;
                 if rows.is_empty() {
+                    inner.claims.remove_if(key, |_, (ours, _)| *ours == token);
                     return Err(StoreError::ClaimLost);
                 }
                 Ok(())
@@ -128,6 +155,7 @@ impl Store for PostgresStore {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
         let id = key_id(key);
+        inner.claims.remove_if(key, |_, (ours, _)| *ours == token);
         inner
             .timed(async {
                 let client = inner.client().await?;
@@ -167,16 +195,25 @@ impl Store for PostgresStore {
     async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
         let inner = &self.inner;
         let client = inner.timed(inner.client()).await?;
-        let scope = scope.as_str();
+        let name = scope.as_str();
         let mut purged = 0;
         loop {
             let deleted = inner
-                .timed(inner.execute(&client, &inner.sql.purge_scope, &[&scope]))
+                .timed(inner.execute(&client, &inner.sql.purge_scope, &[&name]))
                 .await?;
             purged += deleted;
             if deleted < PURGE_BATCH {
-                return Ok(purged);
+                break;
             }
         }
+        // Here at once; on the other instances when the notification arrives
+        // (each forgets every record it keeps near: purges are rare).
+        if let Some(cache) = &inner.near_cache {
+            cache.purge_scope(scope);
+        }
+        inner
+            .timed(inner.execute(&client, &inner.sql.notify_purge, &[]))
+            .await?;
+        Ok(purged)
     }
 }

@@ -109,13 +109,13 @@ impl Leader<'_> {
     }
 
     /// Hands the answer to the followers: a read-only one as is, a claim as
-    /// [`Landed::Claimed`]; an error as nothing (dropping the sender).
-    pub(super) fn land(mut self, begun: &Result<Begin, crate::StoreError>) {
+    /// [`Landed::Claimed`]; an error (`None`) as nothing (dropping the sender).
+    pub(super) fn land(mut self, begun: Option<&Begin>) {
         self.close();
         let landed = match begun {
-            Ok(Begin::Claimed(_)) => Landed::Claimed,
-            Ok(answer) => Landed::Shared(answer.clone()),
-            Err(_) => return,
+            Some(Begin::Claimed(_)) => Landed::Claimed,
+            Some(answer) => Landed::Shared(answer.clone()),
+            None => return,
         };
         // No receivers (no followers) is fine.
         let _ = self.tx.send(Some(landed));

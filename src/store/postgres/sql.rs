@@ -50,12 +50,18 @@ pub(super) struct Sql {
     pub(super) release: String,
     pub(super) lock_remaining: String,
     pub(super) lock_claim: String,
-    pub(super) lock_fresh_claim: String,
     pub(super) complete_locked: String,
     pub(super) purge: String,
     pub(super) purge_scope: String,
     pub(super) listen: String,
+    /// The channel of the store's wake-ups.
+    pub(super) channel: String,
+    /// Tells every instance's listener that records were purged.
+    pub(super) notify_purge: String,
 }
+
+/// The payload of a purge's notification (a key's wake-up is a hex id).
+pub(super) const PURGED: &str = "purged";
 
 impl Sql {
     pub(super) fn new(
@@ -75,6 +81,16 @@ impl Sql {
         let lock_ms = millis(lock);
         let retention_ms = millis(retention);
         let held_recheck_ms = crate::store::waiters::RECHECK_FIRST.as_millis();
+        // The key's advisory lock (seeded per table, scope and key hashed as
+        // separate fields). Every claim takes it; a transactional claim holds
+        // it until its transaction ends, which is its proof of life: a claim
+        // never waits for it, it answers "in progress". A collision of two
+        // keys' hashes only makes one wait for the other.
+        let lock_seed =
+            i64::from_str_radix(&super::hex_sha256(t.as_bytes())[..15], 16).expect("hex digits");
+        let try_lock = format!(
+            "pg_try_advisory_xact_lock(hashtextextended($2, hashtextextended($1, {lock_seed})))"
+        );
 
         // Numbered migrations (see `migrate`); the first one adopts a table
         // created before versions were recorded.
@@ -121,13 +137,20 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         // row's latest committed version, and only if no transaction holds that row
         // (`free`, which skips a locked row instead of waiting for it): a handler
         // running in transactional mode holds its row, so it stays in progress past
-        // its lock's expiry, and no pooled connection ever waits behind it. Zero rows
-        // come back only when a concurrent transaction committed a live row after this
-        // statement's snapshot; the caller then runs the statement again.
+        // its lock's expiry, and no pooled connection ever waits behind it. A claim also
+        // needs the key's advisory lock (`held`: someone else's claim is being made or
+        // runs in its transaction). Transactional mode runs this same statement inside
+        // the handler's transaction, so its claim row and lock last until that ends and
+        // one commit records both. Zero rows come back only when a concurrent
+        // transaction committed a live row after this statement's snapshot; the caller
+        // then runs the statement again (in a new transaction, in transactional mode).
         let begin = format!(
-            r#"WITH live AS (
+            r#"WITH held AS (
+    SELECT NOT {try_lock} AS held
+), live AS (
     SELECT fingerprint = $3 AS same, state = 'completed' AS done,
-           state = 'unavailable' AS unavailable, status, headers, body
+           state = 'unavailable' AS unavailable, status, headers, body,
+           ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
     FROM {t}
     WHERE scope = $1 AND key = $2 AND expires_at > now()
 ), expired AS (
@@ -140,6 +163,7 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     SELECT $1, $2, $3, nextval('{seq}'), 'in_progress', now(),
            now() + interval '{lock_ms} milliseconds'
     WHERE NOT EXISTS (SELECT 1 FROM live)
+      AND NOT (SELECT held FROM held)
       AND (EXISTS (SELECT 1 FROM free) OR NOT EXISTS (SELECT 1 FROM expired))
     ON CONFLICT (scope, key) DO UPDATE
     SET fingerprint = excluded.fingerprint, token = excluded.token, state = 'in_progress',
@@ -149,7 +173,7 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     RETURNING r.token
 )
 SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
-       NULL::bytea AS headers, NULL::bytea AS body
+       NULL::bytea AS headers, NULL::bytea AS body, NULL::bigint AS remaining
 FROM claimed
 UNION ALL
 SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
@@ -157,12 +181,14 @@ SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
        NULL::bigint,
        CASE WHEN same AND done THEN status END,
        CASE WHEN same AND done THEN headers END,
-       CASE WHEN same AND done THEN body END
+       CASE WHEN same AND done THEN body END,
+       CASE WHEN same AND (done OR unavailable) THEN remaining END
 FROM live
 UNION ALL
-SELECT 'in_progress', NULL, NULL, NULL, NULL
-WHERE EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM free)
-  AND NOT EXISTS (SELECT 1 FROM live)"#
+SELECT 'in_progress', NULL, NULL, NULL, NULL, NULL
+WHERE NOT EXISTS (SELECT 1 FROM live)
+  AND ((EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM free))
+       OR (SELECT held FROM held))"#
         );
 
         // A completion, fenced by the claim's token, and its notification. In
@@ -210,7 +236,9 @@ SELECT pg_notify('{channel}', $4) FROM gone"#
         );
 
         // A claim past its lock whose row a transaction still holds is in progress
-        // too; its waiters re-check on their backoff (or are woken by the commit).
+        // too, and so is a key whose advisory lock a transaction holds (its claim
+        // is not committed yet); their waiters re-check on their backoff (or are
+        // woken by the commit). The lock is only tried when no claim row answers.
         let lock_remaining = format!(
             r#"WITH claim AS (
     SELECT expires_at FROM {t} WHERE scope = $1 AND key = $2 AND state = 'in_progress'
@@ -223,15 +251,10 @@ SELECT CASE WHEN expires_at > now()
             THEN ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint
             ELSE {held_recheck_ms} END
 FROM claim
-WHERE expires_at > now() OR NOT EXISTS (SELECT 1 FROM free)"#
-        );
-
-        // Pipelined behind `begin` inside a new transaction: locks the claim
-        // `begin` may just have made (never waiting for someone else's).
-        let lock_fresh_claim = format!(
-            r#"SELECT token FROM {t}
-WHERE scope = $1 AND key = $2 AND state = 'in_progress'
-FOR UPDATE SKIP LOCKED"#
+WHERE expires_at > now() OR NOT EXISTS (SELECT 1 FROM free)
+UNION ALL
+SELECT {held_recheck_ms} WHERE NOT {try_lock}
+LIMIT 1"#
         );
 
         let lock_claim = format!(
@@ -275,11 +298,12 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             release,
             lock_remaining,
             lock_claim,
-            lock_fresh_claim,
             complete_locked,
             purge,
             purge_scope,
             listen,
+            channel: channel.to_owned(),
+            notify_purge: format!("SELECT pg_notify('{channel}', '{PURGED}')"),
         }
     }
 }

@@ -1,18 +1,29 @@
 //! Transactional mode: the handler writes through the transaction that also
 //! records its response, so both commit together or not at all.
 //!
-//! The claim is committed first (by `begin`, as in plain mode), so duplicates
-//! on every instance see it in progress. Then one pooled connection runs
-//! `BEGIN` and locks the claimed row under its token (`SELECT ... FOR UPDATE`,
-//! pipelined with `BEGIN`); the handler's statements run in that transaction;
-//! the completion `UPDATE` and `COMMIT` end it (pipelined too). While the row
-//! is locked no `begin` can take it over, however long the handler takes: a
-//! takeover needs the lock expired *and* the row unlocked, and a row whose
-//! transaction ended without a completion (the owner's process or connection
-//! died) is free as soon as its lock has expired.
+//! One pooled connection runs `BEGIN` and `begin`'s own statement in one round
+//! trip: the claim row and the key's advisory lock are made inside the
+//! handler's transaction, so duplicates on every instance find the lock held
+//! ("in progress", never a wait on a pooled connection) and nothing of the
+//! claim exists for anyone else until the completion `UPDATE` and `COMMIT`
+//! (pipelined too) make the record and the handler's writes durable in one
+//! commit. The transaction's session is the claim's proof of life: while it
+//! lives no one can take the key over, however long the handler takes, and a
+//! process that dies takes its transaction, claim and lock with it (PostgreSQL
+//! rolls back as soon as it sees the connection close), so the key is free at
+//! once. `idle_in_transaction_session_timeout` is switched off for these
+//! transactions (`SET LOCAL`): a handler waiting on a slow provider must not
+//! lose its claim to a server timeout while it still runs.
+//!
+//! From the first byte written to its connection until the transaction's end
+//! is known, the connection is owned by a [`Guarded`]: a future dropped at any
+//! await (a client hang-up, an outer timeout, the store's operation timeout)
+//! closes the connection instead of handing it back to the pool inside an open
+//! transaction.
 
 use super::single_flight::{Join, Landed, Leader};
 use super::{backend, Inner, PostgresStore};
+use crate::store::near_cache::Completed;
 use crate::store::{
     Begin, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
     TransactionalStore,
@@ -23,6 +34,7 @@ use deadpool_postgres::Object;
 use std::future::Future;
 use std::ops::Deref;
 use std::pin::pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
 use tokio::sync::{Mutex, OwnedMutexGuard};
@@ -139,14 +151,39 @@ struct PgRecordTransaction {
     inner: Arc<Inner>,
     key: RecordKey,
     token: FencingToken,
+    /// The claim was made in this transaction (not committed before it).
+    holds_claim: bool,
+    /// The claimed request's, when known: its record is then kept near.
+    fingerprint: Option<[u8; 32]>,
     handle: PostgresTransaction,
 }
 
-/// A connection inside a transaction that nobody owns yet: closed if dropped
-/// (the future cancelled, an error), never pooled mid-transaction.
-struct Pending(Option<Object>);
+/// A pooled connection whose transaction state is not known to be idle: from
+/// the first byte of a transaction until its end is known. Dropped while it
+/// holds one (a cancelled future, an error), it closes the connection, which
+/// rolls back whatever was open; only [`ended`](Self::ended) pools it again.
+struct Guarded(Option<Object>);
 
-impl Drop for Pending {
+impl Guarded {
+    fn new(connection: Object) -> Self {
+        Self(Some(connection))
+    }
+
+    fn client(&self) -> &Object {
+        self.0.as_ref().expect("held until ended")
+    }
+
+    /// Its transaction is known to have ended: back to the pool.
+    fn ended(mut self) {
+        drop(self.0.take());
+    }
+
+    fn into_inner(mut self) -> Object {
+        self.0.take().expect("held until ended")
+    }
+}
+
+impl Drop for Guarded {
     fn drop(&mut self) {
         if let Some(connection) = self.0.take() {
             discard(connection);
@@ -154,61 +191,60 @@ impl Drop for Pending {
     }
 }
 
-/// `begin`'s statement with `BEGIN` and a lock of the claim pipelined behind
-/// it, on one connection: a fresh request's claim and its transaction in one
-/// round trip. The connection, inside its transaction, is left in `pending`.
-async fn begin_and_lock(
-    inner: &Inner,
+/// Opens the transaction and runs `begin`'s statement in it, in one round
+/// trip. A claim comes back with its transaction (the claim and the key's
+/// lock live in it); any other answer rolls it back off the answer's path.
+async fn begin_locked(
+    inner: &Arc<Inner>,
     key: &RecordKey,
     fp: &[u8; 32],
     leader: &mut Leader<'_>,
-    pending: &mut Pending,
-) -> Result<Begin, StoreError> {
+) -> Result<(Begin, Option<Guarded>), StoreError> {
     let (scope, k) = (key.scope().as_str(), key.key().as_str());
+    let key_fp = fp;
     let fp = fp.as_slice();
-    let connection = inner.client().await?;
-    leader.close();
-    let begin = inner.prepare(&connection, &inner.sql.begin).await?;
-    let lock = inner
-        .prepare(&connection, &inner.sql.lock_fresh_claim)
-        .await?;
-    inner.count_round_trips(1);
-    let (begun, (opened, locked)) = pipelined(
-        connection.query(&begin, &[&scope, &k, &fp]),
-        pipelined(
-            connection.batch_execute("BEGIN"),
-            connection.query(&lock, &[&scope, &k]),
-        ),
-    )
-    .await;
-    if opened.is_err() {
-        discard(connection);
-    } else {
-        pending.0 = Some(connection);
-    }
-    let rows = begun.map_err(backend)?;
-    let Some(row) = rows.first() else {
-        // A rival committed after the snapshot: decide as `begin` does.
-        if let Some(connection) = pending.0.take() {
-            rollback(inner, connection).await;
-        }
-        return inner.begin_query(key, fp, None).await;
-    };
-    let begun = super::decode_begin(row)?;
-    if let Begin::Claimed(token) = begun {
-        let ours = locked
-            .ok()
-            .and_then(|rows| rows.first().map(|row| row.get::<_, i64>(0)))
-            == Some(token.0);
-        if !ours {
-            // Not locked here: the layer opens the transaction by itself.
-            if let Some(connection) = pending.0.take() {
-                rollback(inner, connection).await;
+    for _ in 0..super::BEGIN_ATTEMPTS {
+        let connection = Guarded::new(inner.client().await?);
+        leader.close();
+        let begin = inner.prepare(connection.client(), &inner.sql.begin).await?;
+        inner.count_round_trips(1);
+        let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
+        let (opened, begun) = pipelined(
+            connection.client().batch_execute(OPEN),
+            connection.client().query(&begin, &[&scope, &k, &fp]),
+        )
+        .await;
+        opened.map_err(backend)?;
+        let rows = begun.map_err(backend)?;
+        let Some(row) = rows.first() else {
+            // A rival committed a live record after the statement's snapshot: a
+            // new transaction sees it (whatever the isolation level).
+            inner.stats.begin_retries.fetch_add(1, Ordering::Relaxed);
+            rollback(inner, connection, None).await;
+            continue;
+        };
+        let begun = super::decode_begin(row)?;
+        inner.remember_read(key, key_fp, &begun, row, sent, epoch);
+        return Ok(match begun {
+            Begin::Claimed(_) => (begun, Some(connection)),
+            _ => {
+                // A replay, a refusal or "in progress": the transaction was for
+                // nothing. Ended in the background so the answer is not delayed.
+                let inner = inner.clone();
+                tokio::spawn(async move { rollback(&inner, connection, None).await });
+                (begun, None)
             }
-        }
+        });
     }
-    Ok(begun)
+    Err(backend(format!(
+        "begin saw the record change under it {} times in a row",
+        super::BEGIN_ATTEMPTS
+    )))
 }
+
+/// How every transaction of this mode starts: its session's idle timeout
+/// would end a live claim whose handler waits on something slow.
+const OPEN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0";
 
 #[async_trait]
 impl TransactionalStore for PostgresStore {
@@ -220,41 +256,35 @@ impl TransactionalStore for PostgresStore {
         let inner = &self.inner;
         inner.ensure_listener();
         let fp = request.fingerprint().as_bytes();
-        let mut pending = Pending(None);
+        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fp)) {
+            return Ok((known, None));
+        }
         // Coalesced as `begin` is: only a flight's leader opens a transaction.
-        let begun = inner
+        let (begun, connection) = inner
             .timed(async {
                 loop {
                     match inner.flights.join(key, fp) {
                         Join::Lead(mut leader) => {
-                            let begun =
-                                begin_and_lock(inner, key, fp, &mut leader, &mut pending).await;
-                            leader.land(&begun);
+                            let begun = begin_locked(inner, key, fp, &mut leader).await;
+                            leader.land(begun.as_ref().ok().map(|(begun, _)| begun));
                             return begun;
                         }
                         Join::Follow(follower) => match follower.landing().await {
-                            Some(Landed::Shared(answer)) => return Ok(answer),
-                            Some(Landed::Claimed) => {}
-                            None => return inner.begin_query(key, fp, None).await,
+                            Some(Landed::Shared(answer)) => return Ok((answer, None)),
+                            // Claimed by the leader, or the leader gave up: ask again.
+                            Some(Landed::Claimed) | None => {}
                         },
                     }
                 }
             })
             .await?;
-        let connection = pending.0.take();
-        match (begun.clone(), connection) {
+        match (begun, connection) {
             (Begin::Claimed(token), Some(connection)) => {
-                let transaction = PgRecordTransaction::new(inner, key, token, connection);
-                Ok((begun, Some(Box::new(transaction))))
+                let mut transaction = PgRecordTransaction::new(inner, key, token, connection, true);
+                transaction.fingerprint = Some(*fp);
+                Ok((Begin::Claimed(token), Some(Box::new(transaction))))
             }
-            (_, Some(connection)) => {
-                // A replay, a refusal or "in progress": the transaction was for
-                // nothing. Ended in the background so the answer is not delayed.
-                let inner = inner.clone();
-                tokio::spawn(async move { rollback(&inner, connection).await });
-                Ok((begun, None))
-            }
-            (_, None) => Ok((begun, None)),
+            (begun, _) => Ok((begun, None)),
         }
     }
 
@@ -265,56 +295,77 @@ impl TransactionalStore for PostgresStore {
     ) -> Result<Box<dyn RecordTransaction>, StoreError> {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        let connection = inner.timed(inner.client()).await?;
+        let connection = Guarded::new(inner.timed(inner.client()).await?);
         let locked = inner
             .timed(async {
-                let statement = inner.prepare(&connection, &inner.sql.lock_claim).await?;
+                let statement = inner
+                    .prepare(connection.client(), &inner.sql.lock_claim)
+                    .await?;
                 inner.count_round_trips(1);
                 let (began, locked) = pipelined(
-                    connection.batch_execute("BEGIN"),
-                    connection.query(&statement, &[&scope, &k, &token.0]),
+                    connection.client().batch_execute(OPEN),
+                    connection
+                        .client()
+                        .query(&statement, &[&scope, &k, &token.0]),
                 )
                 .await;
                 began.map_err(backend)?;
                 Ok(!locked.map_err(backend)?.is_empty())
             })
-            .await;
-        match locked {
-            Ok(true) => Ok(Box::new(PgRecordTransaction::new(
-                inner, key, token, connection,
-            ))),
-            Ok(false) => {
-                rollback(inner, connection).await;
-                Err(StoreError::ClaimLost)
-            }
-            Err(error) => {
-                discard(connection);
-                Err(error)
-            }
+            .await?;
+        if !locked {
+            rollback(inner, connection, None).await;
+            return Err(StoreError::ClaimLost);
         }
+        Ok(Box::new(PgRecordTransaction::new(
+            inner, key, token, connection, false,
+        )))
     }
 }
 
-async fn rollback(inner: &Inner, connection: Object) {
+/// Ends `connection`'s transaction; pooled again once that is known. A claim
+/// made in it is gone with it: `notify` wakes its waiters at once.
+async fn rollback(inner: &Inner, connection: Guarded, notify: Option<&RecordKey>) {
     inner.count_round_trips(1);
-    match inner
-        .timed(async { connection.batch_execute("ROLLBACK").await.map_err(backend) })
-        .await
-    {
-        Ok(()) => drop(connection), // back to the pool, outside any transaction
-        Err(_) => discard(connection),
+    let sql = match notify {
+        Some(key) => {
+            let id = crate::store::encoding::key_id(key);
+            let channel = &inner.sql.channel;
+            format!("ROLLBACK; SELECT pg_notify('{channel}', '{id}')")
+        }
+        None => "ROLLBACK".to_owned(),
+    };
+    let ended = inner
+        .timed(async {
+            connection
+                .client()
+                .batch_execute(&sql)
+                .await
+                .map_err(backend)
+        })
+        .await;
+    if ended.is_ok() {
+        connection.ended();
     }
 }
 
 impl PgRecordTransaction {
     /// The transaction of `key`'s claim under `token`, open on `connection`.
-    fn new(inner: &Arc<Inner>, key: &RecordKey, token: FencingToken, connection: Object) -> Self {
+    fn new(
+        inner: &Arc<Inner>,
+        key: &RecordKey,
+        token: FencingToken,
+        connection: Guarded,
+        holds_claim: bool,
+    ) -> Self {
         Self {
             inner: inner.clone(),
             key: key.clone(),
             token,
+            holds_claim,
+            fingerprint: None,
             handle: PostgresTransaction {
-                connection: Arc::new(Mutex::new(Held(Some(connection)))),
+                connection: Arc::new(Mutex::new(Held(Some(connection.into_inner())))),
             },
         }
     }
@@ -327,34 +378,50 @@ impl PgRecordTransaction {
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+        completed: impl FnOnce() -> Completed,
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
+        let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let connection = self.take_connection().await?;
         let committed = inner
             .timed(async {
-                let statement = inner.prepare(&connection, sql).await?;
+                let statement = inner.prepare(connection.client(), sql).await?;
                 inner.count_round_trips(1);
                 let (completed, commit) = pipelined(
-                    connection.query(&statement, params),
-                    connection.batch_execute("COMMIT"),
+                    connection.client().query(&statement, params),
+                    connection.client().batch_execute("COMMIT"),
                 )
                 .await;
                 completed.map_err(backend)?;
                 commit.map_err(backend)
             })
             .await;
-        if committed.is_err() {
-            // Aborted or unknown: never back to the pool in a transaction.
-            discard(connection);
+        // Aborted or unknown: never back to the pool in a transaction.
+        if committed.is_ok() {
+            connection.ended();
+            if let (Some(cache), Some(fp)) = (inner.near(), self.fingerprint) {
+                let expires = sent + inner.config.retention;
+                cache.insert(&self.key, fp, completed(), expires, epoch);
+            }
         }
         committed
     }
 
     /// The connection, once the handler's clones of the handle let go of it.
-    async fn take_connection(&self) -> Result<Object, StoreError> {
+    async fn take_connection(&self) -> Result<Guarded, StoreError> {
         let taken = self
             .inner
-            .timed(async { Ok(self.handle.connection.lock().await.0.take()) })
+            .timed(async {
+                // Guarded before this future can be dropped again.
+                Ok(self
+                    .handle
+                    .connection
+                    .lock()
+                    .await
+                    .0
+                    .take()
+                    .map(Guarded::new))
+            })
             .await?;
         taken.ok_or_else(|| backend("the request's transaction has ended"))
     }
@@ -366,6 +433,10 @@ impl RecordTransaction for PgRecordTransaction {
         extensions.insert(self.handle.clone());
     }
 
+    fn holds_claim(&self) -> bool {
+        self.holds_claim
+    }
+
     async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError> {
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
         let status = response.status.as_u16() as i16;
@@ -374,7 +445,8 @@ impl RecordTransaction for PgRecordTransaction {
         let id = crate::store::encoding::key_id(&self.key);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
             [&scope, &k, &self.token.0, &status, &headers, &body, &id];
-        self.complete_and_commit(&self.inner.sql.complete_locked, &params)
+        let stored = || Completed::Response(Arc::new(response.clone()));
+        self.complete_and_commit(&self.inner.sql.complete_locked, &params, stored)
             .await
     }
 
@@ -383,7 +455,8 @@ impl RecordTransaction for PgRecordTransaction {
         let id = crate::store::encoding::key_id(&self.key);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
             [&scope, &k, &self.token.0, &id];
-        self.complete_and_commit(&self.inner.sql.complete_locked_unavailable, &params)
+        let sql = &self.inner.sql.complete_locked_unavailable;
+        self.complete_and_commit(sql, &params, || Completed::Unavailable)
             .await
     }
 
@@ -391,7 +464,8 @@ impl RecordTransaction for PgRecordTransaction {
         // Otherwise a clone of the handle holds it past the handler's end: the
         // last clone dropped discards it.
         if let Ok(connection) = self.take_connection().await {
-            rollback(&self.inner, connection).await;
+            let notify = self.holds_claim.then_some(&self.key);
+            rollback(&self.inner, connection, notify).await;
         }
     }
 }

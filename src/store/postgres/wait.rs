@@ -87,6 +87,12 @@ async fn listen(inner: Weak<Inner>, connect: ListenerConnect, listen_sql: String
                 while let Some(id) = notifications.recv().await {
                     let Some(inner) = inner.upgrade() else { return };
                     inner.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                    if id == super::sql::PURGED {
+                        if let Some(cache) = &inner.near_cache {
+                            cache.clear();
+                        }
+                        continue;
+                    }
                     inner.waits.dispatch(&id);
                 }
                 // Notifications sent while reconnecting are lost; waiters' re-checks
@@ -103,6 +109,10 @@ async fn listen(inner: Weak<Inner>, connect: ListenerConnect, listen_sql: String
 
 fn set_listening(inner: &Weak<Inner>, on: bool) {
     if let Some(inner) = inner.upgrade() {
+        // Purges announced while not listening were missed: forget everything.
+        if let Some(cache) = &inner.near_cache {
+            cache.clear();
+        }
         inner.waits.listening.store(on, Ordering::Release);
     }
 }

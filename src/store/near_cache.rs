@@ -1,0 +1,351 @@
+//! A bounded near cache of completed records, in front of a shared store.
+//!
+//! A completed record never changes until it expires or is purged, so the
+//! answer `begin` gives for it (replay, "used with another request",
+//! "response unavailable") can be given again from this process's memory: a
+//! retry of a record this instance completed or already read costs no round
+//! trip. Every entry ends at the earlier of its record's expiry (measured
+//! from before the store set it, so never after it) and a short time to live,
+//! so that a purge whose notification this instance missed cannot outlive
+//! that TTL. `purge_scope` drops a scope's entries here at once; the stores
+//! tell their other instances through the wake-up channel they already run.
+
+use super::{Begin, RecordKey, StoredResponse};
+use crate::Scope;
+use dashmap::DashMap;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// The near cache of a shared store: how much it keeps, and for how long.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::store::NearCache;
+///
+/// let cache = NearCache::new(32 << 20).with_ttl(Duration::from_secs(5));
+/// # let _ = cache;
+/// let off = NearCache::disabled();
+/// # let _ = off;
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NearCache {
+    max_bytes: usize,
+    ttl: Duration,
+}
+
+impl NearCache {
+    /// Keeps at most `max_bytes` of recorded responses (bodies and headers,
+    /// plus a fixed overhead per entry); the oldest entries go first. A
+    /// response larger than an eighth of it is never kept.
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            max_bytes,
+            ttl: DEFAULT_TTL,
+        }
+    }
+
+    /// No near cache: every `begin` asks the store.
+    pub fn disabled() -> Self {
+        Self::new(0)
+    }
+
+    /// The longest an entry is trusted (default 10 s): the bound on how long a
+    /// purge this instance was not told of can go unnoticed here.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    pub(crate) fn is_enabled(&self) -> bool {
+        self.max_bytes > 0 && !self.ttl.is_zero()
+    }
+}
+
+impl Default for NearCache {
+    /// 16 MiB, entries trusted for 10 s.
+    fn default() -> Self {
+        Self::new(16 << 20)
+    }
+}
+
+const DEFAULT_TTL: Duration = Duration::from_secs(10);
+
+/// What an entry costs beyond its response's bytes (key, maps, queue).
+const ENTRY_OVERHEAD: usize = 160;
+
+/// A completed record's answer, as `begin` would give it.
+#[derive(Clone, Debug)]
+pub(crate) enum Completed {
+    Response(Arc<StoredResponse>),
+    Unavailable,
+}
+
+struct Entry {
+    fingerprint: [u8; 32],
+    completed: Completed,
+    expires: Instant,
+    bytes: usize,
+    /// Which insertion this is: the queue's stale positions are skipped.
+    generation: u64,
+}
+
+/// The entries of one store (and its clones).
+pub(crate) struct Cache {
+    config: NearCache,
+    entries: DashMap<RecordKey, Entry>,
+    /// Insertion order, for eviction; may hold positions of replaced entries.
+    order: Mutex<Order>,
+    bytes: AtomicUsize,
+    /// Moves on every purge: an answer read before a purge is not kept after it.
+    epoch: AtomicU64,
+}
+
+#[derive(Default)]
+struct Order {
+    queue: VecDeque<(RecordKey, u64)>,
+    next: u64,
+}
+
+impl Cache {
+    pub(crate) fn new(config: NearCache) -> Option<Self> {
+        config.is_enabled().then(|| Self {
+            config,
+            entries: DashMap::new(),
+            order: Mutex::new(Order::default()),
+            bytes: AtomicUsize::new(0),
+            epoch: AtomicU64::new(0),
+        })
+    }
+
+    /// Taken before asking the store: pass it to [`insert`](Self::insert).
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// The recorded answer for `key` and a request with `fingerprint`, if an
+    /// unexpired entry has it.
+    pub(crate) fn get(&self, key: &RecordKey, fingerprint: &[u8; 32]) -> Option<Begin> {
+        let entry = self.entries.get(key)?;
+        if entry.expires <= Instant::now() {
+            drop(entry);
+            self.remove_if(key, |entry| entry.expires <= Instant::now());
+            return None;
+        }
+        Some(
+            match (&entry.fingerprint == fingerprint, &entry.completed) {
+                (false, _) => Begin::Mismatch,
+                (true, Completed::Response(stored)) => Begin::Replay(stored.clone()),
+                (true, Completed::Unavailable) => Begin::ResponseUnavailable,
+            },
+        )
+    }
+
+    /// Keeps `key`'s completed record until `expires` (the record's own expiry,
+    /// or earlier) or the cache's TTL, whichever comes first; not if a purge
+    /// ran since `epoch` was taken (the answer may be of a purged record).
+    pub(crate) fn insert(
+        &self,
+        key: &RecordKey,
+        fingerprint: [u8; 32],
+        completed: Completed,
+        expires: Instant,
+        epoch: u64,
+    ) {
+        let bytes = ENTRY_OVERHEAD
+            + key.scope().as_str().len()
+            + key.key().as_str().len()
+            + match &completed {
+                Completed::Response(stored) => {
+                    stored.body.len()
+                        + stored
+                            .headers
+                            .iter()
+                            .map(|(name, value)| name.as_str().len() + value.len())
+                            .sum::<usize>()
+                }
+                Completed::Unavailable => 0,
+            };
+        let expires = expires.min(Instant::now() + self.config.ttl);
+        if bytes > self.config.max_bytes / 8 || expires <= Instant::now() {
+            return;
+        }
+        let generation = {
+            let mut order = self.order.lock().expect("not poisoned");
+            order.next += 1;
+            let generation = order.next;
+            order.queue.push_back((key.clone(), generation));
+            generation
+        };
+        let entry = Entry {
+            fingerprint,
+            completed,
+            expires,
+            bytes,
+            generation,
+        };
+        if let Some(old) = self.entries.insert(key.clone(), entry) {
+            self.bytes.fetch_sub(old.bytes, Ordering::AcqRel);
+        }
+        // A purge that began meanwhile may have missed this entry: drop it.
+        if self.epoch() != epoch {
+            self.bytes.fetch_add(bytes, Ordering::AcqRel);
+            self.remove_if(key, |entry| entry.generation == generation);
+            return;
+        }
+        let total = self.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
+        if total > self.config.max_bytes {
+            self.evict();
+        }
+    }
+
+    /// Drops every entry of `scope`: `purge_scope` ran here or elsewhere.
+    pub(crate) fn purge_scope(&self, scope: &Scope) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let mut freed = 0;
+        self.entries.retain(|key, entry| {
+            let keep = key.scope() != scope;
+            if !keep {
+                freed += entry.bytes;
+            }
+            keep
+        });
+        self.bytes.fetch_sub(freed, Ordering::AcqRel);
+    }
+
+    /// Drops every entry: a purge whose scope is unknown here.
+    pub(crate) fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let mut freed = 0;
+        self.entries.retain(|_, entry| {
+            freed += entry.bytes;
+            false
+        });
+        self.bytes.fetch_sub(freed, Ordering::AcqRel);
+    }
+
+    fn remove_if(&self, key: &RecordKey, condition: impl FnOnce(&Entry) -> bool) {
+        if let Some((_, entry)) = self.entries.remove_if(key, |_, entry| condition(entry)) {
+            self.bytes.fetch_sub(entry.bytes, Ordering::AcqRel);
+        }
+    }
+
+    /// Oldest first, until the entries fit again.
+    fn evict(&self) {
+        let mut order = self.order.lock().expect("not poisoned");
+        while self.bytes.load(Ordering::Acquire) > self.config.max_bytes {
+            let Some((key, generation)) = order.queue.pop_front() else {
+                return;
+            };
+            self.remove_if(&key, |entry| entry.generation == generation);
+        }
+        // Positions of entries removed otherwise (purged, forgotten, replaced)
+        // stay queued until they reach the front: bound the queue as well.
+        if order.queue.len() > 2 * self.entries.len() + 64 {
+            order.queue.retain(|(key, generation)| {
+                self.entries
+                    .get(key)
+                    .is_some_and(|entry| entry.generation == *generation)
+            });
+        }
+    }
+
+    #[cfg(test)]
+    fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http::StatusCode;
+
+    fn response(body: &'static str) -> Completed {
+        Completed::Response(Arc::new(StoredResponse {
+            status: StatusCode::CREATED,
+            headers: Vec::new(),
+            body: Bytes::from_static(body.as_bytes()),
+        }))
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_cached_record_answers_as_begin_would_until_its_expiry_or_the_ttl() {
+        let cache = Cache::new(NearCache::new(1 << 20).with_ttl(Duration::from_secs(5))).unwrap();
+        let key = RecordKey::for_test("acme", "order-0001");
+        let other = RecordKey::for_test("globex", "order-0001");
+        cache.insert(&key, [1; 32], response("{}"), later(), 0);
+        assert!(matches!(cache.get(&key, &[1; 32]), Some(Begin::Replay(_))));
+        assert!(matches!(cache.get(&key, &[2; 32]), Some(Begin::Mismatch)));
+        assert!(cache.get(&other, &[1; 32]).is_none(), "never across scopes");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        assert!(cache.get(&key, &[1; 32]).is_none(), "the TTL bounds it");
+        assert_eq!(cache.bytes(), 0);
+
+        let soon = Instant::now() + Duration::from_secs(1);
+        cache.insert(&key, [1; 32], Completed::Unavailable, soon, 0);
+        assert!(matches!(
+            cache.get(&key, &[1; 32]),
+            Some(Begin::ResponseUnavailable)
+        ));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert!(
+            cache.get(&key, &[1; 32]).is_none(),
+            "the record's expiry bounds it"
+        );
+    }
+
+    #[tokio::test]
+    async fn entries_stay_within_the_byte_bound_and_the_oldest_go_first() {
+        let cache = Cache::new(NearCache::new(64 * 1024)).unwrap();
+        for i in 0..10_000 {
+            let key = RecordKey::for_test("acme", &format!("order-{i:06}"));
+            cache.insert(&key, [0; 32], response("a response body"), later(), 0);
+            assert!(cache.bytes() <= 64 * 1024);
+        }
+        let newest = RecordKey::for_test("acme", "order-009999");
+        let oldest = RecordKey::for_test("acme", "order-000000");
+        assert!(cache.get(&newest, &[0; 32]).is_some());
+        assert!(cache.get(&oldest, &[0; 32]).is_none());
+        assert!(cache.order.lock().unwrap().queue.len() <= 2 * cache.entries.len() + 64);
+        let huge = Completed::Response(Arc::new(StoredResponse {
+            status: StatusCode::CREATED,
+            headers: Vec::new(),
+            body: Bytes::from(vec![0; 16 * 1024]),
+        }));
+        cache.insert(&oldest, [0; 32], huge, later(), 0);
+        assert!(
+            cache.get(&oldest, &[0; 32]).is_none(),
+            "over an eighth: not kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn purging_a_scope_drops_its_entries_only() {
+        let cache = Cache::new(NearCache::default()).unwrap();
+        let (a, b) = (
+            RecordKey::for_test("acme", "order-0001"),
+            RecordKey::for_test("globex", "order-0001"),
+        );
+        let epoch = cache.epoch();
+        cache.insert(&a, [0; 32], response("a"), later(), epoch);
+        cache.insert(&b, [0; 32], response("b"), later(), epoch);
+        cache.purge_scope(a.scope());
+        // An answer read before the purge is not kept after it.
+        cache.insert(&a, [0; 32], response("a"), later(), epoch);
+        assert!(cache.get(&a, &[0; 32]).is_none());
+        assert!(cache.get(&a, &[0; 32]).is_none());
+        assert!(cache.get(&b, &[0; 32]).is_some());
+        cache.clear();
+        assert!(cache.get(&b, &[0; 32]).is_none());
+        assert_eq!(cache.bytes(), 0);
+        assert!(Cache::new(NearCache::disabled()).is_none());
+    }
+}
