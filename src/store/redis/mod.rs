@@ -324,6 +324,14 @@ impl RedisStore {
     }
 }
 
+impl Config {
+    /// How long a claim's key is kept: past its lock, so that its owner's late
+    /// `extend` or `complete` still finds it when nobody took it over.
+    fn claim_kept(&self) -> Duration {
+        self.lock_timeout.saturating_add(self.retention)
+    }
+}
+
 impl Default for Config {
     fn default() -> Self {
         Self {

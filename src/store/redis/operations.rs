@@ -257,7 +257,8 @@ impl Store for RedisStore {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
-            .arg(millis(inner.config.lock_timeout));
+            .arg(millis(inner.config.lock_timeout))
+            .arg(millis(inner.config.claim_kept()));
         inner
             .timed(async {
                 let reply: Vec<Value> = inner.invoke(&invocation).await?;
@@ -304,7 +305,8 @@ impl Store for RedisStore {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
-            .arg(millis(inner.config.lock_timeout));
+            .arg(millis(inner.config.lock_timeout))
+            .arg(millis(inner.config.claim_kept()));
         let extended: i64 = inner.timed(inner.invoke(&invocation)).await?;
         match extended {
             1 => Ok(()),
