@@ -24,12 +24,14 @@
 //! # }
 //! ```
 
+mod eviction;
 #[cfg(feature = "test-util")]
 mod instrumentation;
 mod listen;
 mod operations;
 mod scripts;
 
+pub use self::eviction::RedisStoreBuilder;
 use self::scripts::Scripts;
 use super::encoding::hex;
 use super::waiters::Waits;
@@ -180,7 +182,33 @@ impl RedisStore {
     /// `idempotency`, retaining records for 24 hours, locking claims for 10
     /// seconds (extended while their handler runs), failing operations that
     /// take longer than 5 seconds. Fails when the server does not answer.
+    ///
+    /// Fails too unless the server's `maxmemory-policy` is `noeviction` (read
+    /// with `CONFIG GET`): any other policy may delete claims and records,
+    /// and the retries of those requests run again. Where `CONFIG` is
+    /// disabled, see [`RedisStoreBuilder::assume_noeviction`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::builder().connect(url).await
+    }
+
+    /// A store on the Cluster that `nodes` (any of its nodes' URLs) belong to;
+    /// defaults as for [`connect`](Self::connect). Redirections (`MOVED`,
+    /// `ASK`) and failovers are followed by the client.
+    ///
+    /// Fails unless every primary that answers has `maxmemory-policy
+    /// noeviction`, as [`connect`](Self::connect).
+    pub async fn connect_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
+        Self::builder().connect_cluster(nodes).await
+    }
+
+    /// Options that apply before connecting, such as
+    /// [`assume_noeviction`](RedisStoreBuilder::assume_noeviction):
+    /// `RedisStore::builder().assume_noeviction().connect(url)`.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    async fn open(url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
@@ -201,10 +229,7 @@ impl RedisStore {
         ))
     }
 
-    /// A store on the Cluster that `nodes` (any of its nodes' URLs) belong to;
-    /// defaults as for [`connect`](Self::connect). Redirections (`MOVED`,
-    /// `ASK`) and failovers are followed by the client.
-    pub async fn connect_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
+    async fn open_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
         let cluster = ClusterClientBuilder::new(nodes.to_vec())
             .connection_timeout(CONNECTION_TIMEOUT)
             .response_timeout(CONNECTION_TIMEOUT)

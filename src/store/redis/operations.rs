@@ -164,7 +164,7 @@ impl Inner {
     }
 
     /// Runs `cmd` on the server, or on the Cluster node at `node`.
-    async fn on_node<T: redis::FromRedisValue>(
+    pub(super) async fn on_node<T: redis::FromRedisValue>(
         &self,
         cmd: redis::Cmd,
         node: Option<&(String, u16)>,
@@ -185,7 +185,7 @@ impl Inner {
     }
 
     /// The Cluster's reachable primaries, from `CLUSTER NODES`.
-    async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
+    pub(super) async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
         let nodes: String = self
             .on_node(redis::cmd("CLUSTER").arg("NODES").clone(), None)
             .await?;
