@@ -1,10 +1,12 @@
 //! A Redis or Valkey [`Store`], on one server or a Cluster.
 //!
 //! Every operation is one Lua script, atomic on the server: a fresh request
-//! costs two round trips (`begin` + `complete`), a replay one. Lock and
-//! retention expiry are key TTLs on the server's clock; fencing tokens grow
-//! with the server's clock in microseconds, so they keep growing after a
-//! record expired. A record and its scope's index share a hash tag, so every
+//! costs two round trips (`begin` + `complete`), a replay one. A claim's lock
+//! expiry is a field on the server's clock, which only `begin` judges (a late
+//! owner nobody took over still completes); retention is a key TTL; and
+//! connecting refuses a server whose `maxmemory-policy` evicts. Fencing
+//! tokens grow with the server's clock in microseconds, so they keep growing
+//! after a record expired. A record and its scope's index share a hash tag, so every
 //! script touches one hash slot and runs unchanged on a Cluster. Waiters are
 //! woken by pub/sub messages `complete` and `release` publish, and re-check on
 //! a coalesced backoff. `docs/redis.md` in the repository has the layout, the
@@ -55,9 +57,18 @@ use std::time::Duration;
 /// - **Atomic, one round trip**: `begin` is one script that claims a free key
 ///   or reads the live record (replay, mismatch, in progress) without writing;
 ///   `complete`, `extend` and `release` are scripts fenced by the claim's token.
-/// - **Server clock only**: a claim's lock and a record's retention are key
-///   TTLs; tokens are at least the server's clock in microseconds and higher
-///   than the key's last one, so they grow across the record's expiry.
+/// - **Server clock only**: a claim's lock expiry is a field in server
+///   milliseconds and a record's retention a key TTL; tokens are at least the
+///   server's clock in microseconds and higher than the key's last one, so
+///   they grow across the record's expiry.
+/// - **Late owners**: a claim whose lock ran out stays its owner's until a
+///   `begin` takes it over (its key is kept for the lock plus the
+///   retention), so a late `extend` or `complete` with no takeover in
+///   between succeeds, as on the other stores.
+/// - **No eviction**: every record has a TTL, so any `maxmemory-policy` but
+///   `noeviction` may delete claims and records, and a retry of a deleted
+///   one runs again: [`connect`](Self::connect) refuses such a server
+///   (see [`RedisStoreBuilder::assume_noeviction`] where `CONFIG` is off).
 /// - **Cluster**: a record and its scope's index share a hash tag derived from
 ///   the scope, so every script is single-slot and a scope's records live on
 ///   one shard (many scopes spread over all of them; one very busy scope
