@@ -278,11 +278,11 @@ pub struct Guides;
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
-#[cfg(feature = "redis")]
-pub use store::RedisStore;
 pub use store::{
     Begin, FencingToken, MemoryStore, RecordKey, RecordTransaction, Store, StoreError,
     StoredResponse, TransactionalStore,
 };
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresTransaction};
+#[cfg(feature = "redis")]
+pub use store::{RedisStore, RedisStoreBuilder};

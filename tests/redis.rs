@@ -9,6 +9,9 @@
 // Helpers the modules below share, declared once.
 mod support;
 
+#[cfg(feature = "test-util")]
+#[path = "redis_eviction.rs"]
+mod redis_eviction;
 #[path = "redis_failover.rs"]
 mod redis_failover;
 #[path = "redis_processes.rs"]

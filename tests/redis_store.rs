@@ -417,3 +417,39 @@ async fn a_record_naming_another_scope_is_refused_not_replayed() {
         "another scope's record must never be replayed"
     );
 }
+
+/// A claim's key outlives its lock (so its owner's late `extend` or
+/// `complete` still finds it): its waiters still return when the lock runs
+/// out, not at their timeout, and the next `begin` takes the key over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_returns_when_a_dead_owners_lock_runs_out_though_its_key_is_kept() {
+    let Some(url) = r::url("waiter after a dead owner") else {
+        return;
+    };
+    let lock = Duration::from_millis(400);
+    let store = r::standalone(&url, |s| {
+        s.with_lock_timeout(lock)
+            .with_retention(Duration::from_secs(3600))
+    })
+    .await;
+    let key = record("tenant", "dead-owner-001");
+    let fp = fingerprint("a");
+    let Begin::Claimed(dead) = store.begin(&key, &fp).await.unwrap() else {
+        panic!("a fresh key is claimed");
+    };
+    let started = Instant::now();
+    store.wait(&key, Duration::from_secs(30)).await.unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= lock - Duration::from_millis(50) && waited < Duration::from_secs(5),
+        "waited {waited:?}"
+    );
+    let Begin::Claimed(fresh) = store.begin(&key, &fp).await.unwrap() else {
+        panic!("the expired claim is taken over");
+    };
+    assert!(fresh > dead);
+    assert!(matches!(
+        store.extend(&key, dead).await,
+        Err(StoreError::ClaimLost)
+    ));
+}

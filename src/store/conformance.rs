@@ -613,6 +613,7 @@ macro_rules! store_conformance_tests {
             expired_lock_is_taken_over_and_the_old_token_is_fenced,
             an_extended_claim_outlives_its_lock_and_only_its_token_extends,
             a_completion_without_a_response_is_never_claimed_again,
+            a_late_extend_or_complete_without_a_takeover_succeeds,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {
@@ -625,4 +626,62 @@ macro_rules! store_conformance_tests {
             }
         )*
     };
+}
+
+// ---- Late extension and completion (no competing claim) -------------------
+
+/// Needs a store built with [`SHORT`] durations. A claim whose lock ran out
+/// but which nobody took over is still its owner's: a late `extend` holds it
+/// again (duplicates wait), and a late `complete` or `complete_unavailable`
+/// records it, which then replays. Only a takeover fences the old token
+/// (`expired_lock_is_taken_over_and_the_old_token_is_fenced`).
+pub async fn a_late_extend_or_complete_without_a_takeover_succeeds<S: Store>(store: S) {
+    let late = SHORT.lock + Duration::from_millis(200);
+    let fp = fingerprint("a");
+    let (extended, completed, unavailable) = (
+        record(&unique("scope"), "key-late-ext1"),
+        record(&unique("scope"), "key-late-cmp1"),
+        record(&unique("scope"), "key-late-una1"),
+    );
+    let tokens = (
+        claim(&store, &extended, &fp).await,
+        claim(&store, &completed, &fp).await,
+        claim(&store, &unavailable, &fp).await,
+    );
+    tokio::time::sleep(late).await;
+
+    store
+        .extend(&extended, tokens.0)
+        .await
+        .expect("a late extend without a takeover holds the claim again");
+    assert!(matches!(
+        store.begin(&extended, &fp).await.unwrap(),
+        Begin::InProgress
+    ));
+    store
+        .complete(&extended, tokens.0, response(b"extended late"))
+        .await
+        .unwrap();
+    match store.begin(&extended, &fp).await.unwrap() {
+        Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"extended late")),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+
+    store
+        .complete(&completed, tokens.1, response(b"completed late"))
+        .await
+        .expect("a late complete without a takeover records the response");
+    match store.begin(&completed, &fp).await.unwrap() {
+        Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"completed late")),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+
+    store
+        .complete_unavailable(&unavailable, tokens.2)
+        .await
+        .expect("a late complete_unavailable without a takeover records it");
+    assert!(matches!(
+        store.begin(&unavailable, &fp).await.unwrap(),
+        Begin::ResponseUnavailable
+    ));
 }

@@ -38,7 +38,7 @@ pub use postgres::PostgresJobStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresTransaction, TransactionClient};
 #[cfg(feature = "redis")]
-pub use redis::RedisStore;
+pub use redis::{RedisStore, RedisStoreBuilder};
 
 use crate::body::BoxError;
 use crate::{IdempotencyKey, RequestFingerprint, Scope};

@@ -83,21 +83,35 @@ pub fn port(url: &str) -> u16 {
     url.rsplit(':').next().unwrap().parse().unwrap()
 }
 
+/// A free loopback port (free when asked: a server started on it may race).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A redis-server of the test's own on a free loopback port, without
 /// persistence; killed when dropped.
 pub struct OwnServer {
     pub port: u16,
+    args: Vec<String>,
     child: Option<Child>,
 }
 
 impl OwnServer {
     pub fn start() -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut server = Self { port, child: None };
+        Self::start_with(&[])
+    }
+
+    /// Started with `args` given to redis-server too (at every restart).
+    pub fn start_with(args: &[&str]) -> Self {
+        let mut server = Self {
+            port: free_port(),
+            args: args.iter().map(|a| (*a).to_owned()).collect(),
+            child: None,
+        };
         server.restart();
         server
     }
@@ -120,6 +134,7 @@ impl OwnServer {
         let child = Command::new("redis-server")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
+            .args(&self.args)
             .stdout(Stdio::null())
             .spawn()
             .expect("redis-server is installed (scripts/test installs it)");

@@ -1,10 +1,12 @@
 //! A Redis or Valkey [`Store`], on one server or a Cluster.
 //!
 //! Every operation is one Lua script, atomic on the server: a fresh request
-//! costs two round trips (`begin` + `complete`), a replay one. Lock and
-//! retention expiry are key TTLs on the server's clock; fencing tokens grow
-//! with the server's clock in microseconds, so they keep growing after a
-//! record expired. A record and its scope's index share a hash tag, so every
+//! costs two round trips (`begin` + `complete`), a replay one. A claim's lock
+//! expiry is a field on the server's clock, which only `begin` judges (a late
+//! owner nobody took over still completes); retention is a key TTL; and
+//! connecting refuses a server whose `maxmemory-policy` evicts. Fencing
+//! tokens grow with the server's clock in microseconds, so they keep growing
+//! after a record expired. A record and its scope's index share a hash tag, so every
 //! script touches one hash slot and runs unchanged on a Cluster. Waiters are
 //! woken by pub/sub messages `complete` and `release` publish, and re-check on
 //! a coalesced backoff. `docs/redis.md` in the repository has the layout, the
@@ -24,12 +26,14 @@
 //! # }
 //! ```
 
+mod eviction;
 #[cfg(feature = "test-util")]
 mod instrumentation;
 mod listen;
 mod operations;
 mod scripts;
 
+pub use self::eviction::RedisStoreBuilder;
 use self::scripts::Scripts;
 use super::encoding::hex;
 use super::waiters::Waits;
@@ -53,9 +57,18 @@ use std::time::Duration;
 /// - **Atomic, one round trip**: `begin` is one script that claims a free key
 ///   or reads the live record (replay, mismatch, in progress) without writing;
 ///   `complete`, `extend` and `release` are scripts fenced by the claim's token.
-/// - **Server clock only**: a claim's lock and a record's retention are key
-///   TTLs; tokens are at least the server's clock in microseconds and higher
-///   than the key's last one, so they grow across the record's expiry.
+/// - **Server clock only**: a claim's lock expiry is a field in server
+///   milliseconds and a record's retention a key TTL; tokens are at least the
+///   server's clock in microseconds and higher than the key's last one, so
+///   they grow across the record's expiry.
+/// - **Late owners**: a claim whose lock ran out stays its owner's until a
+///   `begin` takes it over (its key is kept for the lock plus the
+///   retention), so a late `extend` or `complete` with no takeover in
+///   between succeeds, as on the other stores.
+/// - **No eviction**: every record has a TTL, so any `maxmemory-policy` but
+///   `noeviction` may delete claims and records, and a retry of a deleted
+///   one runs again: [`connect`](Self::connect) refuses such a server
+///   (see [`RedisStoreBuilder::assume_noeviction`] where `CONFIG` is off).
 /// - **Cluster**: a record and its scope's index share a hash tag derived from
 ///   the scope, so every script is single-slot and a scope's records live on
 ///   one shard (many scopes spread over all of them; one very busy scope
@@ -180,7 +193,33 @@ impl RedisStore {
     /// `idempotency`, retaining records for 24 hours, locking claims for 10
     /// seconds (extended while their handler runs), failing operations that
     /// take longer than 5 seconds. Fails when the server does not answer.
+    ///
+    /// Fails too unless the server's `maxmemory-policy` is `noeviction` (read
+    /// with `CONFIG GET`): any other policy may delete claims and records,
+    /// and the retries of those requests run again. Where `CONFIG` is
+    /// disabled, see [`RedisStoreBuilder::assume_noeviction`].
     pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::builder().connect(url).await
+    }
+
+    /// A store on the Cluster that `nodes` (any of its nodes' URLs) belong to;
+    /// defaults as for [`connect`](Self::connect). Redirections (`MOVED`,
+    /// `ASK`) and failovers are followed by the client.
+    ///
+    /// Fails unless every primary that answers has `maxmemory-policy
+    /// noeviction`, as [`connect`](Self::connect).
+    pub async fn connect_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
+        Self::builder().connect_cluster(nodes).await
+    }
+
+    /// Options that apply before connecting, such as
+    /// [`assume_noeviction`](RedisStoreBuilder::assume_noeviction):
+    /// `RedisStore::builder().assume_noeviction().connect(url)`.
+    pub fn builder() -> RedisStoreBuilder {
+        RedisStoreBuilder::default()
+    }
+
+    async fn open(url: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
@@ -201,10 +240,7 @@ impl RedisStore {
         ))
     }
 
-    /// A store on the Cluster that `nodes` (any of its nodes' URLs) belong to;
-    /// defaults as for [`connect`](Self::connect). Redirections (`MOVED`,
-    /// `ASK`) and failovers are followed by the client.
-    pub async fn connect_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
+    async fn open_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
         let cluster = ClusterClientBuilder::new(nodes.to_vec())
             .connection_timeout(CONNECTION_TIMEOUT)
             .response_timeout(CONNECTION_TIMEOUT)
@@ -321,6 +357,14 @@ impl RedisStore {
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.inner.config.prefix
+    }
+}
+
+impl Config {
+    /// How long a claim's key is kept: past its lock, so that its owner's late
+    /// `extend` or `complete` still finds it when nobody took it over.
+    fn claim_kept(&self) -> Duration {
+        self.lock_timeout.saturating_add(self.retention)
     }
 }
 

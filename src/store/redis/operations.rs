@@ -164,7 +164,7 @@ impl Inner {
     }
 
     /// Runs `cmd` on the server, or on the Cluster node at `node`.
-    async fn on_node<T: redis::FromRedisValue>(
+    pub(super) async fn on_node<T: redis::FromRedisValue>(
         &self,
         cmd: redis::Cmd,
         node: Option<&(String, u16)>,
@@ -185,7 +185,7 @@ impl Inner {
     }
 
     /// The Cluster's reachable primaries, from `CLUSTER NODES`.
-    async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
+    pub(super) async fn primaries(&self) -> Result<Vec<(String, u16)>, StoreError> {
         let nodes: String = self
             .on_node(redis::cmd("CLUSTER").arg("NODES").clone(), None)
             .await?;
@@ -257,7 +257,8 @@ impl Store for RedisStore {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
-            .arg(millis(inner.config.lock_timeout));
+            .arg(millis(inner.config.lock_timeout))
+            .arg(millis(inner.config.claim_kept()));
         inner
             .timed(async {
                 let reply: Vec<Value> = inner.invoke(&invocation).await?;
@@ -304,7 +305,8 @@ impl Store for RedisStore {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
-            .arg(millis(inner.config.lock_timeout));
+            .arg(millis(inner.config.lock_timeout))
+            .arg(millis(inner.config.claim_kept()));
         let extended: i64 = inner.timed(inner.invoke(&invocation)).await?;
         match extended {
             1 => Ok(()),

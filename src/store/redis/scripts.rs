@@ -2,18 +2,23 @@
 //! touches only keys of one hash slot (the record and its scope's index share
 //! a hash tag), so every script is single-slot on a Cluster.
 //!
-//! Times come from the server: `TIME` for index scores and token floors, key
-//! TTLs (`PEXPIRE`) for lock and retention expiry. The application's clock is
-//! never sent or compared.
+//! Times come from the server: `TIME` for a claim's lock expiry, index scores
+//! and token floors, key TTLs (`PEXPIRE`) for how long a record is kept. The
+//! application's clock is never sent or compared.
 //!
 //! A record is a hash: `sc` scope, `k` key, `fp` fingerprint, `tok` fencing
 //! token, `st` state (`p` in progress, `c` completed, `u` completed without a
 //! replayable response, `r` released: a short-lived tombstone that only keeps
-//! the last token), `w` set once a waiter checked the claim (only then do
-//! `complete` and `release` publish), and for `c` the response: `status`,
-//! `hd`, `bd`.
-//! The index is a sorted set of the scope's keys scored by their expiry in
-//! server milliseconds, for `purge_scope`.
+//! the last token), `lx` for `p` the lock's expiry in server milliseconds,
+//! `w` set once a waiter checked the claim (only then do `complete` and
+//! `release` publish), and for `c` the response: `status`, `hd`, `bd`.
+//!
+//! A claim's key lives for its lock plus the retention (`keep`), past its
+//! lock: a claim whose lock ran out stays its owner's until a `begin` takes
+//! it over, so a late `extend` or `complete` with no takeover in between
+//! succeeds, as on the other stores. Only `begin` judges `lx`.
+//! The index is a sorted set of the scope's keys scored by their key's expiry
+//! in server milliseconds, for `purge_scope`.
 
 use redis::Script;
 
@@ -41,40 +46,46 @@ local function same_record(v)
 end
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, fingerprint, lock ms.
+/// KEYS: record, index. ARGV: scope, key, fingerprint, lock ms, keep ms.
 /// Replies `{'claimed', token}`, `{'replay', status, headers, body}`,
-/// `{'mismatch'}`, `{'unavailable'}` or `{'in_progress', pttl}`.
+/// `{'mismatch'}`, `{'unavailable'}` or `{'in_progress', remaining lock ms}`.
 const BEGIN: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local floor = 0
 if v[4] then
   local collision = same_record(v)
   if collision then return collision end
-  if v[4] ~= 'r' then
+  local lx = tonumber(v[9])
+  -- A claim past its lock is free: taken over (any request), above its token.
+  local expired = v[4] == 'p' and lx and lx <= now
+  if v[4] ~= 'r' and not expired then
     if v[3] ~= ARGV[3] then return {'mismatch'} end
     if v[4] == 'c' then return {'replay', v[6], v[7], v[8]} end
     if v[4] == 'u' then return {'unavailable'} end
-    return {'in_progress', redis.call('PTTL', rec)}
+    return {'in_progress', lx and (lx - now) or redis.call('PTTL', rec)}
   end
   floor = tonumber(v[5])
 end
 -- At least the server's clock in microseconds (exact in a Lua double until
 -- the year 2255), so tokens keep growing after a record expired and is gone.
-local t = redis.call('TIME')
 local token = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), floor + 1)
 token = string.format('%d', token)
-local lock = tonumber(ARGV[4])
+local keep = tonumber(ARGV[5])
 redis.call('DEL', rec)
-redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p')
-redis.call('PEXPIRE', rec, lock)
-index(idx, ARGV[2], lock, true)
+redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
+  'lx', string.format('%d', now + tonumber(ARGV[4])))
+redis.call('PEXPIRE', rec, keep)
+index(idx, ARGV[2], keep, true)
 return {'claimed', token}
 "#;
 
 /// KEYS: record, index. ARGV: scope, key, token, retention ms, channel, id,
 /// state (`c` or `u`), then for `c`: status, headers, body. Replies 1, or 0
-/// when the token does not hold the claim.
+/// when the token does not hold the claim (its lock may have run out: only a
+/// takeover, which changes the token, fences it).
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w')
@@ -87,22 +98,26 @@ if ARGV[7] == 'c' then
 else
   redis.call('HSET', rec, 'st', 'u')
 end
+redis.call('HDEL', rec, 'lx')
 redis.call('PEXPIRE', rec, retention)
 index(idx, ARGV[2], retention, false)
 if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, token, lock ms. Replies 1 or 0.
+/// KEYS: record, index. ARGV: scope, key, token, lock ms, keep ms. Replies 1,
+/// or 0 when the token does not hold the claim; a claim past its lock that
+/// nobody took over is held again.
 const EXTEND: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
-local lock = tonumber(ARGV[4])
-redis.call('PEXPIRE', rec, lock)
-index(idx, ARGV[2], lock, false)
+local keep = tonumber(ARGV[5])
+redis.call('HSET', rec, 'lx', string.format('%d', now_ms() + tonumber(ARGV[4])))
+redis.call('PEXPIRE', rec, keep)
+index(idx, ARGV[2], keep, false)
 return 1
 "#;
 
@@ -115,7 +130,7 @@ local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
-redis.call('HDEL', rec, 'fp')
+redis.call('HDEL', rec, 'fp', 'lx')
 redis.call('HSET', rec, 'st', 'r')
 redis.call('PEXPIRE', rec, 1000)
 redis.call('ZREM', idx, ARGV[2])
@@ -124,14 +139,19 @@ return 1
 "#;
 
 /// KEYS: record. Replies the lock's remaining milliseconds, or -1 when the
-/// record is not in progress, and marks the claim as waited for: its
-/// completion or release then publishes. A waiter registers for the message
-/// before this check, so a completion after it is heard and one before it is
-/// seen by it; a claim nobody waits for publishes nothing.
+/// record is not in progress or its lock ran out (a `begin` then takes it
+/// over), and marks the claim as waited for: its completion or release then
+/// publishes. A waiter registers for the message before this check, so a
+/// completion after it is heard and one before it is seen by it; a claim
+/// nobody waits for publishes nothing.
 const LOCK_REMAINING: &str = r#"
-if redis.call('HGET', KEYS[1], 'st') ~= 'p' then return -1 end
+local v = redis.call('HMGET', KEYS[1], 'st', 'lx')
+if v[1] ~= 'p' then return -1 end
+local lx = tonumber(v[2])
+local remaining = lx and (lx - now_ms()) or redis.call('PTTL', KEYS[1])
+if remaining <= 0 then return -1 end
 redis.call('HSET', KEYS[1], 'w', '1')
-return redis.call('PTTL', KEYS[1])
+return remaining
 "#;
 
 /// KEYS: index, then records of its members. ARGV: scope, then the members
@@ -180,7 +200,7 @@ impl Scripts {
             complete: with_prelude(COMPLETE),
             extend: with_prelude(EXTEND),
             release: with_prelude(RELEASE),
-            lock_remaining: Script::new(LOCK_REMAINING),
+            lock_remaining: with_prelude(LOCK_REMAINING),
             purge_scope: Script::new(PURGE_SCOPE),
             trim_index: Script::new(TRIM_INDEX),
         }
