@@ -1,7 +1,10 @@
-//! Transactional mode against plain mode on a durable PostgreSQL: a fresh
-//! request whose handler writes one order row, mounted as users mount it
-//! (axum `Router`, `route_layer`, a 1 KiB unsorted JSON body).
+//! Transactional mode against plain mode and against the bare handler on a
+//! durable PostgreSQL: a fresh request whose handler writes one order row,
+//! mounted as users mount it (axum `Router`, `route_layer`, a 1 KiB unsorted
+//! JSON body).
 //!
+//! - bare: no layer; the handler runs its INSERT in a transaction of its own
+//!   (`client.transaction()`, `execute`, `commit`), as it would without us;
 //! - plain: `IdempotencyLayer::new(store)`, the handler commits its own INSERT
 //!   on the application's pool;
 //! - transactional: `IdempotencyLayer::transactional(store)`, the handler's
@@ -14,8 +17,8 @@
 //!
 //! `PG_DURABLE=1` keeps the server's defaults (`fsync` and `synchronous_commit`
 //! on), so a commit costs a WAL flush. Environment: `TXN_SECS` (5 per round),
-//! `TXN_ROUNDS` (3, alternating the modes), `TXN_CLIENTS` (16 concurrent tasks
-//! and the pool size).
+//! `TXN_ROUNDS` (3, rotating the modes' order), `TXN_CLIENTS` (`1,16`:
+//! concurrent tasks, and each pool's size).
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -38,8 +41,27 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 
 #[derive(Clone)]
 struct Orders {
-    /// Plain mode: the application's own pool.
+    /// Plain mode and the bare handler: the application's own pool.
     pool: Option<Pool>,
+    /// The bare handler: its INSERT in a transaction of its own.
+    own_transaction: bool,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Bare,
+    Plain,
+    Transactional,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Bare => "bare",
+            Mode::Plain => "plain",
+            Mode::Transactional => "transactional",
+        }
+    }
 }
 
 const INSERT: &str = "INSERT INTO bench_txn_orders (key, body) VALUES ($1, $2) RETURNING id";
@@ -61,6 +83,13 @@ async fn create_order(State(orders): State<Orders>, req: Request) -> (StatusCode
                 .unwrap()
                 .query_one(INSERT, &[&key, &body])
                 .await
+        }
+        (None, Some(pool)) if orders.own_transaction => {
+            let mut client = pool.get().await.unwrap();
+            let tx = client.transaction().await.unwrap();
+            let row = tx.query_one(INSERT, &[&key, &body]).await;
+            tx.commit().await.unwrap();
+            row
         }
         (None, Some(pool)) => {
             pool.get()
@@ -99,32 +128,34 @@ struct Run {
     p50_ms: f64,
 }
 
-async fn run(url: &str, transactional: bool, secs: u64, clients: usize, round: usize) -> Run {
+async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> Run {
     let store = PostgresStore::new(pool(url, clients))
         .with_table("bench_txn_records")
         .with_lock_timeout(Duration::from_secs(2));
-    let (layer, orders) = if transactional {
-        (
-            IdempotencyLayer::transactional(store.clone()),
-            Orders { pool: None },
-        )
-    } else {
-        let orders = Orders {
-            pool: Some(pool(url, clients)),
-        };
-        (IdempotencyLayer::new(store.clone()), orders)
+    let own = |own_transaction| Orders {
+        pool: Some(pool(url, clients)),
+        own_transaction,
     };
-    let app = Router::new()
-        .route(ORDERS, post(create_order))
-        .route_layer(layer)
-        .with_state(orders);
+    let router = Router::new().route(ORDERS, post(create_order));
+    let app = match mode {
+        Mode::Bare => router.with_state(own(true)),
+        Mode::Plain => router
+            .route_layer(IdempotencyLayer::new(store.clone()))
+            .with_state(own(false)),
+        Mode::Transactional => router
+            .route_layer(IdempotencyLayer::transactional(store.clone()))
+            .with_state(Orders {
+                pool: None,
+                own_transaction: false,
+            }),
+    };
     let template = RequestTemplate::new(json_body(1024));
-    let mode = if transactional { "tx" } else { "plain" };
+    let name = mode.name();
     // Warm every connection's statement cache.
     for i in 0..(clients as u64 * 4) {
         let (status, _) = send(
             &app,
-            template.request(&key(&format!("warm{mode}{round}"), i)),
+            template.request(&key(&format!("warm{name}{clients}r{round}"), i)),
         )
         .await;
         assert_eq!(status, StatusCode::CREATED);
@@ -137,7 +168,7 @@ async fn run(url: &str, transactional: bool, secs: u64, clients: usize, round: u
     let tasks: Vec<_> = (0..clients)
         .map(|c| {
             let (app, template, done) = (app.clone(), template.clone(), done.clone());
-            let prefix = format!("{mode}{round}c{c}");
+            let prefix = format!("{name}{clients}r{round}c{c}");
             tokio::spawn(async move {
                 let mut latencies = Vec::new();
                 let mut i = 0;
@@ -158,8 +189,9 @@ async fn run(url: &str, transactional: bool, secs: u64, clients: usize, round: u
         latencies.extend(task.await.unwrap());
     }
     let n = done.load(Ordering::Relaxed) as f64;
-    // The handler's INSERT is one round trip the store does not count.
-    let handler_trips = 1.0;
+    // The handler's INSERT is one round trip the store does not count; the
+    // bare handler's BEGIN and COMMIT two more.
+    let handler_trips = if mode == Mode::Bare { 3.0 } else { 1.0 };
     let round_trips = (store.round_trips() - trips_before) as f64 / n + handler_trips;
     // The second reading takes an id of its own: subtract it.
     let commits = (write_transactions(&sql).await - xids_before - 1) as f64 / n;
@@ -177,11 +209,12 @@ fn main() {
         eprintln!("txn bench: set DATABASE_URL (bench/scripts/with-pg.sh does)");
         return;
     };
-    let (secs, rounds, clients) = (
-        env_or("TXN_SECS", 5u64),
-        env_or("TXN_ROUNDS", 3usize),
-        env_or("TXN_CLIENTS", 16usize),
-    );
+    let (secs, rounds) = (env_or("TXN_SECS", 5u64), env_or("TXN_ROUNDS", 3usize));
+    let clients: Vec<usize> = std::env::var("TXN_CLIENTS")
+        .unwrap_or_else(|_| "1,16".into())
+        .split(',')
+        .map(|n| n.trim().parse().expect("TXN_CLIENTS: numbers"))
+        .collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -203,37 +236,54 @@ fn main() {
         .unwrap();
         let store = PostgresStore::new(pool(&url, 2)).with_table("bench_txn_records");
         store.migrate().await.unwrap();
-        println!("## Transactional vs plain mode: fresh requests whose handler inserts one row");
+        println!("## Transactional vs plain mode vs the bare handler: fresh requests inserting one row");
         println!("{}", machine_line());
         println!(
-            "fsync={fsync}, synchronous_commit={sync}; {clients} concurrent tasks, pools of {clients}; \
-             {rounds} rounds of {secs} s per mode, alternating"
+            "fsync={fsync}, synchronous_commit={sync}; clients {clients:?}, a pool of that size \
+             per pool; {rounds} rounds of {secs} s per mode, the modes' order rotating"
         );
         println!();
-        println!("| round | mode | requests/s | p50 ms | round trips/request | durable commits/request |");
-        println!("|---|---|---|---|---|---|");
-        let mut ratios = Vec::new();
-        for round in 0..rounds {
-            // Alternate which mode goes first, so drift does not favour one.
-            let order = if round % 2 == 0 { [false, true] } else { [true, false] };
-            let mut per_sec = [0.0; 2];
-            for transactional in order {
-                let r = run(&url, transactional, secs, clients, round).await;
-                let mode = if transactional { "transactional" } else { "plain" };
-                println!(
-                    "| {round} | {mode} | {:.0} | {:.2} | {:.2} | {:.2} |",
-                    r.per_sec, r.p50_ms, r.round_trips, r.commits
-                );
-                per_sec[usize::from(transactional)] = r.per_sec;
+        println!("| clients | round | mode | requests/s | p50 ms | round trips/request | durable commits/request |");
+        println!("|---|---|---|---|---|---|---|");
+        let modes = [Mode::Bare, Mode::Plain, Mode::Transactional];
+        let mut summary = Vec::new();
+        for &clients in &clients {
+            let mut ratios = Vec::new();
+            for round in 0..rounds {
+                // Rotate which mode goes first, so drift does not favour one.
+                let mut per_sec = [0.0; 3];
+                for k in 0..3 {
+                    let i = (round + k) % 3;
+                    let r = run(&url, modes[i], secs, clients, round).await;
+                    println!(
+                        "| {clients} | {round} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                        modes[i].name(),
+                        r.per_sec,
+                        r.p50_ms,
+                        r.round_trips,
+                        r.commits
+                    );
+                    per_sec[i] = r.per_sec;
+                }
+                ratios.push((per_sec[2] / per_sec[0], per_sec[2] / per_sec[1]));
             }
-            ratios.push(per_sec[1] / per_sec[0]);
+            summary.push((clients, ratios));
         }
-        ratios.sort_by(|a, b| a.partial_cmp(b).unwrap());
         println!();
-        println!(
-            "transactional / plain throughput: median {:.2}x (rounds: {})",
-            ratios[ratios.len() / 2],
-            ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(", ")
-        );
+        for (clients, mut ratios) in summary {
+            ratios.sort_by(|a, b| a.0.partial_cmp(&b.0).unwrap());
+            let bare = ratios[ratios.len() / 2].0;
+            ratios.sort_by(|a, b| a.1.partial_cmp(&b.1).unwrap());
+            let plain = ratios[ratios.len() / 2].1;
+            println!(
+                "{clients} clients: transactional / bare throughput median {bare:.2}x, \
+                 transactional / plain {plain:.2}x (rounds: {})",
+                ratios
+                    .iter()
+                    .map(|r| format!("{:.2}", r.0))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
     });
 }
