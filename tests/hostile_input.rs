@@ -418,8 +418,9 @@ async fn duplicate_json_keys_are_fingerprinted_as_raw_bytes_deterministically() 
 async fn bodies_a_handler_can_tell_apart_are_never_one_request() {
     // Each pair parses, through serde_json into integers or decimals (or as
     // raw text), into values a handler can tell apart, though the IEEE 754
-    // doubles RFC 8785 would compare are equal. The second body under the
-    // first one's key is another request (409), never the first one's replay.
+    // doubles RFC 8785 would compare are equal; numbers count as written. The
+    // second body under the first one's key is another request (409), never
+    // the first one's replay.
     let pairs = [
         (
             r#"{"amount":9007199254740992}"#,
@@ -433,6 +434,12 @@ async fn bodies_a_handler_can_tell_apart_are_never_one_request() {
         (r#"{"x":0}"#, r#"{"x":1e-400}"#),
         (r#"{"x":0}"#, r#"{"x":-0}"#),
         (r#"{"x":0.0}"#, r#"{"x":-0.0}"#),
+        (r#"{"qty":2}"#, r#"{"qty":2.0}"#),
+        (r#"{"price":1.5}"#, r#"{"price":1.50}"#),
+        (
+            r#"{"amount":9007199254740993}"#,
+            r#"{"amount":90071992547409930e-1}"#,
+        ),
         (r#"{"a":1}"#, r#"{"a":1}garbage"#),
         (r#"{"a":1}"#, r#"{"a":1} {"a":1}"#),
     ];
@@ -451,10 +458,10 @@ async fn bodies_a_handler_can_tell_apart_are_never_one_request() {
             .assert_order(i + 1, true);
     }
     assert_eq!(orders.runs.get(), pairs.len());
-    // Equivalent spellings of one value stay one request.
+    // Key order, whitespace and string escapes stay one request.
     for (i, same) in [
-        r#"{"amount": 9007199254740993.0}"#,
-        r#"{"amount":90071992547409930e-1}"#,
+        r#"{ "amount": 9007199254740993 }"#,
+        r#"{"\u0061mount":9007199254740993}"#,
     ]
     .iter()
     .enumerate()

@@ -327,7 +327,7 @@ async fn json_is_canonicalised_per_rfc8785_recursively_key_order_and_whitespace_
     send(&svc, post(Some(KEY), ORDER))
         .await
         .assert_order(1, false);
-    let reordered = "{ \"ship\" : {\"zip\": \"69001\",\n \"city\":\"Lyon\"},\n\t\"qty\": 2.0,  \"sku\": \"A-1\" }";
+    let reordered = "{ \"ship\" : {\"zip\": \"69001\",\n \"city\":\"Lyon\"},\n\t\"qty\": 2,  \"sku\": \"A-1\" }";
     send(&svc, post(Some(KEY), reordered))
         .await
         .assert_order(1, true);
@@ -355,6 +355,24 @@ async fn key_reuse_with_a_changed_value_is_409_and_the_record_is_kept() {
     }
     // The refusals did not overwrite the record.
     send(&svc, post(Some(KEY), ORDER))
+        .await
+        .assert_order(1, true);
+    assert_eq!(runs.get(), 1);
+}
+
+/// A number is its literal: `2.0` is refused by a handler reading `qty` as an
+/// integer, so it is another request, not a replay of `2`.
+#[tokio::test]
+async fn key_reuse_with_a_respelled_number_is_409_and_the_handler_ran_once() {
+    let (svc, runs) = default_orders();
+    send(&svc, post(Some(KEY), r#"{"qty":2}"#))
+        .await
+        .assert_order(1, false);
+    send(&svc, post(Some(KEY), r#"{"qty":2.0}"#))
+        .await
+        .assert_refusal(StatusCode::CONFLICT, "idempotency_key_reuse");
+    // Key order and whitespace still do not count.
+    send(&svc, post(Some(KEY), "{ \"qty\" : 2 }"))
         .await
         .assert_order(1, true);
     assert_eq!(runs.get(), 1);

@@ -266,7 +266,7 @@ impl Load {
                 let Some((tenant, key)) = self.known_key((roll >> 24) as usize) else {
                     return;
                 };
-                let respelled = "{ \"qty\": 2.0, \"sku\": \"A-1\" }";
+                let respelled = "{ \"qty\": 2, \"sku\": \"A-1\" }";
                 let answer = self.settle(server, &tenant, &key, respelled).await;
                 self.created(&tenant, &key, &answer);
                 self.count("replay");

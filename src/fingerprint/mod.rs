@@ -1,5 +1,18 @@
 //! Request fingerprints: SHA-256 over the request line, key, scope and the
-//! RFC 8785 (JCS) canonical form of JSON bodies.
+//! canonical form of JSON bodies.
+//!
+//! The canonical form is RFC 8785 (JCS) with one deliberate deviation, from
+//! section 3.2.2.3: a number is written as its literal text, exactly as sent,
+//! not as the ECMAScript form of its nearest IEEE 754 double. A handler reading
+//! the body with typed fields tells `2` from `2.0` (an integer field refuses
+//! `2.0`), `1.5` from `1.50` (a decimal type keeps the scale), `-0` from `0`,
+//! and `100` from `1e2` (raw text); a retry that changes any of them under the
+//! same key is another request (`409 idempotency_key_reuse`), never a replay.
+//! Numbers must be in JSON's grammar (RFC 8259 section 6) and within double
+//! range. Everything else is as RFC 8785 prescribes: object members sorted by
+//! the UTF-16 code units of their keys, no insignificant whitespace, and strings
+//! re-serialised with the minimal escapes, so key order, whitespace and string
+//! escapes do not count.
 
 use crate::IdempotencyKey;
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
@@ -16,7 +29,7 @@ mod serde_path;
 mod tests;
 
 use self::fast::*;
-pub(crate) use self::number::*;
+use self::number::*;
 pub(crate) use self::request::random_key;
 pub use self::request::{ExactDigest, RequestFingerprint};
 use self::serde_path::*;
@@ -25,7 +38,8 @@ use self::serde_path::*;
 ///
 /// Two requests with the same fingerprint are the same operation: same method,
 /// path and query, key, scope, and body — where JSON bodies are compared in their
-/// RFC 8785 canonical form, so key order and whitespace do not matter.
+/// canonical form (see [`canonicalize_json`]), so key order, whitespace and string
+/// escapes do not matter, while every number counts as written.
 ///
 /// ```
 /// use http::{HeaderValue, Method};
@@ -36,8 +50,12 @@ use self::serde_path::*;
 /// let a = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "acme", Some(&json),
 ///     br#"{"sku":"A","qty":1}"#);
 /// let b = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "acme", Some(&json),
-///     b"{ \"qty\": 1.0, \"sku\": \"A\" }");
+///     b"{ \"qty\": 1, \"sku\": \"\\u0041\" }");
 /// assert_eq!(a, b);
+/// // `1.0` is another number to a handler reading `qty` as an integer.
+/// let respelled = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "acme",
+///     Some(&json), br#"{"sku":"A","qty":1.0}"#);
+/// assert_ne!(a, respelled);
 /// let other_scope = Fingerprint::compute(&Method::POST, "/v1/orders", &key, "globex",
 ///     Some(&json), br#"{"sku":"A","qty":1}"#);
 /// assert_ne!(a, other_scope);
@@ -49,7 +67,7 @@ impl Fingerprint {
     /// Computes the fingerprint of a request.
     ///
     /// JSON bodies (`application/json`, `application/*+json`) are canonicalised per
-    /// RFC 8785, numbers with their exact value (see [`canonicalize_json`]); other
+    /// RFC 8785, numbers kept as written (see [`canonicalize_json`]); other
     /// bodies, and JSON that fails to parse (invalid, trailing text, nested deeper
     /// than 128 levels, duplicate object keys, numbers out of range), are hashed as
     /// raw bytes.
@@ -119,34 +137,32 @@ impl fmt::Display for CanonicalizeError {
 
 impl std::error::Error for CanonicalizeError {}
 
-/// Serialises a JSON text in its RFC 8785 (JCS) canonical form.
+/// Serialises a JSON text in its canonical form: RFC 8785 (JCS), but for
+/// numbers, which keep their literal text.
 ///
 /// Objects are sorted by the UTF-16 code units of their keys, whitespace is
-/// dropped, strings use the minimal JSON escapes, and numbers are laid out as
-/// ECMAScript's `Number.prototype.toString` does. A number is written with its
-/// exact value: for every literal that is the shortest form of its IEEE 754
-/// double (`1.5`, `4.50`, `1E30`, any literal of at most 15 significant digits)
-/// that is RFC 8785's output; a literal that a double would round
-/// (`9007199254740993`, `0.10000000000000001`, `1e-400`) and negative zero keep
-/// their value, because a handler can tell them apart from the rounded double.
-/// So two texts canonicalise alike exactly when they hold the same values.
+/// dropped, and strings use the minimal JSON escapes, as RFC 8785 prescribes.
+/// A number is copied exactly as written, not laid out as ECMAScript's
+/// `Number.prototype.toString` lays out its double (RFC 8785 section 3.2.2.3):
+/// a deliberate deviation, because a handler can tell `2` from `2.0`, `1.5`
+/// from `1.50` and `-0` from `0`. So two texts canonicalise alike exactly when
+/// they differ only in key order, whitespace and string escapes.
 ///
 /// Duplicate object keys are an error rather than last-wins, so a fingerprint
-/// never hides a value the handler might read, and so are numbers out of double
-/// range and text after the value. Nesting is bounded at 128 levels by the
-/// parser, so hostile input cannot overflow the stack.
+/// never hides a value the handler might read, and so are numbers outside
+/// JSON's grammar or double range and text after the value. Nesting is bounded
+/// at 128 levels by the parser, so hostile input cannot overflow the stack.
 ///
 /// ```
 /// use tower_idempotency::fingerprint::canonicalize_json;
 ///
-/// let out = canonicalize_json(br#"{ "b": [1e2, 0.50, 0.0], "a": "\u00e9" }"#).unwrap();
-/// assert_eq!(out, "{\"a\":\"é\",\"b\":[100,0.5,0]}".as_bytes());
-/// // Values a double would round, and -0, keep their exact value.
-/// let big = canonicalize_json(b"[9007199254740993, -0]").unwrap();
-/// assert_eq!(big, b"[9007199254740993,-0]");
-/// assert_ne!(canonicalize_json(b"0.10000000000000001").unwrap(), b"0.1");
+/// let out = canonicalize_json(br#"{ "b": [1e2, 0.50, -0], "a": "\u00e9\/" }"#).unwrap();
+/// assert_eq!(out, "{\"a\":\"é/\",\"b\":[1e2,0.50,-0]}".as_bytes());
+/// assert_ne!(canonicalize_json(b"2.0").unwrap(), canonicalize_json(b"2").unwrap());
 /// assert!(canonicalize_json(br#"{"a":1,"a":2}"#).is_err());
 /// assert!(canonicalize_json(br#"{"a":1}garbage"#).is_err());
+/// assert!(canonicalize_json(b"[01]").is_err());
+/// assert!(canonicalize_json(b"1e400").is_err());
 /// ```
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
     let mut buffers = Reusable::default();
@@ -216,9 +232,9 @@ fn canonicalize_into(input: &[u8], reusable: &mut Reusable) -> Result<(), Canoni
         scratch: std::mem::take(scratch),
     };
     // The common case in one pass over the bytes; anything unusual (escaped
-    // keys, surrogate escapes, long or out-of-range numbers, duplicate keys,
-    // deep nesting, any syntax error) is left to the serde_json path below,
-    // which decides it exactly as before.
+    // keys, surrogate escapes, out-of-range numbers, duplicate keys, deep
+    // nesting, any syntax error) is left to the serde_json path below, which
+    // decides it.
     let mut fast = FastCanonical {
         input,
         at: 0,

@@ -4,10 +4,10 @@ use super::*;
 
 /// Writes one JSON value in canonical form to `buf.out`.
 ///
-/// serde_json hands numbers over as doubles or 64-bit integers, which lose
-/// what [`write_number_literal`] keeps, so each number is written from its
-/// literal in `input`: serde_json visits values in document order, and
-/// [`next_number_literal`] finds the literals in the same order.
+/// serde_json hands numbers over as doubles or 64-bit integers, not as
+/// written, so each number is copied from its literal in `input`: serde_json
+/// visits values in document order, and [`next_number_literal`] finds the
+/// literals in the same order.
 ///
 /// One reference wide: serde_json recurses through it up to 128 levels, and
 /// every byte of it is copied into several frames per level in a debug build.
@@ -26,9 +26,13 @@ pub(super) struct SerdeState<'i> {
 impl CanonicalValue<'_, '_> {
     fn number<E: de::Error>(self) -> Result<(), E> {
         let state = self.state;
-        next_number_literal(state.input, &mut state.numbers_at)
-            .and_then(|literal| write_number_literal(&mut state.buf.out, literal))
-            .ok_or_else(|| E::custom("number out of range"))
+        // serde_json has checked the literal; [`number_end`] checks it as the
+        // single-pass path does, so that the two paths accept the same numbers.
+        let literal = next_number_literal(state.input, &mut state.numbers_at)
+            .filter(|literal| number_end(literal, 0) == Some(literal.len()))
+            .ok_or_else(|| E::custom("number out of range"))?;
+        state.buf.out.extend_from_slice(literal);
+        Ok(())
     }
 }
 

@@ -138,10 +138,10 @@ fn rfc8785_section_3_2_2_example() {
       "string": "\u20ac$\u000F\u000aA'\u0042\u0022\u005c\\\"\/",
       "literals": [null, true, false]
     }"#;
-    // RFC 8785 writes 333333333.3333333, the double nearest to the first
-    // number; that literal is not the double's shortest form, so it keeps its
-    // exact value. The other four are their doubles' shortest forms.
-    let want = r#"{"literals":[null,true,false],"numbers":[333333333.33333329,1e+30,4.5,0.002,1e-27],"string":"€$\u000f\nA'B\"\\\\\"/"}"#;
+    // RFC 8785 writes `[333333333.3333333,1e+30,4.5,0.002,1e-27]`, the
+    // doubles' ECMAScript forms; numbers keep their literals instead (the one
+    // deviation). Keys and the string are as RFC 8785 writes them.
+    let want = r#"{"literals":[null,true,false],"numbers":[333333333.33333329,1E30,4.50,2e-3,0.000000000000000000000000001],"string":"€$\u000f\nA'B\"\\\\\"/"}"#;
     assert_eq!(canon(input), want);
 }
 
@@ -175,35 +175,39 @@ fn rejects_duplicates_lone_surrogates_and_deep_nesting() {
 }
 
 #[test]
-fn numbers_a_double_would_round_keep_their_exact_value() {
-    for (source, want) in [
-        ("18446744073709551615", "18446744073709551615"),
-        ("-9007199254740993", "-9007199254740993"),
-        ("9007199254740992", "9007199254740992"),
-        ("12345678901234567890", "12345678901234567890"),
-        ("123456789012345678901234", "1.23456789012345678901234e+23"),
-        ("0.10000000000000001", "0.10000000000000001"),
-        ("0.1000000000000000", "0.1"),
-        ("1e-400", "1e-400"),
-        ("-1E-400", "-1e-400"),
-        ("2.4703282292062327e-324", "2.4703282292062327e-324"),
-        ("1.7976931348623157e308", "1.7976931348623157e+308"),
-        ("179769313486231570000000000e282", "1.7976931348623157e+308"),
-        ("[-0, 0.0, -0.0, 0e7, -0E-3, 1.50]", "[-0,0,-0,0,-0,1.5]"),
+fn numbers_keep_their_literal_text() {
+    for source in [
+        "18446744073709551615",
+        "-9007199254740993",
+        "123456789012345678901234",
+        "0.10000000000000001",
+        "0.1000000000000000",
+        "1e-400",
+        "-1E-400",
+        "1E+2",
+        "2.4703282292062327e-324",
+        "1.7976931348623157e308",
+        "179769313486231570000000000e282",
+        "1e-1073741825",
+        "0e99999999999999999999",
+        "[-0,0.0,-0.0,0e7,-0E-3,1.50]",
     ] {
-        assert_eq!(canon(source), want, "{source}");
-        assert_eq!(canon(want), want, "{want} is canonical");
+        assert_eq!(canon(source), source, "{source}");
+        assert_fast_agrees(source);
+        assert_fast_agrees(&format!("{{\"k\":{source},\"a\":{source}}}"));
     }
-    // Out of double range, or an exponent past 2^30: raw bytes, as before.
+    // Out of double range: raw bytes, as serde_json refuses them.
     for source in [
         "1e400",
         "-1.8e308",
-        "1e-1073741825",
+        "1.7976931348623159e308",
         "1e99999999999999999999",
+        &"9".repeat(309),
     ] {
         assert!(canonicalize_json(source.as_bytes()).is_err(), "{source}");
+        assert!(fast(source).is_none(), "{source}");
     }
-    assert_eq!(canon("0e99999999999999999999"), "0");
+    assert_eq!(canon(&"9".repeat(308)), "9".repeat(308));
 }
 
 #[test]
@@ -230,52 +234,49 @@ fn assert_fast_agrees(doc: &str) {
 }
 
 #[test]
-fn numbers_copied_as_written_only_when_canonical() {
-    // (source, canonical): the single-pass path takes all of these.
+fn numbers_are_copied_as_written_on_the_single_pass_path() {
+    // The single-pass path takes all of these, and writes them as they are.
     let cases = [
-        ("0", "0"),
-        ("-0", "-0"),
-        ("7", "7"),
-        ("-7", "-7"),
-        ("999999999999999", "999999999999999"),
-        ("-999999999999999", "-999999999999999"),
-        ("9999999999999999", "9999999999999999"),
-        ("9007199254740993", "9007199254740993"),
-        ("999999999999999999", "999999999999999999"),
-        ("999999999999999999999", "999999999999999999999"),
-        ("9999999999999999999999", "9.999999999999999999999e+21"),
-        ("10.5", "10.5"),
-        ("-10.5", "-10.5"),
-        ("1.50", "1.5"),
-        ("10.0", "10"),
-        ("-0.0", "-0"),
-        ("0.10", "0.1"),
+        "0",
+        "-0",
+        "7",
+        "-7",
+        "999999999999999",
+        "-999999999999999",
+        "9999999999999999",
+        "9007199254740993",
+        "999999999999999999",
+        "999999999999999999999",
+        "9999999999999999999999",
+        "10.5",
+        "-10.5",
+        "1.50",
+        "10.0",
+        "-0.0",
+        "0.10",
         // Any number of significant digits, as written.
-        ("12345678901234.5", "12345678901234.5"),
-        ("123456789012345.6", "123456789012345.6"),
-        ("1234567890123456.7", "1234567890123456.7"),
-        (
-            "0.333333333333333314829616256247",
-            "0.333333333333333314829616256247",
-        ),
-        ("0.123456789012345", "0.123456789012345"),
-        ("0.1234567890123456", "0.1234567890123456"),
-        ("0.30000000000000004", "0.30000000000000004"),
-        ("0.000001", "0.000001"),
-        ("-0.000001", "-0.000001"),
-        ("0.000001234567890123", "0.000001234567890123"),
-        ("0.0000001", "1e-7"),
-        ("0.0000009", "9e-7"),
-        ("0.00000123", "0.00000123"),
-        ("1e21", "1e+21"),
-        ("1e20", "100000000000000000000"),
-        ("1E2", "100"),
-        ("1.5e1", "15"),
-        ("1.5E-7", "1.5e-7"),
-        ("0.5", "0.5"),
-        ("5e-324", "5e-324"),
+        "12345678901234.5",
+        "123456789012345.6",
+        "1234567890123456.7",
+        "0.333333333333333314829616256247",
+        "0.123456789012345",
+        "0.1234567890123456",
+        "0.30000000000000004",
+        "0.000001",
+        "-0.000001",
+        "0.000001234567890123",
+        "0.0000001",
+        "0.0000009",
+        "0.00000123",
+        "1e21",
+        "1e20",
+        "1E2",
+        "1.5e1",
+        "1.5E-7",
+        "0.5",
+        "5e-324",
     ];
-    for (source, want) in cases {
+    for source in cases {
         for doc in [
             source.to_string(),
             format!("[{source}]"),
@@ -284,10 +285,30 @@ fn numbers_copied_as_written_only_when_canonical() {
         ] {
             assert_fast_agrees(&doc);
         }
-        assert_eq!(canon(source), want, "{source}");
+        assert_eq!(canon(source), source, "{source}");
     }
     for bad in [
-        "01", "-01", "00.5", "1.", "-", "-a", ".5", "1e", "1e+", "1.e5",
+        "01",
+        "-01",
+        "00.5",
+        "1.",
+        "-",
+        "-a",
+        ".5",
+        "1e",
+        "1e+",
+        "1.e5",
+        "+1",
+        "NaN",
+        "-NaN",
+        "Infinity",
+        "-Infinity",
+        "0x10",
+        "1.5.1",
+        "1e5e5",
+        "--1",
+        "1_000",
+        "١",
     ] {
         assert!(fast(bad).is_none(), "{bad}");
         assert!(canonicalize_json(bad.as_bytes()).is_err(), "{bad}");
@@ -691,7 +712,7 @@ fn the_serde_path_writes_each_number_from_its_own_literal() {
     for (doc, want) in [
         (
             r#"{"b\"2": "x\\\"3 -4", "\u0061": [12345678901234567890, 0.10000000000000001], "c": 1.50}"#.to_string(),
-            r#"{"a":[12345678901234567890,0.10000000000000001],"b\"2":"x\\\"3 -4","c":1.5}"#.to_string(),
+            r#"{"a":[12345678901234567890,0.10000000000000001],"b\"2":"x\\\"3 -4","c":1.50}"#.to_string(),
         ),
         (deep, want_deep),
     ] {
@@ -743,4 +764,63 @@ fn buffers_kept_between_fingerprints_never_carry_one_body_into_the_next() {
             assert_eq!(computed.0, fingerprint_by_definition(&key, body));
         }
     }
+}
+
+fn json_fingerprint(body: &str) -> Fingerprint {
+    let key = IdempotencyKey::parse(b"order-0001").unwrap();
+    let json = http::HeaderValue::from_static("application/json");
+    Fingerprint::compute(
+        &http::Method::POST,
+        "/orders",
+        &key,
+        "acme",
+        Some(&json),
+        body.as_bytes(),
+    )
+}
+
+/// Each pair holds the same IEEE 754 double, but a typed handler reads two
+/// requests: `2.0` is refused for an integer field, a decimal keeps the scale
+/// of `1.50`, `-0` keeps its sign, and raw text differs. On both paths: a
+/// plain object (single-pass) and one with an escaped key (serde_json).
+#[test]
+fn numbers_a_typed_handler_tells_apart_never_share_a_fingerprint() {
+    for (a, b) in [
+        ("2", "2.0"),
+        ("1.5", "1.50"),
+        ("2", "20e-1"),
+        ("-0", "0"),
+        ("1e2", "100"),
+        ("1E2", "1e2"),
+        ("0.1", "1e-1"),
+        ("1e+2", "1e2"),
+    ] {
+        for doc in [
+            |n: &str| format!(r#"{{"qty":{n},"sku":"A"}}"#),
+            |n: &str| format!(r#"{{"\u0071ty":{n},"sku":"A"}}"#),
+            |n: &str| format!("[{n}]"),
+        ] {
+            let (da, db) = (doc(a), doc(b));
+            assert_ne!(json_fingerprint(&da), json_fingerprint(&db), "{da} vs {db}");
+            assert_ne!(canon(&da), canon(&db), "{da} vs {db}");
+        }
+    }
+}
+
+/// What does not change a value a handler reads still does not count.
+#[test]
+fn key_order_whitespace_and_escapes_still_share_a_fingerprint() {
+    let canonical = r#"{"qty":2,"ship":{"city":"Lyon","zip":"69001"},"sku":"A-1"}"#;
+    for doc in [
+        canonical,
+        r#"{"sku":"A-1","ship":{"zip":"69001","city":"Lyon"},"qty":2}"#,
+        "{\n  \"sku\" : \"A-1\",\n\t\"qty\": 2 , \"ship\":{ \"zip\":\"69001\" ,\"city\" :\"Lyon\"}\r\n}\n",
+        r#"{"sku":"A\u002d1","ship":{"zip":"\u0036\u0039001","city":"L\u0079on"},"qty":2}"#,
+        r#"{"\u0073ku":"A-1","qty":2,"ship":{"city":"Lyon","\u007aip":"69001"}}"#,
+    ] {
+        assert_eq!(canon(doc), canonical, "{doc}");
+        assert_eq!(json_fingerprint(doc), json_fingerprint(canonical), "{doc}");
+    }
+    // A `\/` escape is `/`.
+    assert_eq!(canon(r#"["a\/b"]"#), r#"["a/b"]"#);
 }

@@ -1,10 +1,10 @@
 //! An exact model of a JSON text, written independently of the crate: the
 //! oracle for "two bodies share a canonical form exactly when a handler cannot
-//! tell them apart". Numbers are kept as exact decimals (sign, significant
-//! digits, exponent), so `9007199254740993` and `9007199254740992`, `0.1` and
-//! `0.10000000000000001`, `-0` and `0` are different values, while `1`, `1.0`
-//! and `10e-1` are one. Object members are kept sorted, so key order and
-//! whitespace do not count. Also used by the fuzz target (`fuzz/`).
+//! tell them apart". Numbers are kept as their literal text, so `2` and `2.0`,
+//! `1.5` and `1.50`, `-0` and `0`, `100` and `1e2` are different values (a
+//! typed handler tells them apart). Strings are kept decoded and object members
+//! sorted, so string escapes, key order and whitespace do not count. Also used
+//! by the fuzz target (`fuzz/`).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -14,9 +14,8 @@ use std::collections::BTreeMap;
 pub enum Exact {
     Null,
     Bool(bool),
-    /// `negative`, significant digits without leading or trailing zeros (empty
-    /// for zero), and the decimal exponent of the last digit.
-    Number(bool, String, i64),
+    /// The literal, exactly as written.
+    Number(String),
     String(String),
     Array(Vec<Exact>),
     Object(BTreeMap<String, Exact>),
@@ -194,65 +193,41 @@ impl Parser<'_> {
 
     fn number(&mut self) -> Option<Exact> {
         let start = self.i;
-        let negative = self.s.get(self.i) == Some(&b'-');
-        self.i += usize::from(negative);
-        let int = self.digits().to_vec();
+        if self.s.get(self.i) == Some(&b'-') {
+            self.i += 1;
+        }
+        let int = self.digits();
         if int.is_empty() || (int.len() > 1 && int[0] == b'0') {
             return None;
         }
-        let mut frac = Vec::new();
         if self.s.get(self.i) == Some(&b'.') {
             self.i += 1;
-            frac = self.digits().to_vec();
-            if frac.is_empty() {
+            if self.digits().is_empty() {
                 return None;
             }
         }
-        let mut exponent: i64 = 0;
         if matches!(self.s.get(self.i), Some(b'e' | b'E')) {
             self.i += 1;
-            let sign = match self.s.get(self.i) {
-                Some(b'-') => {
-                    self.i += 1;
-                    -1
-                }
-                Some(b'+') => {
-                    self.i += 1;
-                    1
-                }
-                _ => 1,
-            };
-            let e = self.digits();
-            if e.is_empty() {
+            if matches!(self.s.get(self.i), Some(b'-' | b'+')) {
+                self.i += 1;
+            }
+            if self.digits().is_empty() {
                 return None;
             }
-            // Clamped: past 10^13 a non-zero number is out of range anyway.
-            let e = e.iter().fold(0i64, |acc, &d| {
-                (acc * 10 + i64::from(d - b'0')).min(10_000_000_000_000)
-            });
-            exponent = sign * e;
         }
         // Out of double range: serde_json refuses it, and so does the crate.
         let literal = std::str::from_utf8(&self.s[start..self.i]).ok()?;
         if !literal.parse::<f64>().ok()?.is_finite() {
             return None;
         }
-        let all: String = int.iter().chain(&frac).map(|&b| b as char).collect();
-        let exponent = exponent - frac.len() as i64;
-        let trimmed_end = all.trim_end_matches('0');
-        let exponent = exponent + (all.len() - trimmed_end.len()) as i64;
-        let digits = trimmed_end.trim_start_matches('0').to_string();
-        if digits.is_empty() {
-            return Some(Exact::Number(negative, String::new(), 0));
-        }
-        Some(Exact::Number(negative, digits, exponent))
+        Some(Exact::Number(literal.to_owned()))
     }
 }
 
 /// The canonical text of `value`, written independently of the crate: members
-/// sorted by UTF-16 code units, minimal string escapes, no whitespace, and each
-/// number's exact value laid out as ECMAScript's `Number.prototype.toString`
-/// lays out a double (RFC 8785 section 3.2.2.3), negative zero as `-0`.
+/// sorted by UTF-16 code units, minimal string escapes, no whitespace (RFC
+/// 8785), and each number as its literal (the crate's deviation from RFC 8785
+/// section 3.2.2.3).
 pub fn canonical(value: &Exact) -> String {
     let mut out = String::new();
     write(value, &mut out);
@@ -263,41 +238,7 @@ fn write(value: &Exact, out: &mut String) {
     match value {
         Exact::Null => out.push_str("null"),
         Exact::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        Exact::Number(negative, digits, exponent) => {
-            if *negative {
-                out.push('-');
-            }
-            if digits.is_empty() {
-                out.push('0');
-                return;
-            }
-            // ECMA-262 Number::toString: k digits, the point after n of them.
-            let k = digits.len() as i64;
-            let n = k + exponent;
-            if k <= n && n <= 21 {
-                out.push_str(digits);
-                out.extend(std::iter::repeat_n('0', (n - k) as usize));
-            } else if 0 < n && n <= 21 {
-                out.push_str(&digits[..n as usize]);
-                out.push('.');
-                out.push_str(&digits[n as usize..]);
-            } else if -6 < n && n <= 0 {
-                out.push_str("0.");
-                out.extend(std::iter::repeat_n('0', (-n) as usize));
-                out.push_str(digits);
-            } else {
-                out.push_str(&digits[..1]);
-                if k > 1 {
-                    out.push('.');
-                    out.push_str(&digits[1..]);
-                }
-                out.push_str(&format!(
-                    "e{}{}",
-                    if n > 0 { "+" } else { "-" },
-                    (n - 1).abs()
-                ));
-            }
-        }
+        Exact::Number(literal) => out.push_str(literal),
         Exact::String(s) => escape(s, out),
         Exact::Array(items) => {
             out.push('[');

@@ -2,11 +2,9 @@
 
 use super::*;
 
-mod numbers;
 mod order;
 mod scan;
 
-use self::numbers::plain_number_end;
 use self::order::{order, Order, Ranking};
 use self::scan::{append, literal_end, scan_key, scan_string, token};
 
@@ -67,8 +65,8 @@ impl Member {
 pub(super) const FAST_MAX_DEPTH: usize = 32;
 
 /// Longer inputs go to the serde_json path, so that every offset into the
-/// input fits u32 (and so does every offset into the output, which is at most
-/// 5.25 times as long as the input: `1e20` is `100000000000000000000`).
+/// input fits u32 (and so does every offset into the output, which is never
+/// longer than the input: only whitespace and escapes change length).
 const FAST_MAX_LEN: usize = (u32::MAX / 8) as usize;
 
 impl FastCanonical<'_, '_> {
@@ -112,6 +110,14 @@ impl FastCanonical<'_, '_> {
         }
     }
 
+    /// A number: its literal, as written.
+    fn number(&mut self) -> Option<()> {
+        let end = number_end(self.input, self.at)?;
+        append(&mut self.buf.out, self.input, self.at, end);
+        self.at = end;
+        Some(())
+    }
+
     fn array(&mut self, depth: usize) -> Option<()> {
         if depth > FAST_MAX_DEPTH {
             return None;
@@ -152,7 +158,7 @@ impl FastCanonical<'_, '_> {
             return Some(());
         }
         // A member whose value is its own source text (a string without
-        // escapes, a plain number, a literal) is only recorded here, and
+        // escapes, a number, a literal) is only recorded here, and
         // written once, in key order, at the end ("pending"). The others are
         // written as they come, and moved at the end if needed.
         self.buf.out.push(b'{');
@@ -205,7 +211,7 @@ impl FastCanonical<'_, '_> {
                         None
                     }
                 }
-                b'-' | b'0'..=b'9' => plain_number_end(input, at),
+                b'-' | b'0'..=b'9' => number_end(input, at),
                 b't' => literal_end(input, at, b"true"),
                 b'f' => literal_end(input, at, b"false"),
                 b'n' => literal_end(input, at, b"null"),
