@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{sleep, Instant};
-use tower_idempotency::store::jobs::{JobStatus, JobStore, StartJob, StartOutcome};
+use tower_idempotency::store::jobs::{JobReader, JobStatus, JobStore, StartJob, StartOutcome};
 use tower_idempotency::store::PostgresJobStore;
 use tower_idempotency::Lease;
 
