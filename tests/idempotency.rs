@@ -35,3 +35,6 @@ mod memory_store;
 mod memory_store_adversarial;
 #[path = "proptest_fingerprint.rs"]
 mod proptest_fingerprint;
+
+#[path = "keep_alive_memory.rs"]
+mod keep_alive_memory;

@@ -22,3 +22,10 @@ mod postgres_processes;
 mod postgres_store;
 #[path = "soak.rs"]
 mod soak;
+
+#[path = "keep_alive_pg.rs"]
+mod keep_alive_pg;
+
+#[cfg(feature = "leases")]
+#[path = "keep_alive_lease_pg.rs"]
+mod keep_alive_lease_pg;

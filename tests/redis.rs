@@ -19,3 +19,6 @@ mod redis_processes;
 #[cfg(feature = "test-util")]
 #[path = "redis_store.rs"]
 mod redis_store;
+
+#[path = "keep_alive_redis.rs"]
+mod keep_alive_redis;

@@ -7,7 +7,7 @@
 //! that cannot be recorded completes the key as "response unavailable", so a
 //! retry is told so instead of running the handler again.
 
-use super::claimed::{kept_alive, Running};
+use super::claimed::{kept_alive_handed_over, Running};
 use crate::body::{BoxError, ResponseBody};
 use crate::store::{FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
@@ -436,7 +436,7 @@ where
                 recorder.token,
             );
             let recording = record_rest(&mut body, copy, &mut forward, recorder);
-            if !kept_alive(recording, store, record, token).await {
+            if !kept_alive_handed_over(recording, store, record, token).await {
                 return;
             }
         }

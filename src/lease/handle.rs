@@ -1,17 +1,18 @@
+use crate::idempotency::claimed::Schedule;
 use crate::store::jobs::{Appended, JobStore, LeaseError, LeaseGrant};
 use crate::FencingToken;
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 /// The right to work on one job: every write is fenced by its token.
 ///
 /// The [`LeaseLayer`](crate::LeaseLayer) puts a `Lease` into the request
 /// extensions of a start it created or stole; the handler hands it to whatever
-/// does the work. Heartbeat more often than the lease length (a third of it is
-/// a good interval; [`spawn_worker`](Self::spawn_worker) does this for you).
+/// does the work. Heartbeat well within the lease length, and again soon after
+/// a heartbeat fails ([`spawn_worker`](Self::spawn_worker) does this for you).
 #[derive(Clone)]
 pub struct Lease {
     store: Arc<dyn JobStore>,
@@ -73,10 +74,15 @@ impl Lease {
     }
 
     /// Runs `work` in the background under this lease, so the job always reaches
-    /// an ending: the lease is heartbeated every third of its length, `Ok(artifact)`
-    /// finalizes, `Err(code)` fails the job with that code, a panic fails it with
-    /// `worker_panicked`. If the lease is lost (stolen after a stall), the work is
-    /// cancelled and nothing is written. A job that already ended is left alone.
+    /// an ending: the lease is heartbeated as a running claim is kept alive
+    /// (every twentieth of its length, each heartbeat time-boxed to a third of
+    /// the lease left and retried at once when it fails, so a store stall of up
+    /// to nine tenths of the lease is survived), `Ok(artifact)` finalizes,
+    /// `Err(code)` fails the job with that code, a panic fails it with
+    /// `worker_panicked`. The work runs in a task of its own, so work blocking
+    /// its thread does not stop the heartbeats on a multi-thread runtime. If
+    /// the lease is lost (stolen after a stall), the work is cancelled and
+    /// nothing is written. A job that already ended is left alone.
     pub fn spawn_worker<F, Fut>(self, work: F) -> JoinHandle<()>
     where
         F: FnOnce(Lease) -> Fut + Send + 'static,
@@ -84,22 +90,32 @@ impl Lease {
     {
         tokio::spawn(async move {
             // The first heartbeat marks the job running, or tells us it ended or moved on.
+            let sent = Instant::now();
             if self.heartbeat().await.is_err() {
                 return;
             }
+            let mut schedule = Schedule::new(self.store.lease_duration(), sent);
             let mut task = tokio::spawn(work(self.clone()));
-            let every = (self.store.lease_duration() / 3).max(Duration::from_millis(10));
             let outcome = loop {
-                match tokio::time::timeout(every, &mut task).await {
-                    Ok(joined) => break joined,
-                    Err(_heartbeat_due) => {
-                        if let Err(LeaseError::LeaseLost | LeaseError::UnknownJob) =
-                            self.heartbeat().await
-                        {
-                            task.abort();
-                            return;
-                        }
+                if let Ok(joined) = tokio::time::timeout_at(schedule.due(), &mut task).await {
+                    break joined;
+                }
+                let sent = Instant::now();
+                if let Some(late) = schedule.late(sent) {
+                    tracing::warn!(
+                        ?late,
+                        "a lease's heartbeat ran late: its runtime thread was blocked"
+                    );
+                }
+                let beat = tokio::time::timeout(schedule.time_box(sent), self.heartbeat());
+                match beat.await {
+                    Ok(Ok(())) => schedule.succeeded(sent),
+                    Ok(Err(LeaseError::LeaseLost | LeaseError::UnknownJob)) => {
+                        task.abort();
+                        return;
                     }
+                    // A store hiccup or a stall: tried again at once.
+                    Ok(Err(_)) | Err(_) => schedule.failed(sent, Instant::now()),
                 }
             };
             // Writes below are fenced; a refusal means someone else owns the job now.

@@ -164,9 +164,9 @@ impl MemoryStore {
 
     /// How long a claim holds its key unless it is extended (default 10 s).
     ///
-    /// The layer extends a claim every third of this while its handler runs,
-    /// so it bounds how long a *dead* owner blocks its key (a claim left behind
-    /// by a process that stopped), not how long a handler may take.
+    /// The layer extends a claim every twentieth of this while its handler
+    /// runs, so it bounds how long a *dead* owner blocks its key (a claim left
+    /// behind by a process that stopped), not how long a handler may take.
     ///
     /// Clamped to between 100 ms and 100 years.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {

@@ -214,7 +214,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<(), StoreError>;
 
     /// How long a claim holds its key unless it is extended: the longest a dead
-    /// owner blocks its key. The layer extends live claims at a third of it.
+    /// owner blocks its key. The layer extends live claims every twentieth of
+    /// it, and a store stall of up to 9/10 of it does not lose them.
     fn lock_timeout(&self) -> Duration;
 
     /// Extends a claim's lock to [`lock_timeout`](Store::lock_timeout) from now

@@ -2,6 +2,8 @@
 //! outages and hung servers.
 
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
@@ -12,8 +14,45 @@ use tokio::sync::watch;
 pub struct Proxy {
     pub port: u16,
     up: watch::Sender<bool>,
-    frozen: watch::Sender<bool>,
+    frozen: Arc<watch::Sender<bool>>,
+    stall: Arc<Stall>,
     task: tokio::task::JoinHandle<()>,
+}
+
+/// Where a timed freeze is: armed to begin at the next chunk a client sends,
+/// holding that chunk, and thawing itself after its duration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StallState {
+    Idle,
+    Armed(Duration),
+    Stalling,
+    Ended,
+}
+
+struct Stall {
+    state: watch::Sender<StallState>,
+    frozen: Arc<watch::Sender<bool>>,
+    // Serializes arming and firing.
+    lock: Mutex<()>,
+}
+
+impl Stall {
+    /// A client sent a chunk: an armed stall begins now, before it passes.
+    fn client_sent(self: &Arc<Self>) {
+        let _guard = self.lock.lock().unwrap();
+        let StallState::Armed(duration) = *self.state.borrow() else {
+            return;
+        };
+        self.frozen.send_replace(true);
+        self.state.send_replace(StallState::Stalling);
+        let stall = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(duration).await;
+            let _guard = stall.lock.lock().unwrap();
+            stall.frozen.send_replace(false);
+            stall.state.send_replace(StallState::Ended);
+        });
+    }
 }
 
 /// Copies `from` to `to`, holding every chunk while `frozen` says so.
@@ -21,6 +60,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     mut frozen: watch::Receiver<bool>,
+    stall: Option<Arc<Stall>>,
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
@@ -28,6 +68,11 @@ async fn pump(
         let Ok(n) = from.read(&mut buf).await else {
             return;
         };
+        if n > 0 {
+            if let Some(stall) = &stall {
+                stall.client_sent();
+            }
+        }
         if n == 0 || frozen.wait_for(|f| !*f).await.is_err() {
             return;
         }
@@ -43,6 +88,13 @@ impl Proxy {
         let port = listener.local_addr().unwrap().port();
         let (up, watch_up) = watch::channel(true);
         let (frozen, watch_frozen) = watch::channel(false);
+        let frozen = Arc::new(frozen);
+        let stall = Arc::new(Stall {
+            state: watch::channel(StallState::Idle).0,
+            frozen: frozen.clone(),
+            lock: Mutex::new(()),
+        });
+        let stalls = stall.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((inbound, _)) = listener.accept().await else {
@@ -54,6 +106,7 @@ impl Proxy {
                 }
                 let mut watch_up = watch_up.clone();
                 let mut watch_frozen = watch_frozen.clone();
+                let stall = stalls.clone();
                 tokio::spawn(async move {
                     // A frozen server does not even accept.
                     if watch_frozen.wait_for(|f| !*f).await.is_err() {
@@ -65,8 +118,8 @@ impl Proxy {
                     let (in_read, in_write) = inbound.into_split();
                     let (out_read, out_write) = outbound.into_split();
                     tokio::select! {
-                        _ = pump(in_read, out_write, watch_frozen.clone()) => {}
-                        _ = pump(out_read, in_write, watch_frozen) => {}
+                        _ = pump(in_read, out_write, watch_frozen.clone(), Some(stall)) => {}
+                        _ = pump(out_read, in_write, watch_frozen, None) => {}
                         _ = watch_up.wait_for(|up| !*up) => {}
                     }
                 });
@@ -76,8 +129,22 @@ impl Proxy {
             port,
             up,
             frozen,
+            stall,
             task,
         }
+    }
+
+    /// Freezes every connection (as `set_frozen(true)`) the moment a client
+    /// next sends anything, holding that chunk, and thaws them `duration`
+    /// later: a stall that begins exactly as a request is sent.
+    pub fn freeze_at_next_request(&self, duration: Duration) {
+        let _guard = self.stall.lock.lock().unwrap();
+        self.stall.state.send_replace(StallState::Armed(duration));
+    }
+
+    /// Where the last timed freeze is.
+    pub fn stall_state(&self) -> StallState {
+        *self.stall.state.borrow()
     }
 
     pub fn set_up(&self, up: bool) {

@@ -269,10 +269,14 @@ impl PostgresStore {
     /// How long a claim holds its key unless it is extended (default 10 s), on
     /// the database's clock.
     ///
-    /// The layer extends a claim every third of this while its handler runs
+    /// The layer extends a claim every twentieth of this while its handler runs
     /// (one `UPDATE` each time), so it bounds how long a *dead* owner (a
     /// crashed process, a lost network) blocks its key, not how long a handler
-    /// may take. Give it room for two slow extensions in a row.
+    /// may take. A store stall of up to 9/10 of this, less one round trip, is survived by a
+    /// running claim: extensions go out every 1/20 of it, each time-boxed to a
+    /// third of the claim's remaining life (counted from the last successful
+    /// extension's sending) and retried at once when it fails or times out
+    /// (`docs/idempotency.md`, *Locks and retention*, derives the bound).
     ///
     /// Clamped to between 100 ms and 100 years.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {

@@ -322,8 +322,16 @@ impl RedisStore {
     }
 
     /// How long a claim holds its key unless it is extended (default 10 s), on
-    /// the server's clock. The layer extends a claim every third of this while
-    /// its handler runs, so it bounds how long a *dead* owner blocks its key.
+    /// the server's clock. The layer extends a claim every twentieth of this
+    /// while its handler runs, so it bounds how long a *dead* owner blocks its
+    /// key.
+    ///
+    /// A store stall of up to 9/10 of this, less one round trip, is survived by a
+    /// running claim: extensions go out every 1/20 of it, each time-boxed to a
+    /// third of the claim's remaining life (counted from the last successful
+    /// extension's sending) and retried at once when it fails or times out
+    /// (`docs/idempotency.md`, *Locks and retention*, derives the bound).
+    ///
     /// Clamped to between 100 ms and 100 years.
     pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
         let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);

@@ -1,0 +1,14 @@
+//! A running claim on `MemoryStore` is kept alive by a task of its own: a
+//! handler blocking its thread does not stop it.
+
+use std::time::Duration;
+use tower_idempotency::MemoryStore;
+
+#[path = "keep_alive_scenarios.rs"]
+mod scenarios;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_blocking_its_thread_past_its_lock_is_not_taken_over() {
+    let store = MemoryStore::new().with_lock_timeout(Duration::from_secs(1));
+    scenarios::a_handler_blocking_its_thread_keeps_its_claim(store).await;
+}
