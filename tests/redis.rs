@@ -9,6 +9,9 @@
 // Helpers the modules below share, declared once.
 mod support;
 
+#[cfg(feature = "test-util")]
+#[path = "cancel_redis.rs"]
+mod cancel_redis;
 #[path = "redis_failover.rs"]
 mod redis_failover;
 #[path = "redis_processes.rs"]
