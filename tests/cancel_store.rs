@@ -121,8 +121,8 @@ impl<S: Store + Clone, P: Probe> Harness<S, P> {
         }
     }
 
-    /// The checks every cut gets: completions of other keys that are
-    /// acknowledged, replayed and durable, then the backend's invariants.
+    /// The checks every cut gets: the backend's invariants, and completions
+    /// of other keys that are acknowledged, replayed and durable.
     pub async fn after_cut(&self, what: &str) {
         let broken = self.broken().await;
         assert!(
@@ -148,9 +148,16 @@ impl<S: Store + Clone, P: Probe> Harness<S, P> {
         settled.unwrap()
     }
 
+    /// The backend's invariants right after the cut, completions of other
+    /// keys (which may run into what the cut left), and the invariants again.
     async fn broken(&self) -> Vec<String> {
-        let mut broken = self.canaries().await;
-        broken.extend(self.probe.violations().await);
+        let mut broken = self.probe.violations().await;
+        broken.extend(self.canaries().await);
+        for violation in self.probe.violations().await {
+            if !broken.contains(&violation) {
+                broken.push(violation);
+            }
+        }
         broken
     }
 
