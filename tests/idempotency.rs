@@ -28,6 +28,8 @@ mod layer_failures;
 #[path = "layer_recording.rs"]
 mod layer_recording;
 // The store conformance suite is behind `test-util`.
+#[path = "cancel_memory.rs"]
+mod cancel_memory;
 #[cfg(feature = "test-util")]
 #[path = "memory_store.rs"]
 mod memory_store;

@@ -8,6 +8,9 @@
 // Helpers the modules below share, declared once.
 mod support;
 
+#[cfg(feature = "test-util")]
+#[path = "cancel_pg/main.rs"]
+mod cancel_pg;
 #[path = "faults_pg.rs"]
 mod faults_pg;
 #[path = "faults_pg_restart.rs"]

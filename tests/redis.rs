@@ -12,6 +12,8 @@ mod support;
 #[cfg(feature = "test-util")]
 #[path = "redis_eviction.rs"]
 mod redis_eviction;
+#[path = "cancel_redis.rs"]
+mod cancel_redis;
 #[path = "redis_failover.rs"]
 mod redis_failover;
 #[path = "redis_processes.rs"]
