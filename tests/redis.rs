@@ -12,6 +12,7 @@ mod support;
 #[cfg(feature = "test-util")]
 #[path = "redis_eviction.rs"]
 mod redis_eviction;
+#[cfg(feature = "test-util")]
 #[path = "cancel_redis.rs"]
 mod cancel_redis;
 #[path = "redis_failover.rs"]
