@@ -35,3 +35,5 @@ mod memory_store;
 mod memory_store_adversarial;
 #[path = "proptest_fingerprint.rs"]
 mod proptest_fingerprint;
+#[path = "simulation/mod.rs"]
+mod simulation;
