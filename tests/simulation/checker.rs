@@ -95,7 +95,9 @@ pub fn acknowledged(history: &[Attempt]) -> Vec<Sent> {
     let mut seen = BTreeSet::new();
     history
         .iter()
-        .filter(|a| matches!(a.outcome, Outcome::Answer { status, .. } if (200..300).contains(&status)))
+        .filter(
+            |a| matches!(a.outcome, Outcome::Answer { status, .. } if (200..300).contains(&status)),
+        )
         .filter(|a| seen.insert((a.tenant, a.key.clone(), a.v)))
         .map(|a| Sent {
             tenant: a.tenant,
@@ -120,7 +122,11 @@ struct Takeover {
 /// does not hold the key is the store's bug.
 fn takeovers(run: &Run<'_>, violations: &mut Vec<Violation>) -> BTreeMap<Key, Vec<Takeover>> {
     enum State {
-        Held { token: i64, owner: String, last: u64 },
+        Held {
+            token: i64,
+            owner: String,
+            last: u64,
+        },
         Done,
     }
     let lock = LOCK.as_millis() as u64;
@@ -139,7 +145,10 @@ fn takeovers(run: &Run<'_>, violations: &mut Vec<Violation>) -> BTreeMap<Key, Ve
                 let stale = a.at.saturating_sub(*last);
                 // The store's clock and the log's agree to a tick.
                 if stale + super::TICK_MS < lock {
-                    bug(&a.key, format!("the store took over a claim extended {stale} ms ago"));
+                    bug(
+                        &a.key,
+                        format!("the store took over a claim extended {stale} ms ago"),
+                    );
                 }
                 let excused = run.faults.iter().any(|f| {
                     f.instance == owner && f.exceeds_tolerance() && f.start < a.at && f.end > *last
@@ -149,14 +158,22 @@ fn takeovers(run: &Run<'_>, violations: &mut Vec<Violation>) -> BTreeMap<Key, Ve
                     owner: owner.clone(),
                     excused,
                 });
-                let held = State::Held { token: *token, owner: a.from.clone(), last: a.at };
+                let held = State::Held {
+                    token: *token,
+                    owner: a.from.clone(),
+                    last: a.at,
+                };
                 state.insert(a.key.clone(), held);
             }
             (Op::Claimed(_), Some(State::Done)) => {
                 bug(&a.key, "a completed key was claimed again".into());
             }
             (Op::Claimed(token), None) => {
-                let held = State::Held { token: *token, owner: a.from.clone(), last: a.at };
+                let held = State::Held {
+                    token: *token,
+                    owner: a.from.clone(),
+                    last: a.at,
+                };
                 state.insert(a.key.clone(), held);
             }
             (Op::Extended(t), Some(State::Held { token, .. })) if t == token => {
@@ -174,7 +191,10 @@ fn takeovers(run: &Run<'_>, violations: &mut Vec<Violation>) -> BTreeMap<Key, Ve
             }
             // Releasing a claim that is gone is not an error.
             (Op::Released(_), _) | (Op::Decided(_) | Op::Refused(..), _) => {}
-            (op, _) => bug(&a.key, format!("the store accepted {op:?} from a token not holding the key")),
+            (op, _) => bug(
+                &a.key,
+                format!("the store accepted {op:?} from a token not holding the key"),
+            ),
         }
     }
     found
@@ -194,18 +214,27 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
         excused_takeovers: takeovers.values().flatten().filter(|t| t.excused).count(),
         ..Figures::default()
     };
-    let excused_key = |key: &Key| takeovers.get(key).is_some_and(|ts| ts.iter().any(|t| t.excused));
+    let excused_key = |key: &Key| {
+        takeovers
+            .get(key)
+            .is_some_and(|ts| ts.iter().any(|t| t.excused))
+    };
 
     // (a) At most one effect per key, unless an excused takeover separates two.
     let mut by_key: BTreeMap<Key, Vec<&Effect>> = BTreeMap::new();
     for e in run.effects {
-        by_key.entry((e.tenant.clone(), e.key.clone())).or_default().push(e);
+        by_key
+            .entry((e.tenant.clone(), e.key.clone()))
+            .or_default()
+            .push(e);
     }
     for (key, effects) in &by_key {
         for pair in effects.windows(2) {
             let (first, second) = (pair[0], pair[1]);
             let excused = takeovers.get(key).is_some_and(|ts| {
-                ts.iter().any(|t| t.excused && t.owner == first.by && t.at >= first.at && t.at <= second.at)
+                ts.iter().any(|t| {
+                    t.excused && t.owner == first.by && t.at >= first.at && t.at <= second.at
+                })
             });
             if excused {
                 figures.excused_double_effects += 1;
@@ -231,7 +260,10 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
                 figures.acknowledged += 1;
                 let key = (a.tenant.to_owned(), a.key.clone());
                 if let Err(what) = own_answer(a, body, run.effects) {
-                    violations.push(Violation { what, key: key.clone() });
+                    violations.push(Violation {
+                        what,
+                        key: key.clone(),
+                    });
                 }
                 let first = *answers.entry(key.clone()).or_insert(body);
                 if first != body && !excused_key(&key) {
@@ -260,46 +292,83 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
 /// Whether a `2xx` body answers this attempt's own tenant, key and request,
 /// and names an effect made for them.
 fn own_answer(a: &Attempt, body: &[u8], effects: &[Effect]) -> Result<(), String> {
-    let answer: serde_json::Value = serde_json::from_slice(body)
-        .map_err(|_| format!("a 2xx that is not an order: {}", String::from_utf8_lossy(body)))?;
+    let answer: serde_json::Value = serde_json::from_slice(body).map_err(|_| {
+        format!(
+            "a 2xx that is not an order: {}",
+            String::from_utf8_lossy(body)
+        )
+    })?;
     let item = format!("item-{}", a.key);
     let own = answer["tenant"] == a.tenant
         && answer["key"] == a.key.as_str()
         && answer["v"] == a.v
         && answer["item"] == item.as_str();
     if !own {
-        return Err(format!("{} ({} {} v{}) was answered {answer}", a.client, a.tenant, a.key, a.v));
+        return Err(format!(
+            "{} ({} {} v{}) was answered {answer}",
+            a.client, a.tenant, a.key, a.v
+        ));
     }
     let n = answer["effect"].as_u64().unwrap_or(u64::MAX) as usize;
     match effects.get(n) {
         Some(e) if e.tenant == a.tenant && e.key == a.key && e.v == a.v && e.item == item => Ok(()),
-        _ => Err(format!("{} was answered with effect {n}, not one of its own", a.client)),
+        _ => Err(format!(
+            "{} was answered with effect {n}, not one of its own",
+            a.client
+        )),
     }
 }
 
 /// Everything the run shows about `key`, in time order: what a failure prints.
 pub fn history_of(run: &Run<'_>, key: &Key) -> String {
     let mut lines: Vec<(u64, String)> = Vec::new();
-    for a in run.history.iter().filter(|a| a.tenant == key.0 && a.key == key.1) {
+    for a in run
+        .history
+        .iter()
+        .filter(|a| a.tenant == key.0 && a.key == key.1)
+    {
         let outcome = match &a.outcome {
-            Outcome::Answer { status, replayed, body } => {
+            Outcome::Answer {
+                status,
+                replayed,
+                body,
+            } => {
                 let replay = if *replayed { " (replayed)" } else { "" };
                 format!("ok {status}{replay} {}", String::from_utf8_lossy(body))
             }
             Outcome::Info(why) => format!("info: {why}"),
         };
-        lines.push((a.invoked, format!("{} op {} v{} -> {} invoke", a.client, a.op, a.v, a.instance)));
-        lines.push((a.ended, format!("{} op {} v{} <- {} {outcome}", a.client, a.op, a.v, a.instance)));
+        lines.push((
+            a.invoked,
+            format!("{} op {} v{} -> {} invoke", a.client, a.op, a.v, a.instance),
+        ));
+        lines.push((
+            a.ended,
+            format!(
+                "{} op {} v{} <- {} {outcome}",
+                a.client, a.op, a.v, a.instance
+            ),
+        ));
     }
-    for e in run.effects.iter().filter(|e| e.tenant == key.0 && e.key == key.1) {
+    for e in run
+        .effects
+        .iter()
+        .filter(|e| e.tenant == key.0 && e.key == key.1)
+    {
         lines.push((e.at, format!("EFFECT #{} v{} by {}", e.n, e.v, e.by)));
     }
     for l in run.log.iter().filter(|l| &l.key == key) {
         lines.push((l.at, format!("store applied {:?} from {}", l.op, l.from)));
     }
     for f in run.faults {
-        lines.push((f.start, format!("fault {:?} {}<->store begins", f.kind, f.instance)));
-        lines.push((f.end, format!("fault {:?} {}<->store ends", f.kind, f.instance)));
+        lines.push((
+            f.start,
+            format!("fault {:?} {}<->store begins", f.kind, f.instance),
+        ));
+        lines.push((
+            f.end,
+            format!("fault {:?} {}<->store ends", f.kind, f.instance),
+        ));
     }
     lines.sort_by_key(|(at, _)| *at);
     lines

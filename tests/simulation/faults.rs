@@ -63,7 +63,10 @@ pub fn schedule(seed: u64, rng: &mut Rng) -> Vec<Fault> {
             let lock = LOCK.as_millis() as u64;
             let (kind, len) = if !long_done {
                 long_done = true;
-                (Kind::Partition, rng.range(lock + lock / 5, 2 * lock + lock / 2))
+                (
+                    Kind::Partition,
+                    rng.range(lock + lock / 5, 2 * lock + lock / 2),
+                )
             } else {
                 (kind, rng.range(20, BOUNDED_MS))
             };

@@ -78,8 +78,16 @@ async fn handle(
     effects: Arc<Mutex<Vec<Effect>>>,
     req: Request<Body>,
 ) -> Result<Response<Body>, Infallible> {
-    let tenant = req.extensions().get::<Scope>().expect("scoped").as_str().to_owned();
-    let key = req.headers()["idempotency-key"].to_str().unwrap().to_owned();
+    let tenant = req
+        .extensions()
+        .get::<Scope>()
+        .expect("scoped")
+        .as_str()
+        .to_owned();
+    let key = req.headers()["idempotency-key"]
+        .to_str()
+        .unwrap()
+        .to_owned();
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let order: Order = serde_json::from_slice(&body).expect("an order");
     let lock = LOCK.as_millis() as u64;

@@ -134,7 +134,12 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
         StoreError::ScopeQuotaExceeded => Reply::Quota,
         other => Reply::Failed(other.to_string()),
     };
-    let fenced = |key: &Key, token: i64, r: Result<(), StoreError>, op: Op, what, log: &mut dyn FnMut(&Key, Op)| {
+    let fenced = |key: &Key,
+                  token: i64,
+                  r: Result<(), StoreError>,
+                  op: Op,
+                  what,
+                  log: &mut dyn FnMut(&Key, Op)| {
         match r {
             Ok(()) => {
                 log(key, op);
@@ -177,8 +182,17 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
                     .collect(),
                 body: Bytes::from(r.body),
             };
-            let done = store.complete(&record(&key), FencingToken(token), stored).await;
-            fenced(&key, token, done, Op::Completed(token), "complete", &mut log)
+            let done = store
+                .complete(&record(&key), FencingToken(token), stored)
+                .await;
+            fenced(
+                &key,
+                token,
+                done,
+                Op::Completed(token),
+                "complete",
+                &mut log,
+            )
         }
         Request::CompleteUnavailable(key, token) => {
             let done = store
@@ -327,7 +341,8 @@ impl Store for RemoteStore {
         response: StoredResponse,
     ) -> Result<(), StoreError> {
         let r = recorded(&response);
-        self.fenced(Request::Complete(key(record), token.0, r)).await
+        self.fenced(Request::Complete(key(record), token.0, r))
+            .await
     }
 
     async fn complete_unavailable(
