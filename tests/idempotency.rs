@@ -40,3 +40,5 @@ mod proptest_fingerprint;
 
 #[path = "keep_alive_memory.rs"]
 mod keep_alive_memory;
+#[path = "simulation/mod.rs"]
+mod simulation;
