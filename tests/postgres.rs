@@ -22,3 +22,6 @@ mod postgres_processes;
 mod postgres_store;
 #[path = "soak.rs"]
 mod soak;
+#[cfg(feature = "test-util")]
+#[path = "stalls/postgres.rs"]
+mod stalls;

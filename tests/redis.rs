@@ -16,3 +16,6 @@ mod redis_processes;
 #[cfg(feature = "test-util")]
 #[path = "redis_store.rs"]
 mod redis_store;
+#[cfg(feature = "test-util")]
+#[path = "stalls/redis.rs"]
+mod stalls;
