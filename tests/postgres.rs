@@ -32,3 +32,6 @@ mod keep_alive_pg;
 #[cfg(feature = "leases")]
 #[path = "keep_alive_lease_pg.rs"]
 mod keep_alive_lease_pg;
+#[cfg(feature = "test-util")]
+#[path = "stalls/postgres.rs"]
+mod stalls;

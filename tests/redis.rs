@@ -25,3 +25,6 @@ mod redis_store;
 
 #[path = "keep_alive_redis.rs"]
 mod keep_alive_redis;
+#[cfg(feature = "test-util")]
+#[path = "stalls/redis.rs"]
+mod stalls;
