@@ -29,7 +29,12 @@ impl Answer {
         match self.status.map(|s| s.as_u16()) {
             Some(201) => true,
             Some(409) => self.code == "idempotency_in_progress",
-            Some(503) => self.code == "idempotency_store_unavailable",
+            // The second only after a handler ran and its commit's outcome is
+            // unknown (transactional mode): the retry replays or runs once.
+            Some(503) => {
+                self.code == "idempotency_store_unavailable"
+                    || self.code == "idempotency_outcome_unknown"
+            }
             _ => false,
         }
     }
