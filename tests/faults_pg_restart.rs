@@ -1,9 +1,10 @@
 //! PostgreSQL killed (`pg_ctl stop -m immediate`: a crash, no checkpoint) and
 //! restarted under load, with `IdempotencyLayer` over `PostgresStore`.
 //!
-//! This binary stops the database server that `./scripts/test` started
-//! (`TEST_PG_BIN`, `TEST_PGDATA`), so its tests are serialised on a mutex; cargo runs test binaries one after another, so no other test
-//! binary sees the outage. A guard restarts the server even if the test fails.
+//! It stops the database server that `./scripts/test` started (`TEST_PG_BIN`,
+//! `TEST_PGDATA`), so it has a test binary of its own (cargo runs test
+//! binaries one after another, so no other test sees the outage) and its
+//! tests are serialised on a mutex. A guard restarts the server even if the test fails.
 //! Without those variables (a database the test did not start) it skips loudly.
 //!
 //! What it proves, with 16 clients sending fresh keys and their retries:

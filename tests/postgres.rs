@@ -1,5 +1,5 @@
 //! `PostgresStore` and `PostgresJobStore` against a real server: the store
-//! conformance suites, outages and restarts, several processes on one
+//! conformance suites, outages, several processes on one
 //! database, and the soak. They fail, not skip, when `REQUIRE_POSTGRES=1`
 //! (as `scripts/test` sets) and no server answers. One test binary; each
 //! module is the file of the same name.
@@ -13,8 +13,6 @@ mod support;
 mod cancel_pg;
 #[path = "faults_pg.rs"]
 mod faults_pg;
-#[path = "faults_pg_restart.rs"]
-mod faults_pg_restart;
 #[cfg(all(feature = "leases", feature = "test-util"))]
 #[path = "postgres_job_store.rs"]
 mod postgres_job_store;

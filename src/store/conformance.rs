@@ -472,7 +472,7 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
     };
     let first = request(r#"{"sku":"A","qty":1}"#);
     let same_bytes = request(r#"{"sku":"A","qty":1}"#);
-    let reordered = request(r#"{ "qty": 1.0, "sku": "A" }"#);
+    let reordered = request(r#"{ "qty": 1, "sku": "A" }"#);
     let other = request(r#"{"sku":"A","qty":2}"#);
     let token = claim(&store, &key, &first).await;
     for retry in [&same_bytes, &reordered] {
