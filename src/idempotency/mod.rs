@@ -109,6 +109,7 @@ mod layer;
 mod plain;
 pub(crate) mod record;
 mod service;
+mod warn_once;
 
 pub use claimed::InFlight;
 pub use future::ResponseFuture;
