@@ -112,7 +112,7 @@
 //! | Request | Answer |
 //! |---|---|
 //! | no scope | `401 unauthorized` |
-//! | no valid `Idempotency-Key` (8–128 of `[A-Za-z0-9._-]`, bare or `"quoted"`) | `400 idempotency_key_required` |
+//! | no `Idempotency-Key` / not 8–128 of `[A-Za-z0-9._-]` (bare or `"quoted"`) / two of them | `400 idempotency_key_required` / `_invalid` / `_repeated` |
 //! | body over the limit (1 MiB) | `413 payload_too_large` |
 //! | new key | run the handler; record the response if it is `201` (the [`CachePolicy`]) |
 //! | same key, same request, completed | the recorded response + `Idempotent-Replayed: true` |
