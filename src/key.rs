@@ -1,5 +1,6 @@
 //! Parsing of the `Idempotency-Key` header value.
 
+use crate::response::Refusal;
 use http::header::{GetAll, HeaderValue};
 use std::fmt;
 use std::sync::Arc;
@@ -46,13 +47,22 @@ impl IdempotencyKey {
 
     /// Extracts the key from all values of the header: exactly one valid value is required.
     pub fn from_header_values(values: GetAll<'_, HeaderValue>) -> Option<Self> {
+        Self::from_headers(values).ok()
+    }
+
+    /// As [`from_header_values`](Self::from_header_values), saying what is
+    /// wrong: no header ([`Refusal::KeyRequired`]), more than one
+    /// ([`Refusal::KeyRepeated`]) or a value that is not a key
+    /// ([`Refusal::KeyInvalid`]).
+    pub(crate) fn from_headers(values: GetAll<'_, HeaderValue>) -> Result<Self, Refusal> {
         let mut iter = values.iter();
-        let first = iter.next()?;
-        if iter.next().is_some() {
-            return None;
+        let first = iter.next().ok_or(Refusal::KeyRequired)?;
+        // Two field lines, or one holding a comma-joined list (`a, b`), are
+        // several keys (RFC 9110, section 5.3); ',' is never a key byte.
+        if iter.next().is_some() || first.as_bytes().contains(&b',') {
+            return Err(Refusal::KeyRepeated);
         }
-        // A comma-joined list (`a, b`) fails parsing since ',' and ' ' are not key bytes.
-        Self::parse(first.as_bytes())
+        Self::parse(first.as_bytes()).ok_or(Refusal::KeyInvalid)
     }
 
     /// The key as a string.
@@ -127,5 +137,30 @@ mod tests {
         headers.append("idempotency-key", HeaderValue::from_static("abcdefgh1"));
         assert!(IdempotencyKey::from_header_values(headers.get_all("idempotency-key")).is_none());
         assert!(IdempotencyKey::from_header_values(headers.get_all("other")).is_none());
+    }
+
+    #[test]
+    fn each_key_problem_has_its_refusal() {
+        let problem = |values: &[&'static str]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append("idempotency-key", HeaderValue::from_static(value));
+            }
+            IdempotencyKey::from_headers(headers.get_all("idempotency-key")).err()
+        };
+        assert_eq!(problem(&[]), Some(Refusal::KeyRequired));
+        assert_eq!(problem(&["abcdefgh1"]), None);
+        assert_eq!(problem(&["\"abcdefgh1\""]), None);
+        let long: &'static str = "a".repeat(300).leak();
+        for bad in ["", "1234567", long, "abc defghij", "\"abcdefgh1"] {
+            assert_eq!(problem(&[bad]), Some(Refusal::KeyInvalid), "{bad:?}");
+        }
+        for list in [
+            &["abcdefgh1", "abcdefgh1"][..],
+            &["abcdefgh1, abcdefgh2"],
+            &["a,"],
+        ] {
+            assert_eq!(problem(list), Some(Refusal::KeyRepeated), "{list:?}");
+        }
     }
 }

@@ -112,7 +112,7 @@
 //! | Request | Answer |
 //! |---|---|
 //! | no scope | `401 unauthorized` |
-//! | no valid `Idempotency-Key` (8–128 of `[A-Za-z0-9._-]`, bare or `"quoted"`) | `400 idempotency_key_required` |
+//! | no `Idempotency-Key` / not 8–128 of `[A-Za-z0-9._-]` (bare or `"quoted"`) / two of them | `400 idempotency_key_required` / `_invalid` / `_repeated` |
 //! | body over the limit (1 MiB) | `413 payload_too_large` |
 //! | new key | run the handler; record the response if it is `201` (the [`CachePolicy`]) |
 //! | same key, same request, completed | the recorded response + `Idempotent-Replayed: true` |
@@ -209,8 +209,22 @@
 //!
 //! [`LeaseLayer`] (feature `leases`) gives a natural key ("Acme's August
 //! report") one live job: duplicates join it, a worker holds a fenced
-//! [`Lease`]. See [`lease`].
-
+//! [`Lease`]. See [the `lease` module][lease-module].
+// Without `leases`, these links go to the documentation built with every feature.
+#![cfg_attr(not(feature = "leases"), doc = "")]
+#![cfg_attr(
+    not(feature = "leases"),
+    doc = "[`LeaseLayer`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/struct.LeaseLayer.html"
+)]
+#![cfg_attr(
+    not(feature = "leases"),
+    doc = "[`Lease`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/struct.Lease.html"
+)]
+#![cfg_attr(
+    not(feature = "leases"),
+    doc = "[lease-module]: https://docs.rs/tower-idempotency/latest/tower_idempotency/lease/index.html"
+)]
+#![cfg_attr(feature = "leases", doc = "", doc = "[lease-module]: crate::lease")]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

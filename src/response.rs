@@ -11,11 +11,19 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// `400 idempotency_key_required`: the key header is missing, repeated or malformed.
+    /// `400 idempotency_key_required`: the request has no key header.
     KeyRequired,
+    /// `400 idempotency_key_invalid`: the key header's value is not a key
+    /// (8 to 128 characters of `[A-Za-z0-9._-]`, bare or as an RFC 8941
+    /// sf-string of them); empty is not a key either.
+    KeyInvalid,
+    /// `400 idempotency_key_repeated`: more than one key header, or one
+    /// holding a comma-separated list.
+    KeyRepeated,
     /// `401 unauthorized`: the request has no scope.
     Unauthorized,
-    /// `413 payload_too_large`: the body is over the configured limit.
+    /// `413 payload_too_large`: the body is over the configured limit (the
+    /// default answer's message names it, in bytes).
     PayloadTooLarge,
     /// `408 request_timeout`: the body did not arrive within the configured time.
     BodyTimeout,
@@ -54,6 +62,8 @@ impl Refusal {
     pub fn code(self) -> &'static str {
         match self {
             Self::KeyRequired => "idempotency_key_required",
+            Self::KeyInvalid => "idempotency_key_invalid",
+            Self::KeyRepeated => "idempotency_key_repeated",
             Self::Unauthorized => "unauthorized",
             Self::PayloadTooLarge => "payload_too_large",
             Self::BodyTimeout => "request_timeout",
@@ -73,7 +83,17 @@ impl Refusal {
     pub fn message(self) -> &'static str {
         match self {
             Self::KeyRequired => {
-                "send exactly one Idempotency-Key header of 8 to 128 characters [A-Za-z0-9._-]"
+                "this request needs an Idempotency-Key header: 8 to 128 characters of \
+                 [A-Za-z0-9._-], bare or as an RFC 8941 sf-string (\"...\"); a new key \
+                 (a UUID) per operation, the same one on its retries"
+            }
+            Self::KeyInvalid => {
+                "the Idempotency-Key header is not a valid key: 8 to 128 characters of \
+                 [A-Za-z0-9._-], bare or as an RFC 8941 sf-string of them (\"...\")"
+            }
+            Self::KeyRepeated => {
+                "send exactly one Idempotency-Key header, with one key (not several headers \
+                 or a comma-separated list)"
             }
             Self::Unauthorized => "authentication is required",
             Self::PayloadTooLarge => "the request body is larger than the configured limit",
@@ -114,7 +134,9 @@ impl Refusal {
 
     fn default_status(self) -> StatusCode {
         match self {
-            Self::KeyRequired | Self::BodyUnreadable => StatusCode::BAD_REQUEST,
+            Self::KeyRequired | Self::KeyInvalid | Self::KeyRepeated | Self::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
@@ -212,6 +234,8 @@ pub(crate) struct Responder {
     pub(crate) retry_after: Duration,
     /// The application's own refusal answers, if it has them.
     pub(crate) hook: Option<Arc<dyn RefusalResponse>>,
+    /// The request body limit, named in `413 payload_too_large`'s message.
+    pub(crate) body_limit: Option<usize>,
 }
 
 impl std::fmt::Debug for Responder {
@@ -221,6 +245,7 @@ impl std::fmt::Debug for Responder {
             .field("reuse_status", &self.reuse_status)
             .field("retry_after", &self.retry_after)
             .field("hook", &self.hook.is_some())
+            .field("body_limit", &self.body_limit)
             .finish()
     }
 }
@@ -232,6 +257,7 @@ impl Default for Responder {
             reuse_status: StatusCode::CONFLICT,
             retry_after: Duration::from_secs(1),
             hook: None,
+            body_limit: None,
         }
     }
 }
@@ -258,12 +284,14 @@ impl Responder {
                 .is_retryable()
                 .then(|| Duration::from_secs(self.retry_after_secs())),
         };
-        let mut response = self.error_bytes(
-            status,
-            refusal.code(),
-            refusal.message(),
-            Default::default(),
-        );
+        let message = match (refusal, self.body_limit) {
+            // Which limit: the client (or its developer) cannot know it otherwise.
+            (Refusal::PayloadTooLarge, Some(limit)) => {
+                format!("the request body is larger than the limit of {limit} bytes").into()
+            }
+            _ => std::borrow::Cow::Borrowed(refusal.message()),
+        };
+        let mut response = self.error_bytes(status, refusal.code(), &message, Default::default());
         if refused.retry_after.is_some() {
             self.retry_after(&mut response);
         }

@@ -214,9 +214,11 @@ pub(crate) fn finish(layer: &'static str, outcome: impl Label, elapsed: Option<D
     }
 }
 
-/// A request without a scope: at `DEBUG` every time, and once per process at
-/// `WARN` with the likely cause, since a layer mounted outside the auth layer
-/// answers every valid caller `401`.
+/// A request without a scope at the lease layer: at `DEBUG` every time, and
+/// once per process at `WARN` with the likely cause, since a layer mounted
+/// outside the auth layer answers every valid caller `401`. (The idempotency
+/// layer warns once per route, in its own module.)
+#[cfg(feature = "leases")]
 pub(crate) fn no_scope(layer: &'static str) {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {

@@ -624,9 +624,14 @@ async fn every_byte_outside_the_key_alphabet_is_400_anywhere_in_the_key() {
             };
             let mut req = post(KEY, "{}");
             req.headers_mut().insert("idempotency-key", value);
+            // A comma makes the value a list of keys (RFC 9110, section 5.3).
+            let code = match b {
+                b',' => "idempotency_key_repeated",
+                _ => "idempotency_key_invalid",
+            };
             send(&svc, req)
                 .await
-                .assert_code(StatusCode::BAD_REQUEST, "idempotency_key_required");
+                .assert_code(StatusCode::BAD_REQUEST, code);
             through_layer += 1;
         }
     }
@@ -641,7 +646,7 @@ async fn every_byte_outside_the_key_alphabet_is_400_anywhere_in_the_key() {
         .insert("idempotency-key", HeaderValue::from_str(&huge).unwrap());
     send(&svc, req)
         .await
-        .assert_code(StatusCode::BAD_REQUEST, "idempotency_key_required");
+        .assert_code(StatusCode::BAD_REQUEST, "idempotency_key_invalid");
     assert!(IdempotencyKey::parse(&[b'a'; MAX_KEY_LEN + 1]).is_none());
 }
 
@@ -667,7 +672,7 @@ async fn two_idempotency_key_headers_are_400_whatever_their_values() {
             .append("idempotency-key", HeaderValue::from_bytes(second).unwrap());
         send(&svc, req)
             .await
-            .assert_code(StatusCode::BAD_REQUEST, "idempotency_key_required");
+            .assert_code(StatusCode::BAD_REQUEST, "idempotency_key_repeated");
     }
     assert_eq!(orders.runs.get(), 0);
     assert!(store.is_empty(), "neither value was claimed");

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::{Barrier, Notify};
 use tokio::time::{sleep, timeout, Instant};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Scope};
+use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Refusal, Refused, Scope};
 
 const KEY: &str = "order-7f3a9c2e";
 const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;
@@ -327,10 +327,37 @@ async fn declared_content_length_over_the_limit_is_413_before_reading_the_body()
     let req = with_header(post(KEY, never), "content-length", "65");
     let reply = timeout(PATIENCE, send(&svc, req)).await.unwrap();
     reply.assert_refusal(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    // The message names the limit: the client cannot know it otherwise.
+    let message = reply.json()["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("limit of 64 bytes"), "{message}");
     assert_eq!(runs.get(), 0);
     // Exactly at the limit is accepted.
     let at_limit = with_header(post(KEY, "x".repeat(64)), "content-length", "64");
     send(&svc, at_limit).await.assert_order(1, false);
+}
+
+#[tokio::test]
+async fn the_413_message_names_the_default_limit_and_reaches_the_refusal_hook() {
+    let runs = Runs::default();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let hook_seen = seen.clone();
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_refusal_response(
+        move |refused: &Refused, default: Response<Bytes>| {
+            hook_seen.lock().unwrap().push(refused.refusal);
+            default
+        },
+    );
+    let svc = layer.layer(handler(&runs, |_req, run| async move {
+        Ok::<_, Infallible>(created(run))
+    }));
+    let never = scripted([Step::Pause(Duration::from_secs(3600))]);
+    let req = with_header(post(KEY, never), "content-length", "1048577");
+    let reply = timeout(PATIENCE, send(&svc, req)).await.unwrap();
+    reply.assert_refusal(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large");
+    let message = reply.json()["message"].as_str().unwrap().to_owned();
+    assert!(message.contains("limit of 1048576 bytes"), "{message}");
+    assert_eq!(*seen.lock().unwrap(), [Refusal::PayloadTooLarge]);
+    assert_eq!(runs.get(), 0);
 }
 
 #[tokio::test]

@@ -140,11 +140,10 @@ async fn every_decision_is_traced_with_scope_key_hash_and_outcome_never_the_key(
 }
 
 /// A layer mounted outside the auth layer answers everyone `401`: the first
-/// such request is warned with the likely cause, later ones only at `DEBUG`.
-/// (The only test of this binary that sends requests without a scope: the
-/// warning is once per process.)
+/// such request on each route is warned with the likely cause and the fix,
+/// later ones only at `DEBUG`.
 #[tokio::test]
-async fn a_missing_scope_is_warned_once_with_its_likely_cause() {
+async fn a_missing_scope_is_warned_once_per_route_with_its_likely_cause() {
     let capture = Capture::default();
     let subscriber = tracing_subscriber::registry().with(capture.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
@@ -153,9 +152,10 @@ async fn a_missing_scope_is_warned_once_with_its_likely_cause() {
             Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
         },
     ));
-    for _ in 0..3 {
+    for path in ["/v1/orders", "/v1/orders", "/v1/refunds"] {
         let mut req = request("order-no-scope-1", "{}");
         req.extensions_mut().remove::<Scope>();
+        *req.uri_mut() = path.parse().unwrap();
         let res = svc.clone().oneshot(req).await.unwrap();
         assert_eq!(res.status(), http::StatusCode::UNAUTHORIZED);
     }
@@ -164,13 +164,74 @@ async fn a_missing_scope_is_warned_once_with_its_likely_cause() {
         .iter()
         .filter(|e| {
             e.get("message")
-                .is_some_and(|m| m.contains("before the authentication"))
+                .is_some_and(|m| m.contains("no Scope in the request extensions"))
         })
         .collect();
-    assert_eq!(warned.len(), 1, "{events:#?}");
+    let paths: Vec<&str> = warned.iter().map(|e| e["path"].as_str()).collect();
+    assert_eq!(paths, ["/v1/orders", "/v1/refunds"], "{events:#?}");
+    let message = &warned[0]["message"];
+    assert!(
+        message.contains("mount the layer inside (after)"),
+        "{message}"
+    );
+    assert!(message.contains(".with_scope("), "{message}");
     let noted = events
         .iter()
         .filter(|e| e.get("message").is_some_and(|m| m.contains("no scope")))
         .count();
     assert_eq!(noted, 3);
+}
+
+/// The default policy records only `201`: a handler answering `200` runs on
+/// every retry. The first such answer on a route is warned, naming the status
+/// and the option that records it; a `201` is not.
+#[tokio::test]
+async fn a_2xx_the_policy_does_not_record_is_warned_once_per_route() {
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn(
+        |req: Request<Full<Bytes>>| async move {
+            let status = req.headers()["x-status"].to_str().unwrap().parse::<u16>();
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(status.unwrap())
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        },
+    ));
+    let sends = [
+        ("/v1/orders", "order-200-0001", 200),
+        ("/v1/orders", "order-200-0002", 200),
+        ("/v1/orders", "order-201-0001", 201),
+        ("/v1/orders", "order-422-0001", 422),
+        ("/v1/refunds", "order-200-0003", 200),
+    ];
+    for (path, key, status) in sends {
+        let mut req = request(key, "{}");
+        *req.uri_mut() = path.parse().unwrap();
+        req.headers_mut().insert("x-status", status.into());
+        let res = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), status);
+    }
+    let events = capture.events.lock().unwrap();
+    let warned: Vec<_> = events
+        .iter()
+        .filter(|e| {
+            e.get("message")
+                .is_some_and(|m| m.contains("the cache policy does not record"))
+        })
+        .collect();
+    let seen: Vec<(&str, &str)> = warned
+        .iter()
+        .map(|e| (e["path"].as_str(), e["status"].as_str()))
+        .collect();
+    assert_eq!(seen, [("/v1/orders", "200"), ("/v1/refunds", "200")]);
+    let message = &warned[0]["message"];
+    assert!(message.contains("200 OK"), "{message}");
+    assert!(
+        message.contains(".with_cache_policy(CacheSuccess)"),
+        "{message}"
+    );
 }

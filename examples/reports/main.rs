@@ -2,7 +2,7 @@
 //! often the Generate button is pressed.
 //!
 //! ```sh
-//! cargo run --example reports
+//! cargo run --example reports --features leases
 //! # another shell: a double click is one job (202 created, then 200 join)
 //! for i in 1 2; do curl -s -X POST localhost:3001/reports/start -H 'Authorization: Bearer acme' \
 //!   -H 'Content-Type: application/json' -d '{"report_type":"customer_health","period":"2026-08"}'; echo; done
@@ -22,7 +22,7 @@
 //!
 //! ```sh
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
-//!   cargo run --example reports --features postgres
+//!   cargo run --example reports --features leases,postgres
 //! # job store: postgres (database postgres on 127.0.0.1:5432, table lease_jobs), lease 45s
 //! ```
 

@@ -1,5 +1,6 @@
 use super::claimed::InFlight;
 use super::service::IdempotencyService;
+use super::warn_once::WarnOnce;
 use crate::limits;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, RefusalResponse, Responder};
@@ -11,6 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
+/// The default [`IdempotencyLayer::with_body_limit`]: 1 MiB.
+const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// The default [`IdempotencyLayer::with_record_limit`]: 1 MiB.
 const DEFAULT_RECORD_LIMIT: usize = 1024 * 1024;
 
@@ -48,6 +51,8 @@ pub(crate) struct Config<E, P> {
     pub(crate) max_in_flight: Option<usize>,
     /// Set by [`IdempotencyLayer::transactional`]: the same store as `store`.
     pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
+    /// The setup mistakes already warned about, per route.
+    pub(crate) warned: WarnOnce,
 }
 
 impl IdempotencyLayer {
@@ -85,16 +90,20 @@ impl IdempotencyLayer {
                 methods: vec![Method::POST, Method::PATCH],
                 scope: FromExtension::new(),
                 policy: CacheCreated,
-                body_limit: 1024 * 1024,
+                body_limit: DEFAULT_BODY_LIMIT,
                 record_limit: DEFAULT_RECORD_LIMIT,
                 body_timeout: None,
                 wait_timeout: Duration::from_secs(5),
                 replayed_headers: vec![CONTENT_TYPE, LOCATION, ETAG, LINK],
-                responder: Responder::default(),
+                responder: Responder {
+                    body_limit: Some(DEFAULT_BODY_LIMIT),
+                    ..Responder::default()
+                },
                 cancel_on_drop: false,
                 in_flight: InFlight::new(),
                 max_in_flight: None,
                 transactions,
+                warned: WarnOnce::default(),
             }),
         }
     }
@@ -145,6 +154,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
             in_flight,
             max_in_flight,
             transactions,
+            warned,
         } = config;
         let (scope, policy) = f(scope, policy);
         IdempotencyLayer {
@@ -164,13 +174,16 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
                 in_flight,
                 max_in_flight,
                 transactions,
+                warned,
             }),
         }
     }
 
     /// The largest request body buffered, in bytes (default 1 MiB); larger ones get `413`.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
-        self.config_mut().body_limit = bytes;
+        let config = self.config_mut();
+        config.body_limit = bytes;
+        config.responder.body_limit = Some(bytes);
         self
     }
 

@@ -9,7 +9,9 @@
 //!    extensions). None → `401 unauthorized`.
 //! 2. **Key**: exactly one `Idempotency-Key` header, a token of 8 to 128
 //!    `[A-Za-z0-9._-]` or the same as an RFC 8941 sf-string (`"..."`).
-//!    Otherwise → `400 idempotency_key_required`.
+//!    None → `400 idempotency_key_required`; another value →
+//!    `400 idempotency_key_invalid`; two, or a comma-joined list →
+//!    `400 idempotency_key_repeated`.
 //! 3. **Body**: buffered up to the limit (1 MiB) → else `413 payload_too_large`.
 //! 4. **Fingerprint**: SHA-256 of method, path and query, key, scope and the body,
 //!    JSON in its RFC 8785 canonical form ([`Fingerprint`](crate::Fingerprint)).
@@ -109,6 +111,7 @@ mod layer;
 mod plain;
 pub(crate) mod record;
 mod service;
+mod warn_once;
 
 pub use claimed::InFlight;
 pub use future::ResponseFuture;

@@ -12,6 +12,7 @@ use super::claimed::Running;
 use super::layer::Config;
 use super::record::{self, Copy, Few, Read, Recorder, Rest};
 use super::service::{recorded_headers, Answer};
+use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::engine::claim::ClaimGuard;
 use crate::policy::CachePolicy;
@@ -55,7 +56,8 @@ pin_project! {
             request: Option<(http::request::Parts, Bytes)>,
             body: PhantomData<fn() -> ReqBody>,
         },
-        Calling { #[pin] call: F },
+        // The request's URI, for the warning about a response not recorded.
+        Calling { #[pin] call: F, uri: http::Uri },
         // Recording the response, or releasing the claim.
         Finishing { rest: Boxed<Out> },
         Done,
@@ -105,13 +107,15 @@ where
             match this.stage.as_mut().project() {
                 StageProjection::NotCalled { inner, request, .. } => {
                     let (parts, bytes) = request.take().expect("called once");
+                    // A reference count, not a copy of the path.
+                    let uri = parts.uri.clone();
                     let call = inner.call(Request::from_parts(parts, ReqBody::from(bytes)));
-                    this.stage.set(Stage::Calling { call });
+                    this.stage.set(Stage::Calling { call, uri });
                 }
-                StageProjection::Calling { call } => {
+                StageProjection::Calling { call, uri } => {
                     let result = ready!(call.poll(cx));
                     let claim = this.claim.take().expect("held until the response");
-                    match after_response(this.config, claim, result, cx) {
+                    match after_response(this.config, claim, result, uri.path(), cx) {
                         Next::Answer(answer) => {
                             this.stage.set(Stage::Done);
                             return Poll::Ready(answer);
@@ -142,6 +146,7 @@ fn after_response<ResBody, Error, E, P>(
     config: &Config<E, P>,
     claim: ClaimGuard,
     result: Result<Response<ResBody>, Error>,
+    path: &str,
     cx: &mut Context<'_>,
 ) -> Next<Answered<ResBody, Error>>
 where
@@ -162,6 +167,7 @@ where
     };
     let (res_parts, res_body) = response.into_parts();
     if !config.policy.should_record(&res_parts) {
+        warn_once::not_recorded(&config.warned, res_parts.status, path);
         let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
         return Next::Finish(Box::pin(async move {
             claim.release().await;

@@ -3,6 +3,7 @@ use super::future::ResponseFuture;
 use super::layer::{Config, IDEMPOTENT_REPLAYED};
 use super::plain::RunClaimed;
 use super::record::{self, Copy, Few, Read, Rest};
+use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
 use crate::engine::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
@@ -148,12 +149,12 @@ where
 
         // Authentication comes first, so an anonymous caller learns nothing about keys.
         let Some(scope) = config.scope.extract(&parts) else {
-            telemetry::no_scope("idempotency");
+            warn_once::no_scope(&config.warned, parts.uri.path());
             return refuse(Refusal::Unauthorized);
         };
-        let Some(key) = IdempotencyKey::from_header_values(parts.headers.get_all(&config.header))
-        else {
-            return refuse(Refusal::KeyRequired);
+        let key = match IdempotencyKey::from_headers(parts.headers.get_all(&config.header)) {
+            Ok(key) => key,
+            Err(refusal) => return refuse(refusal),
         };
         let bytes =
             match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
@@ -308,6 +309,7 @@ where
                 Err(NotOpened::Failed(_)) => return refuse(Refusal::StoreUnavailable),
             };
         transaction.share(&mut parts.extensions);
+        let uri = parts.uri.clone();
         // Until the commit, nothing the handler wrote exists for anyone else: every
         // path that does not record rolls it back and frees the key, and so does a
         // panic or a dropped future (the transaction and the guard are dropped).
@@ -324,6 +326,7 @@ where
         };
         let (res_parts, res_body) = response.into_parts();
         if !config.policy.should_record(&res_parts) {
+            warn_once::not_recorded(&config.warned, res_parts.status, uri.path());
             transaction.rollback().await;
             claim.release().await;
             let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));

@@ -1,12 +1,14 @@
 //! Encodings the shared stores have in common: stored response headers, and
 //! the id that names a record in wake-up messages.
 
-use super::{RecordKey, StoreError};
+use super::StoreError;
 use http::{HeaderName, HeaderValue};
-use sha2::{Digest, Sha256};
 
 /// The notification payload naming a record: a hash, so any scope and key fit.
-pub(crate) fn key_id(key: &RecordKey) -> String {
+/// PostgreSQL's wake-ups only (Redis names records by their own keys).
+#[cfg(feature = "postgres")]
+pub(crate) fn key_id(key: &super::RecordKey) -> String {
+    use sha2::{Digest, Sha256};
     let (scope, k) = (key.scope().as_str(), key.key().as_str());
     let mut bytes = Vec::with_capacity(8 + scope.len() + k.len());
     bytes.extend_from_slice(&(scope.len() as u64).to_be_bytes());
@@ -85,9 +87,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "postgres")]
     fn key_ids_separate_scope_from_key() {
         let id = |s: &str, k: &str| {
-            key_id(&RecordKey::new(
+            key_id(&crate::store::RecordKey::new(
                 crate::Scope::new(s),
                 crate::IdempotencyKey::parse(k.as_bytes()).unwrap(),
             ))
