@@ -75,6 +75,9 @@ use tokio_postgres::{Row, Socket, Statement};
 /// committing a live row after the statement's snapshot was taken.
 pub(super) const BEGIN_ATTEMPTS: usize = 8;
 
+/// The most claims whose fingerprints wait for their completion (near cache).
+const MAX_REMEMBERED_CLAIMS: usize = 65_536;
+
 /// A [`Store`] in a PostgreSQL table, shared by every instance of an application.
 ///
 /// - **Atomic, one round trip**: `begin` is a single statement that claims a free
@@ -518,9 +521,12 @@ impl Inner {
             return;
         };
         match begun {
-            Begin::Claimed(token) => {
+            // Bounded: a claim whose completion never reaches the store stays
+            // here; past the bound, new claims are simply not kept near.
+            Begin::Claimed(token) if self.claims.len() < MAX_REMEMBERED_CLAIMS => {
                 self.claims.insert(key.clone(), (*token, fp));
             }
+            Begin::Claimed(_) => {}
             _ => self.remember_read(key, &fp, begun, row, sent, epoch),
         }
     }
