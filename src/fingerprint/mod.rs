@@ -31,7 +31,7 @@ mod tests;
 use self::fast::*;
 use self::number::*;
 pub(crate) use self::request::random_key;
-pub use self::request::{ExactDigest, RequestFingerprint};
+pub use self::request::{ExactDigest, LocalDigest, RequestFingerprint};
 use self::serde_path::*;
 
 /// SHA-256 digest identifying one logical request.
