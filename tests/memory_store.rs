@@ -14,7 +14,8 @@ async fn memory_store(d: Durations) -> Option<MemoryStore> {
     )
 }
 
-tower_idempotency::store_conformance_tests!(memory_store);
+// Records never leave the process: compared by their local digests.
+tower_idempotency::store_conformance_tests!(memory_store, in_process);
 
 #[tokio::test]
 async fn capacity_bounds_memory_and_fails_closed_when_full() {

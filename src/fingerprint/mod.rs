@@ -1,5 +1,15 @@
-//! Request fingerprints: SHA-256 over the request line, key, scope and the
+//! Request fingerprints: digests of the request line, key, scope and the
 //! canonical form of JSON bodies.
+//!
+//! Which digest a store compares depends on where its records live. A
+//! [`Fingerprint`] is SHA-256 over that canonical stream, computed alike by
+//! every process: what stores shared between processes (`PostgresStore`,
+//! `RedisStore`) persist. A store whose records never leave the process
+//! (`MemoryStore`) compares [`RequestFingerprint::local`] instead: a 128-bit
+//! HighwayHash of the same canonical form under a key drawn at random per
+//! process, equal exactly when the fingerprints are (but for a chance of
+//! 2^-128 per pair), without the SHA-256; and, first,
+//! [`RequestFingerprint::exact`], the same kind of digest of the exact bytes.
 //!
 //! The canonical form is RFC 8785 (JCS) with one deliberate deviation, from
 //! section 3.2.2.3: a number is written as its literal text, exactly as sent,
@@ -31,7 +41,7 @@ mod tests;
 use self::fast::*;
 use self::number::*;
 pub(crate) use self::request::random_key;
-pub use self::request::{ExactDigest, RequestFingerprint};
+pub use self::request::{ExactDigest, LocalDigest, RequestFingerprint};
 use self::serde_path::*;
 
 /// SHA-256 digest identifying one logical request.

@@ -499,11 +499,54 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
         store.begin(&key, &other).await.unwrap(),
         Begin::Mismatch
     ));
-    // A precomputed fingerprint of the same request matches too.
-    let precomputed: RequestFingerprint<'static> = (*first.fingerprint()).into();
+}
+
+/// For a store shared between processes, which compares the SHA-256
+/// [`Fingerprint`]: a fingerprint computed elsewhere matches the record of the
+/// request it was computed from, and another one does not. (A store whose
+/// records never leave the process compares
+/// [`RequestFingerprint::local`] instead, which a precomputed fingerprint only
+/// shares with precomputed fingerprints.)
+pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<S: Store>(
+    store: S,
+) {
+    let key = record(&unique("scope"), "key-precomputed1");
+    let json = HeaderValue::from_static("application/json");
+    let request = |body: &'static str| {
+        RequestFingerprint::new(
+            &Method::POST,
+            "/v1/orders",
+            key.key(),
+            key.scope().as_str(),
+            Some(&json),
+            body.as_bytes(),
+        )
+    };
+    let first = request(r#"{"sku":"A","qty":1}"#);
+    let token = claim(&store, &key, &first).await;
+    let same: RequestFingerprint<'static> =
+        (*request(r#"{ "qty": 1, "sku": "A" }"#).fingerprint()).into();
+    let other: RequestFingerprint<'static> =
+        (*request(r#"{"sku":"A","qty":2}"#).fingerprint()).into();
     assert!(matches!(
-        store.begin(&key, &precomputed).await.unwrap(),
+        store.begin(&key, &same).await.unwrap(),
+        Begin::InProgress
+    ));
+    assert!(matches!(
+        store.begin(&key, &other).await.unwrap(),
+        Begin::Mismatch
+    ));
+    store
+        .complete(&key, token, response(b"created"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.begin(&key, &same).await.unwrap(),
         Begin::Replay(_)
+    ));
+    assert!(matches!(
+        store.begin(&key, &other).await.unwrap(),
+        Begin::Mismatch
     ));
 }
 
@@ -583,6 +626,7 @@ pub async fn the_engine_runs_an_operation_once_per_key<S: Store>(store: S) {
 macro_rules! store_conformance_tests {
     ($factory:path) => {
         $crate::store_conformance_tests!(@common $factory);
+        $crate::store_conformance_tests!(@shared $factory);
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_purged,
         );
@@ -590,8 +634,23 @@ macro_rules! store_conformance_tests {
     // A store whose backend deletes expired records itself.
     ($factory:path, expires_by_itself) => {
         $crate::store_conformance_tests!(@common $factory);
+        $crate::store_conformance_tests!(@shared $factory);
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_expire_by_themselves,
+        );
+    };
+    // A store whose records never leave the process: it may compare
+    // `RequestFingerprint::local` rather than the SHA-256 fingerprint.
+    ($factory:path, in_process) => {
+        $crate::store_conformance_tests!(@common $factory);
+        $crate::store_conformance_tests!(@tests $factory, SHORT:
+            expired_records_are_reusable_and_purged,
+        );
+    };
+    // What only a store comparing the SHA-256 fingerprint guarantees.
+    (@shared $factory:path) => {
+        $crate::store_conformance_tests!(@tests $factory, LONG:
+            a_precomputed_fingerprint_matches_the_request_it_was_computed_from,
         );
     };
     (@common $factory:path) => {

@@ -10,6 +10,7 @@ use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use quota::ScopeQuota;
 use record::{Answer, BuildIdHasher, Claim, Clock, Cold, Id, Ids, Nanos, Record, State};
+use std::cell::Cell;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -22,6 +23,13 @@ const EVICTIONS_PER_CALL: usize = 8;
 const EVICTIONS_WHEN_FULL: usize = 1024;
 /// The least time between two whole-map sweeps of a full store.
 const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+thread_local! {
+    /// The last claim this thread made: its store (the address of the shared
+    /// state), token and id, so that the completion, which follows on the same
+    /// thread, finds the record without hashing the key again.
+    static LAST_CLAIM: Cell<Option<(usize, FencingToken, Id)>> = const { Cell::new(None) };
+}
 
 /// An in-process store on a sharded concurrent map.
 ///
@@ -40,6 +48,12 @@ const FULL_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 ///
 /// Records live as long as the process: use `PostgresStore` when several
 /// instances serve the same clients or when replays must survive a restart.
+/// Because they never leave it, a record keeps the request's
+/// [`local`](RequestFingerprint::local) digest (the canonical form under a
+/// per-process key), not its SHA-256 [`Fingerprint`](crate::Fingerprint): the
+/// same requests match, without the SHA-256. A request given as a fingerprint
+/// computed elsewhere (`RequestFingerprint::from(Fingerprint)`) therefore
+/// matches only records claimed the same way.
 ///
 /// Clones share the same records. Configure a store before cloning it: a
 /// `with_*` call on a store that has clones panics rather than make a second
@@ -247,9 +261,25 @@ impl MemoryStore {
             exact: request.exact(),
             token,
             deadline: now.saturating_add(record::saturate(self.shared.config.lock_timeout)),
-            state: Claim::state(key.clone(), *request.fingerprint()),
+            state: Claim::state(key.clone(), request.local()),
         };
         (record, token)
+    }
+
+    /// Notes that this thread just claimed `id` with `token`.
+    fn remember_claim(&self, token: FencingToken, id: Id) {
+        let store = Arc::as_ptr(&self.shared) as usize;
+        let _ = LAST_CLAIM.try_with(|last| last.set(Some((store, token, id))));
+    }
+
+    /// The id of the claim `token` holds: remembered when this thread
+    /// made the claim, as it almost always did (the handler runs in the
+    /// claiming task), else hashed again.
+    fn claimed_id(&self, token: FencingToken) -> Option<Id> {
+        let store = Arc::as_ptr(&self.shared) as usize;
+        let last = LAST_CLAIM.try_with(Cell::get).ok().flatten();
+        last.filter(|&(s, t, _)| s == store && t == token)
+            .map(|(_, _, id)| id)
     }
 
     /// Completes the claim `token` holds with the state `completed` makes of it.
@@ -260,10 +290,25 @@ impl MemoryStore {
         completed: impl FnOnce(&Claim) -> State,
     ) -> Result<(), StoreError> {
         let now = self.now();
-        let id = self.shared.ids.of(key);
-        let mut record = match self.shared.records.get_mut(&id) {
-            Some(r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => r,
-            _ => return Err(StoreError::ClaimLost),
+        let holds =
+            |r: &Record| r.token == token && r.in_progress().is_some() && r.is_record_of(key);
+        // A remembered id is only taken when its record is this claim (the
+        // record of `key`, which lives at `key`'s id); anything else, such as
+        // a token of a dropped store that had the same address, is looked up
+        // again by the key's own id.
+        let remembered = self.claimed_id(token).and_then(|id| {
+            let record = self.shared.records.get_mut(&id).filter(|r| holds(r))?;
+            Some((id, record))
+        });
+        let (id, mut record) = match remembered {
+            Some(found) => found,
+            None => {
+                let id = self.shared.ids.of(key);
+                match self.shared.records.get_mut(&id) {
+                    Some(r) if holds(&r) => (id, r),
+                    _ => return Err(StoreError::ClaimLost),
+                }
+            }
         };
         let deadline = now.saturating_add(record::saturate(self.shared.config.retention));
         let completed = match record.in_progress().map(|c| &**c) {
@@ -421,11 +466,11 @@ impl Store for MemoryStore {
         let exact = request.exact();
         // A live record is decided from what its shard's read lock shows, without
         // cloning the key. A retry's exact digest matches and settles it; only
-        // other bytes need the canonical fingerprint, computed after the lock is
-        // dropped so no shard waits on a canonicalisation.
+        // other bytes need the canonical (local) digest, computed after the lock
+        // is dropped so no shard waits on a canonicalisation.
         let live = records.get(&id).and_then(|r| {
             (r.deadline > now).then(|| {
-                let stored = (r.exact != exact).then(|| r.fingerprint());
+                let stored = (r.exact != exact).then(|| r.local());
                 (r.is_record_of(key), stored, r.answer())
             })
         });
@@ -433,16 +478,16 @@ impl Store for MemoryStore {
             if !ours {
                 return Err(id_collision());
             }
-            let same = stored.is_none_or(|stored| stored == *request.fingerprint());
+            let same = stored.is_none_or(|stored| stored == request.local());
             return Ok(if same {
                 begin_of(answer)
             } else {
                 Begin::Mismatch
             });
         }
-        // A claim persists the fingerprint: computed before taking the write lock,
+        // A claim keeps the local digest: computed before taking the write lock,
         // where the record is examined again.
-        let fingerprint = *request.fingerprint();
+        let local = request.local();
         let answer = match records.entry(id) {
             Entry::Vacant(vacant) => {
                 // Counted under the shard lock, so no two new keys of a scope
@@ -458,6 +503,7 @@ impl Store for MemoryStore {
                 // addition, and `len()` never wraps below zero in between.
                 let _inserted = vacant.insert(record);
                 self.shared.live.fetch_add(1, Ordering::Relaxed);
+                self.remember_claim(token, id);
                 return Ok(Begin::Claimed(token));
             }
             Entry::Occupied(mut occupied) => {
@@ -478,12 +524,13 @@ impl Store for MemoryStore {
                         self.forget_scope(&old);
                     }
                     old.notify_if_claim();
+                    self.remember_claim(token, id);
                     return Ok(Begin::Claimed(token));
                 }
                 if !record.is_record_of(key) {
                     return Err(id_collision());
                 }
-                if record.exact == exact || record.fingerprint() == fingerprint {
+                if record.exact == exact || record.local() == local {
                     record.answer()
                 } else {
                     return Ok(Begin::Mismatch);
@@ -589,8 +636,77 @@ mod tests {
     use bytes::Bytes;
     use http::{HeaderValue, Method, StatusCode};
 
+    fn response() -> StoredResponse {
+        StoredResponse {
+            status: StatusCode::CREATED,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"done"),
+        }
+    }
+
+    /// The id a thread remembers from its last claim is only a shortcut: a
+    /// completion of another claim, of another store, or of a store that
+    /// reuses a dropped one's address (and so its remembered token), is found
+    /// by its key; a remembered token never completes another key's record.
+    #[tokio::test]
+    async fn a_remembered_claim_never_stands_in_for_another() {
+        let fp = RequestFingerprint::from(crate::Fingerprint([7; 32]));
+        let (x, y) = (
+            RecordKey::for_test("s", "key-x-0001"),
+            RecordKey::for_test("s", "key-y-0001"),
+        );
+        let old = MemoryStore::new();
+        let Ok(Begin::Claimed(old_token)) = old.begin(&x, &fp).await else {
+            panic!("claim");
+        };
+        let old_address = Arc::as_ptr(&old.shared) as usize;
+        drop(old);
+        // Often at the dropped store's address, with the same first token.
+        let store = MemoryStore::new();
+        let reused = Arc::as_ptr(&store.shared) as usize == old_address;
+        let other = store.clone();
+        let claimed_elsewhere = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let fp = RequestFingerprint::from(crate::Fingerprint([7; 32]));
+                let y = RecordKey::for_test("s", "key-y-0001");
+                match other.begin(&y, &fp).await {
+                    Ok(Begin::Claimed(token)) => token,
+                    _ => panic!("claim"),
+                }
+            })
+        });
+        let token = claimed_elsewhere.join().unwrap();
+        assert_eq!(
+            token, old_token,
+            "both stores' first token (reused address: {reused})"
+        );
+        // This thread remembers the old store's claim of `x` with this token.
+        assert!(matches!(
+            store.complete(&x, token, response()).await,
+            Err(StoreError::ClaimLost)
+        ));
+        store.complete(&y, token, response()).await.unwrap();
+        assert!(matches!(store.begin(&y, &fp).await, Ok(Begin::Replay(_))));
+
+        // Claimed here, then completed with the token but another key.
+        let Ok(Begin::Claimed(token)) = store.begin(&x, &fp).await else {
+            panic!("claim");
+        };
+        let z = RecordKey::for_test("s", "key-z-0001");
+        assert!(matches!(
+            store.complete(&z, token, response()).await,
+            Err(StoreError::ClaimLost)
+        ));
+        store.complete(&x, token, response()).await.unwrap();
+        assert!(matches!(store.begin(&x, &fp).await, Ok(Begin::Replay(_))));
+    }
+
     /// The point of the exact digest: a byte-identical retry is answered without
-    /// canonicalising its body; other bytes still are compared canonically.
+    /// canonicalising its body; other bytes still are compared canonically, by
+    /// the local digest, and no request's SHA-256 fingerprint is computed.
     #[tokio::test]
     async fn byte_identical_retries_skip_the_fingerprint() {
         let store = MemoryStore::new();
@@ -604,10 +720,9 @@ mod tests {
         let Ok(Begin::Claimed(token)) = store.begin(&record, &first).await else {
             panic!("claim");
         };
-        assert!(
-            first.fingerprint_computed(),
-            "a claim persists the fingerprint"
-        );
+        assert!(first.local_computed(), "a claim keeps the local digest");
+        // Records never leave the process: no SHA-256 fingerprint on any path.
+        assert!(!first.fingerprint_computed());
         let response = StoredResponse {
             status: StatusCode::CREATED,
             headers: Vec::new(),
@@ -620,19 +735,22 @@ mod tests {
             store.begin(&record, &retry).await,
             Ok(Begin::Replay(_))
         ));
-        assert!(!retry.fingerprint_computed());
+        assert!(!retry.local_computed());
 
         let reordered = request(br#"{"b":2,"a":1}"#);
         assert!(matches!(
             store.begin(&record, &reordered).await,
             Ok(Begin::Replay(_))
         ));
-        assert!(reordered.fingerprint_computed());
+        assert!(reordered.local_computed());
 
         let other = request(br#"{"b":3,"a":1}"#);
         assert!(matches!(
             store.begin(&record, &other).await,
             Ok(Begin::Mismatch)
         ));
+        for request in [&first, &retry, &reordered, &other] {
+            assert!(!request.fingerprint_computed());
+        }
     }
 }

@@ -1,9 +1,9 @@
-//! A completed record in one allocation: the claim's fingerprint, the record's
+//! A completed record in one allocation: the claim's local digest, the record's
 //! identity (scope and key) and the response (status, allow-listed headers,
 //! body), packed into one `Arc<[u8]>` of exactly its length.
 //!
 //! A retained record then costs its map slot and this one buffer, and a replay
-//! touches the slot and this buffer only: the identity check, the fingerprint
+//! touches the slot and this buffer only: the identity check, the digest
 //! and the response are read from the same few cache lines. A replay decodes a
 //! fresh [`StoredResponse`] whose header values and body share the buffer
 //! (`Bytes` slices of it, no copy).
@@ -11,7 +11,7 @@
 //! Layout:
 //!
 //! ```text
-//! fingerprint            32 bytes
+//! local digest           16 bytes
 //! scope length, scope    varint, bytes
 //! key length, key        varint, bytes
 //! status                 u16, little endian
@@ -21,8 +21,8 @@
 //! body                   the rest
 //! ```
 
+use crate::fingerprint::LocalDigest;
 use crate::store::{RecordKey, StoredResponse};
-use crate::Fingerprint;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use std::sync::Arc;
@@ -31,14 +31,14 @@ use std::sync::Arc;
 /// buffer). Larger bodies are kept as they are, without a copy.
 pub(super) const PACK_BODY_MAX: usize = 1024;
 
-const FINGERPRINT_LEN: usize = 32;
+const DIGEST_LEN: usize = 16;
 
-/// Packs `response` with its record's identity and fingerprint, or returns it
+/// Packs `response` with its record's identity and local digest, or returns it
 /// back when it is not worth packing (a large body) or cannot be decoded again
 /// exactly (a header value that only `unsafe` code could have built).
 pub(super) fn pack(
     key: &RecordKey,
-    fingerprint: &Fingerprint,
+    local: LocalDigest,
     response: StoredResponse,
 ) -> Result<Arc<[u8]>, StoredResponse> {
     let valid = response
@@ -60,7 +60,7 @@ pub(super) fn pack(
             varint_len((name as u64) << 1) + name + varint_len(value as u64) + value
         })
         .sum();
-    let len = FINGERPRINT_LEN
+    let len = DIGEST_LEN
         + varint_len(scope.len() as u64)
         + scope.len()
         + varint_len(id.len() as u64)
@@ -74,7 +74,7 @@ pub(super) fn pack(
     let mut packed: Arc<[u8]> = std::iter::repeat_n(0, len).collect();
     let buf = Arc::get_mut(&mut packed).expect("a new Arc is unique");
     let mut w = Writer { buf, pos: 0 };
-    w.put(fingerprint.as_bytes());
+    w.put(&local.to_bytes());
     w.put_bytes(scope);
     w.put_bytes(id);
     w.put(&response.status.as_u16().to_le_bytes());
@@ -98,16 +98,16 @@ fn decodes_again(value: &[u8]) -> bool {
         .all(|&b| (b >= 0x20 && b != 0x7f) || b == b'\t')
 }
 
-/// The fingerprint of the claim whose response `packed` holds.
-pub(super) fn fingerprint(packed: &[u8]) -> Fingerprint {
-    let mut digest = [0; FINGERPRINT_LEN];
-    digest.copy_from_slice(&packed[..FINGERPRINT_LEN]);
-    Fingerprint(digest)
+/// The local digest of the claim whose response `packed` holds.
+pub(super) fn local(packed: &[u8]) -> LocalDigest {
+    let mut digest = [0; DIGEST_LEN];
+    digest.copy_from_slice(&packed[..DIGEST_LEN]);
+    LocalDigest::from_bytes(digest)
 }
 
 /// Whether `packed` is the record of `key`.
 pub(super) fn is_record_of(packed: &[u8], key: &RecordKey) -> bool {
-    let mut r = Reader::after_fingerprint(packed);
+    let mut r = Reader::after_digest(packed);
     r.bytes() == key.scope().as_str().as_bytes() && r.bytes() == key.key().as_str().as_bytes()
 }
 
@@ -118,12 +118,12 @@ pub(super) fn is_in_scope(packed: &[u8], scope: &str) -> bool {
 
 /// The scope `packed` belongs to.
 pub(super) fn scope_of(packed: &[u8]) -> &[u8] {
-    Reader::after_fingerprint(packed).bytes()
+    Reader::after_digest(packed).bytes()
 }
 
 /// The stored response, its header values and body sharing `packed`.
 pub(super) fn unpack(packed: &Arc<[u8]>) -> StoredResponse {
-    let mut r = Reader::after_fingerprint(packed);
+    let mut r = Reader::after_digest(packed);
     r.bytes();
     r.bytes();
     let status = u16::from_le_bytes([r.byte(), r.byte()]);
@@ -179,10 +179,10 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
-    fn after_fingerprint(buf: &'a [u8]) -> Self {
+    fn after_digest(buf: &'a [u8]) -> Self {
         Self {
             buf,
-            pos: FINGERPRINT_LEN,
+            pos: DIGEST_LEN,
         }
     }
 
@@ -256,6 +256,8 @@ mod tests {
     use super::*;
     use http::header;
 
+    const ZERO: LocalDigest = LocalDigest::ZERO;
+
     fn record(scope: &str, key: &str) -> RecordKey {
         RecordKey::for_test(scope, key)
     }
@@ -273,7 +275,8 @@ mod tests {
     }
 
     fn roundtrip(key: &RecordKey, response: StoredResponse) {
-        let packed = pack(key, &Fingerprint([7; 32]), response.clone()).expect("packed");
+        let digest = LocalDigest::from_bytes(*b"0123456789abcdef");
+        let packed = pack(key, digest, response.clone()).expect("packed");
         let unpacked = unpack(&packed);
         assert_eq!(unpacked, response);
         for ((_, a), (_, b)) in unpacked.headers.iter().zip(&response.headers) {
@@ -281,7 +284,7 @@ mod tests {
             assert_eq!(a.as_bytes(), b.as_bytes());
         }
         assert_eq!(&unpacked.body[..], &response.body[..]);
-        assert_eq!(fingerprint(&packed), Fingerprint([7; 32]));
+        assert_eq!(local(&packed), digest);
         assert!(is_record_of(&packed, key));
         assert!(is_in_scope(&packed, key.scope().as_str()));
     }
@@ -366,7 +369,7 @@ mod tests {
             headers: Vec::new(),
             body: Bytes::from_static(b"ok"),
         };
-        let packed = pack(&key, &Fingerprint([0; 32]), response).unwrap();
+        let packed = pack(&key, ZERO, response).unwrap();
         assert!(is_record_of(&packed, &key));
         assert!(!is_record_of(&packed, &record("acm", "eorder-0001")));
         assert!(!is_record_of(&packed, &record("acme", "order-00011")));
@@ -383,11 +386,7 @@ mod tests {
             headers: Vec::new(),
             body: Bytes::from(vec![0; PACK_BODY_MAX + 1]),
         };
-        let back = pack(
-            &record("s", "12345678"),
-            &Fingerprint([0; 32]),
-            response.clone(),
-        );
+        let back = pack(&record("s", "12345678"), ZERO, response.clone());
         assert_eq!(back.unwrap_err(), response);
     }
 
@@ -401,13 +400,8 @@ mod tests {
             )],
             body: Bytes::from(vec![b'x'; 100]),
         };
-        let packed = pack(
-            &record("acme", "fill-000000000001"),
-            &Fingerprint([0; 32]),
-            response,
-        )
-        .unwrap();
-        // 32 fingerprint + 5 scope + 18 key + 2 status + 1 count + 30 header + 100 body.
-        assert_eq!(packed.len(), 188);
+        let packed = pack(&record("acme", "fill-000000000001"), ZERO, response).unwrap();
+        // 16 digest + 5 scope + 18 key + 2 status + 1 count + 30 header + 100 body.
+        assert_eq!(packed.len(), 172);
     }
 }

@@ -8,9 +8,9 @@
 //! from the store's epoch rather than a 16-byte `Instant`) and one pointer.
 
 use super::packed;
-use crate::fingerprint::ExactDigest;
+use crate::fingerprint::{ExactDigest, LocalDigest};
 use crate::store::{FencingToken, RecordKey, StoredResponse};
-use crate::{Fingerprint, Scope};
+use crate::Scope;
 use highway::{HighwayHash, HighwayHasher, Key};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
@@ -122,7 +122,7 @@ pub(super) fn saturate(d: Duration) -> Nanos {
 
 pub(super) struct Record {
     /// The claiming request's exact digest: a byte-identical retry matches it
-    /// without computing its fingerprint.
+    /// without computing its local digest.
     pub(super) exact: ExactDigest,
     pub(super) token: FencingToken,
     /// Lock expiry while in progress, retention expiry once completed.
@@ -132,7 +132,7 @@ pub(super) struct Record {
 
 pub(super) enum State {
     /// A completed record whose response is packed with its identity and
-    /// fingerprint (see [`packed`]): almost every completed record.
+    /// local digest (see [`packed`]): almost every completed record.
     Packed(Arc<[u8]>),
     /// A claim, or a completed record whose body is too large to copy.
     Cold(Arc<Cold>),
@@ -142,23 +142,25 @@ pub(super) enum Cold {
     Claim(Claim),
     Large(Large),
     /// Completed without a replayable response.
-    Unavailable(RecordKey, Fingerprint),
+    Unavailable(RecordKey, LocalDigest),
 }
 
 pub(super) struct Claim {
     pub(super) key: RecordKey,
-    pub(super) fingerprint: Fingerprint,
+    /// The claiming request's [`RequestFingerprint::local`](crate::RequestFingerprint::local):
+    /// records never leave the process, so no SHA-256 fingerprint is kept.
+    pub(super) local: LocalDigest,
     /// Woken when the claim completes, is released, or is taken over.
     pub(super) done: Notify,
 }
 
 pub(super) struct Large {
     key: RecordKey,
-    fingerprint: Fingerprint,
+    local: LocalDigest,
     response: Arc<StoredResponse>,
 }
 
-/// What a live record with a matching fingerprint answers, read under the
+/// What a live record with a matching digest answers, read under the
 /// shard lock and turned into a [`Begin`](crate::store::Begin) after it.
 pub(super) enum Answer {
     Packed(Arc<[u8]>),
@@ -169,10 +171,10 @@ pub(super) enum Answer {
 
 impl Claim {
     /// The in-progress state of a new claim of `key`.
-    pub(super) fn state(key: RecordKey, fingerprint: Fingerprint) -> State {
+    pub(super) fn state(key: RecordKey, local: LocalDigest) -> State {
         State::Cold(Arc::new(Cold::Claim(Claim {
             key,
-            fingerprint,
+            local,
             done: Notify::new(),
         })))
     }
@@ -202,13 +204,14 @@ impl Record {
         }
     }
 
-    pub(super) fn fingerprint(&self) -> Fingerprint {
+    /// The local digest of the request that claimed this record.
+    pub(super) fn local(&self) -> LocalDigest {
         match &self.state {
-            State::Packed(packed) => packed::fingerprint(packed),
+            State::Packed(packed) => packed::local(packed),
             State::Cold(cold) => match &**cold {
-                Cold::Claim(claim) => claim.fingerprint,
-                Cold::Large(large) => large.fingerprint,
-                Cold::Unavailable(_, fingerprint) => *fingerprint,
+                Cold::Claim(claim) => claim.local,
+                Cold::Large(large) => large.local,
+                Cold::Unavailable(_, local) => *local,
             },
         }
     }
@@ -221,7 +224,7 @@ impl Record {
         }
     }
 
-    /// The answer to a request with this record's fingerprint.
+    /// The answer to a request with this record's digest.
     pub(super) fn answer(&self) -> Answer {
         match &self.state {
             State::Packed(packed) => Answer::Packed(packed.clone()),
@@ -260,22 +263,19 @@ impl Cold {
 
 /// The completed state of `claim` without a replayable response.
 pub(super) fn unavailable(claim: &Claim) -> State {
-    State::Cold(Arc::new(Cold::Unavailable(
-        claim.key.clone(),
-        claim.fingerprint,
-    )))
+    State::Cold(Arc::new(Cold::Unavailable(claim.key.clone(), claim.local)))
 }
 
 /// The completed state of `claim` with `response`: packed in one buffer when it
 /// is small, kept as it is (without spare header capacity) when it is large.
 pub(super) fn completed(claim: &Claim, response: StoredResponse) -> State {
-    match packed::pack(&claim.key, &claim.fingerprint, response) {
+    match packed::pack(&claim.key, claim.local, response) {
         Ok(packed) => State::Packed(packed),
         Err(mut response) => {
             response.headers.shrink_to_fit();
             State::Cold(Arc::new(Cold::Large(Large {
                 key: claim.key.clone(),
-                fingerprint: claim.fingerprint,
+                local: claim.local,
                 response: Arc::new(response),
             })))
         }
