@@ -19,3 +19,6 @@ mod redis_processes;
 #[cfg(feature = "test-util")]
 #[path = "redis_store.rs"]
 mod redis_store;
+#[cfg(feature = "test-util")]
+#[path = "redis_near_cache.rs"]
+mod redis_near_cache;

@@ -47,8 +47,9 @@ end
 "#;
 
 /// KEYS: record, index. ARGV: scope, key, fingerprint, lock ms, keep ms.
-/// Replies `{'claimed', token}`, `{'replay', status, headers, body}`,
-/// `{'mismatch'}`, `{'unavailable'}` or `{'in_progress', remaining lock ms}`.
+/// Replies `{'claimed', token}`, `{'replay', status, headers, body, ttl ms}`,
+/// `{'mismatch'}`, `{'unavailable', ttl ms}` or `{'in_progress', remaining
+/// lock ms}`; a completed record's remaining TTL bounds its near cache entry.
 const BEGIN: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx')
@@ -63,8 +64,8 @@ if v[4] then
   local expired = v[4] == 'p' and lx and lx <= now
   if v[4] ~= 'r' and not expired then
     if v[3] ~= ARGV[3] then return {'mismatch'} end
-    if v[4] == 'c' then return {'replay', v[6], v[7], v[8]} end
-    if v[4] == 'u' then return {'unavailable'} end
+    if v[4] == 'c' then return {'replay', v[6], v[7], v[8], redis.call('PTTL', rec)} end
+    if v[4] == 'u' then return {'unavailable', redis.call('PTTL', rec)} end
     return {'in_progress', lx and (lx - now) or redis.call('PTTL', rec)}
   end
   floor = tonumber(v[5])
