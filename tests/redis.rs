@@ -14,11 +14,11 @@ mod support;
 mod redis_eviction;
 #[path = "redis_failover.rs"]
 mod redis_failover;
+#[cfg(feature = "test-util")]
+#[path = "redis_near_cache.rs"]
+mod redis_near_cache;
 #[path = "redis_processes.rs"]
 mod redis_processes;
 #[cfg(feature = "test-util")]
 #[path = "redis_store.rs"]
 mod redis_store;
-#[cfg(feature = "test-util")]
-#[path = "redis_near_cache.rs"]
-mod redis_near_cache;

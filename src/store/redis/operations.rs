@@ -1,7 +1,7 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
-use super::{backend, millis, Connection, Inner, RedisStore};
 use super::listen::PURGED;
+use super::{backend, millis, Connection, Inner, RedisStore};
 use crate::store::encoding::{decode_headers, encode_headers};
 use crate::store::near_cache::Completed;
 use crate::store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
