@@ -17,6 +17,9 @@ mod redis_eviction;
 mod cancel_redis;
 #[path = "redis_failover.rs"]
 mod redis_failover;
+#[cfg(feature = "test-util")]
+#[path = "redis_near_cache.rs"]
+mod redis_near_cache;
 #[path = "redis_processes.rs"]
 mod redis_processes;
 #[cfg(feature = "test-util")]

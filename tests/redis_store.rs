@@ -97,26 +97,67 @@ async fn send(app: &App, key: &str) -> (StatusCode, Bytes) {
     )
 }
 
+/// A fresh request costs two round trips, a replay one the first time an
+/// instance reads the record, and none afterwards nor on the instance that
+/// completed it (its near cache answers).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_request_costs_two_round_trips_and_a_replay_one_on_both_deployments() {
     let (Some(url), Some(nodes)) = (r::url("round trips"), r::cluster("round trips")) else {
         return;
     };
-    for store in [
+    let (standalone, cluster) = (
         r::standalone(&url, |s| s).await,
         r::on_cluster(&nodes, |s| s).await,
-    ] {
+    );
+    // Another instance of each store (the same prefix).
+    let node_urls: Vec<&str> = nodes.iter().map(String::as_str).collect();
+    let others = (
+        RedisStore::connect(&url).await.unwrap(),
+        RedisStore::connect_cluster(&node_urls).await.unwrap(),
+    );
+    for (store, other) in [(standalone, others.0), (cluster, others.1)] {
+        let other = other.with_prefix(store.prefix());
         let app = app(store.clone(), Arc::new(AtomicUsize::new(0)));
-        // Loads the scripts (a first call may need SCRIPT LOAD).
+        let other_app = app_on(other.clone());
+        // Loads the scripts (a first call may need SCRIPT LOAD) and starts
+        // the subscribers, without which nothing is answered near.
         send(&app, "warm-up-0001").await;
-        let before = store.round_trips();
+        send(&other_app, "warm-up-0001").await;
+        for s in [&store, &other] {
+            let until = Instant::now() + Duration::from_secs(5);
+            while !s.is_listening() {
+                assert!(Instant::now() < until, "the subscriber never connected");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        let trips = |s: &RedisStore| s.round_trips();
+        let before = trips(&store);
         assert_eq!(send(&app, "fresh-00001").await.0, StatusCode::CREATED);
-        let fresh = store.round_trips() - before;
-        let before = store.round_trips();
+        let fresh = trips(&store) - before;
+        let before = trips(&other);
+        assert_eq!(send(&other_app, "fresh-00001").await.0, StatusCode::CREATED);
+        let first_read = trips(&other) - before;
+        let before = (trips(&store), trips(&other));
         assert_eq!(send(&app, "fresh-00001").await.0, StatusCode::CREATED);
-        let replay = store.round_trips() - before;
-        assert_eq!((fresh, replay), (2, 1), "{store:?}");
+        assert_eq!(send(&other_app, "fresh-00001").await.0, StatusCode::CREATED);
+        let near = (trips(&store) - before.0, trips(&other) - before.1);
+        assert_eq!((fresh, first_read, near), (2, 1, (0, 0)), "{store:?}");
     }
+}
+
+/// The layer over `store`, its handler answering 201 with no body.
+fn app_on(store: RedisStore) -> App {
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::new(store))
+        .service_fn(|_req: Request<_>| async {
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(StatusCode::CREATED)
+                    .body(Full::new(Bytes::new()))
+                    .unwrap(),
+            )
+        });
+    tower::util::BoxCloneService::new(service)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

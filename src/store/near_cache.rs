@@ -186,17 +186,18 @@ impl Cache {
             bytes,
             generation,
         };
+        // Counted before it is visible: whoever replaces or removes it then
+        // subtracts bytes already added, so the count never goes below zero.
+        self.bytes.fetch_add(bytes, Ordering::AcqRel);
         if let Some(old) = self.entries.insert(key.clone(), entry) {
             self.bytes.fetch_sub(old.bytes, Ordering::AcqRel);
         }
         // A purge that began meanwhile may have missed this entry: drop it.
         if self.epoch() != epoch {
-            self.bytes.fetch_add(bytes, Ordering::AcqRel);
             self.remove_if(key, |entry| entry.generation == generation);
             return;
         }
-        let total = self.bytes.fetch_add(bytes, Ordering::AcqRel) + bytes;
-        if total > self.config.max_bytes {
+        if self.bytes.load(Ordering::Acquire) > self.config.max_bytes {
             self.evict();
         }
     }
@@ -325,6 +326,33 @@ mod tests {
             cache.get(&oldest, &[0; 32]).is_none(),
             "over an eighth: not kept"
         );
+    }
+
+    #[test]
+    fn concurrent_inserts_of_one_key_keep_the_byte_count_exact() {
+        let cache = Arc::new(Cache::new(NearCache::new(1 << 20)).unwrap());
+        let key = RecordKey::for_test("acme", "order-0001");
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (cache, key) = (cache.clone(), key.clone());
+                std::thread::spawn(move || {
+                    for i in 0..100_000 {
+                        let epoch = cache.epoch();
+                        cache.insert(&key, [0; 32], response("{}"), later(), epoch);
+                        if i % 100 == 0 {
+                            cache.purge_scope(key.scope());
+                        }
+                    }
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().unwrap();
+        }
+        cache.insert(&key, [0; 32], response("{}"), later(), cache.epoch());
+        assert!(cache.get(&key, &[0; 32]).is_some());
+        let one = cache.entries.get(&key).unwrap().bytes;
+        assert_eq!(cache.bytes(), one);
     }
 
     #[tokio::test]

@@ -4,12 +4,19 @@
 //!
 //! On a Cluster, `PUBLISH` reaches every node, so the subscriber listens on
 //! any one of them, and moves to the next when that one fails.
+//!
+//! `purge_scope` publishes [`PURGED`] on the same channel: every instance
+//! then forgets its near cache.
 
 use super::Inner;
 use crate::store::waiters::{reconnect_pause, RECONNECT_FIRST};
 use futures_util::StreamExt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+
+/// The message meaning "records were purged"; never a record's name (those
+/// start with the prefix).
+pub(super) const PURGED: &str = "purged";
 
 impl Inner {
     /// Starts the subscriber task unless one runs.
@@ -40,6 +47,12 @@ async fn subscribe(inner: Weak<Inner>) {
                         continue;
                     };
                     inner.stats.notifications.fetch_add(1, Ordering::Relaxed);
+                    if id == PURGED {
+                        if let Some(cache) = &inner.near_cache {
+                            cache.clear();
+                        }
+                        continue;
+                    }
                     inner.waits.dispatch(&id);
                 }
                 // Messages published while reconnecting are lost; waiters'
@@ -57,6 +70,10 @@ async fn subscribe(inner: Weak<Inner>) {
 
 fn set_listening(inner: &Weak<Inner>, on: bool) {
     if let Some(inner) = inner.upgrade() {
+        // Purges announced while not listening were missed: forget everything.
+        if let Some(cache) = &inner.near_cache {
+            cache.clear();
+        }
         inner.waits.listening.store(on, Ordering::Release);
     }
 }

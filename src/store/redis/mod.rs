@@ -1,7 +1,8 @@
 //! A Redis or Valkey [`Store`], on one server or a Cluster.
 //!
 //! Every operation is one Lua script, atomic on the server: a fresh request
-//! costs two round trips (`begin` + `complete`), a replay one. A claim's lock
+//! costs two round trips (`begin` + `complete`), a replay one, or none from
+//! the near cache of completed records this instance wrote or read. A claim's lock
 //! expiry is a field on the server's clock, which only `begin` judges (a late
 //! owner nobody took over still completes); retention is a key TTL; and
 //! connecting refuses a server whose `maxmemory-policy` evicts. Fencing
@@ -36,9 +37,11 @@ mod scripts;
 pub use self::eviction::RedisStoreBuilder;
 use self::scripts::Scripts;
 use super::encoding::hex;
+use super::near_cache::{Cache, Completed, NearCache};
 use super::waiters::Waits;
-use super::{RecordKey, StoreError};
+use super::{Begin, FencingToken, RecordKey, StoreError};
 use crate::limits;
+use dashmap::DashMap;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -46,7 +49,7 @@ use redis::{Cmd, Pipeline, RedisFuture, Value};
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +60,10 @@ use std::time::Duration;
 /// - **Atomic, one round trip**: `begin` is one script that claims a free key
 ///   or reads the live record (replay, mismatch, in progress) without writing;
 ///   `complete`, `extend` and `release` are scripts fenced by the claim's token.
+/// - **Near cache**: a retry of a completed record this instance wrote or
+///   read is answered from memory, no round trip, while the subscriber is
+///   connected (see [`with_near_cache`](Self::with_near_cache)); a
+///   `purge_scope` anywhere reaches every instance's cache through it.
 /// - **Server clock only**: a claim's lock expiry is a field in server
 ///   milliseconds and a record's retention a key TTL; tokens are at least the
 ///   server's clock in microseconds and higher than the key's last one, so
@@ -105,6 +112,10 @@ struct Inner {
     scripts: Scripts,
     waits: Waits,
     stats: Stats,
+    near_cache: Option<Cache>,
+    /// The fingerprints of this instance's claims, until completed (`complete`
+    /// knows only the key and token).
+    claims: DashMap<RecordKey, (FencingToken, [u8; 32])>,
 }
 
 #[derive(Clone)]
@@ -114,6 +125,7 @@ struct Config {
     lock_timeout: Duration,
     operation_timeout: Duration,
     replica_acks: Option<ReplicaAcks>,
+    near_cache: NearCache,
 }
 
 /// How many replicas must acknowledge a claim or completion, and for how long
@@ -179,6 +191,7 @@ impl fmt::Debug for RedisStore {
             .field("lock_timeout", &c.lock_timeout)
             .field("operation_timeout", &c.operation_timeout)
             .field("replica_acks", &c.replica_acks)
+            .field("near_cache", &c.near_cache)
             .finish_non_exhaustive()
     }
 }
@@ -265,6 +278,7 @@ impl RedisStore {
 
     fn build(connection: Connection, subscribe_to: Vec<redis::Client>, config: Config) -> Self {
         let channel = format!("{}:done", config.prefix);
+        let near_cache = Cache::new(config.near_cache);
         Self {
             inner: Arc::new(Inner {
                 connection,
@@ -274,6 +288,8 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 waits: Waits::default(),
                 stats: Stats::default(),
+                near_cache,
+                claims: DashMap::new(),
             }),
         }
     }
@@ -362,6 +378,18 @@ impl RedisStore {
         self.reconfigure(|c| c.replica_acks = Some(ReplicaAcks { replicas, timeout }))
     }
 
+    /// The near cache of completed records (default: 16 MiB, entries trusted
+    /// for 10 s; [`NearCache::disabled`] turns it off).
+    ///
+    /// A retry of a record this instance completed or already read is then
+    /// answered from memory, with no round trip. It is used only while the
+    /// store's subscriber is connected, because that is how a
+    /// [`purge_scope`](crate::Store::purge_scope) on another instance reaches
+    /// this one: while it is not, every `begin` asks Redis.
+    pub fn with_near_cache(self, near_cache: NearCache) -> Self {
+        self.reconfigure(|c| c.near_cache = near_cache)
+    }
+
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.inner.config.prefix
@@ -384,6 +412,7 @@ impl Default for Config {
             lock_timeout: Duration::from_secs(10),
             operation_timeout: Duration::from_secs(5),
             replica_acks: None,
+            near_cache: NearCache::default(),
         }
     }
 }
@@ -436,9 +465,76 @@ impl Inner {
     }
 
     fn count_round_trip(&self) {
-        self.stats
-            .round_trips
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The near cache, while purges on other instances reach this one (the
+    /// subscriber is connected).
+    fn near(&self) -> Option<&Cache> {
+        let cache = self.near_cache.as_ref()?;
+        self.waits
+            .listening
+            .load(Ordering::Acquire)
+            .then_some(cache)
+    }
+
+    /// The near cache's epoch before a call (see [`Cache::insert`]).
+    fn near_epoch(&self) -> u64 {
+        self.near_cache.as_ref().map_or(0, Cache::epoch)
+    }
+
+    /// What `begin` (sent at `sent`) answered is kept near: a completed
+    /// record until `sent` + its remaining TTL, a claim's fingerprint until
+    /// its completion.
+    fn remember_begun(
+        &self,
+        key: &RecordKey,
+        fp: &[u8; 32],
+        begun: &Begin,
+        remaining: Option<Duration>,
+        sent: tokio::time::Instant,
+        epoch: u64,
+    ) {
+        let Some(cache) = self.near() else { return };
+        let completed = match begun {
+            Begin::Claimed(token) => {
+                self.claims.insert(key.clone(), (*token, *fp));
+                return;
+            }
+            Begin::Replay(stored) => Completed::Response(stored.clone()),
+            Begin::ResponseUnavailable => Completed::Unavailable,
+            _ => return,
+        };
+        if let Some(remaining) = remaining {
+            cache.insert(key, *fp, completed, sent + remaining, epoch);
+        }
+    }
+
+    /// A claim completed (or ended) under `token`: its record, if known, is
+    /// kept near until `sent` + the retention (the server set its TTL after
+    /// `sent`).
+    fn remember_completed(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        completed: Option<Completed>,
+        sent: tokio::time::Instant,
+        epoch: u64,
+    ) {
+        let Some((_, (_, fp))) = self.forget_claim(key, token) else {
+            return;
+        };
+        if let (Some(cache), Some(completed)) = (self.near(), completed) {
+            cache.insert(key, fp, completed, sent + self.config.retention, epoch);
+        }
+    }
+
+    fn forget_claim(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Option<(RecordKey, (FencingToken, [u8; 32]))> {
+        self.claims.remove_if(key, |_, (ours, _)| *ours == token)
     }
 }
 

@@ -1,7 +1,9 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
+use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore};
 use crate::store::encoding::{decode_headers, encode_headers};
+use crate::store::near_cache::Completed;
 use crate::store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
@@ -67,12 +69,36 @@ impl Inner {
         Ok((ms >= 0).then(|| Duration::from_millis(ms as u64)))
     }
 
-    /// Completes the claim as `state` (`c` with `response`, or `u`).
+    /// Completes the claim with `response`, or as unavailable; a completed
+    /// record is kept near.
     async fn finish(
         &self,
         key: &RecordKey,
         token: FencingToken,
         response: Option<StoredResponse>,
+    ) -> Result<(), StoreError> {
+        let (sent, epoch) = (tokio::time::Instant::now(), self.near_epoch());
+        let finished = self.finish_script(key, token, response.as_ref()).await;
+        match &finished {
+            Ok(()) => {
+                let completed = match response {
+                    Some(response) => Completed::Response(Arc::new(response)),
+                    None => Completed::Unavailable,
+                };
+                self.remember_completed(key, token, Some(completed), sent, epoch);
+            }
+            Err(StoreError::ClaimLost) => self.remember_completed(key, token, None, sent, epoch),
+            // Retried by the layer: the claim's fingerprint is still needed.
+            Err(_) => {}
+        }
+        finished
+    }
+
+    async fn finish_script(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        response: Option<&StoredResponse>,
     ) -> Result<(), StoreError> {
         let names = self.names(key);
         let mut invocation = self.scripts.complete.key(&names.record);
@@ -85,7 +111,7 @@ impl Inner {
             .arg(&self.channel)
             // The record's name already names it uniquely: the message's id.
             .arg(&names.record);
-        match &response {
+        match response {
             Some(response) => invocation
                 .arg("c")
                 .arg(response.status.as_u16())
@@ -130,6 +156,40 @@ impl Inner {
 }
 
 impl Inner {
+    /// Deletes `scope`'s records, batch by batch through its index.
+    async fn delete_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        let tag = super::scope_tag(&self.config.prefix, scope.as_str());
+        let index = format!("{tag}i");
+        let mut purged = 0u64;
+        // Entries of other scopes sharing the tag stay: skip past them.
+        let mut kept: isize = 0;
+        loop {
+            let members: Vec<String> = self
+                .timed(async {
+                    self.count_round_trip();
+                    redis::cmd("ZRANGE")
+                        .arg(&index)
+                        .arg(kept)
+                        .arg(kept + PURGE_BATCH - 1)
+                        .query_async(&mut self.connection.clone())
+                        .await
+                        .map_err(backend)
+                })
+                .await?;
+            if members.is_empty() {
+                return Ok(purged);
+            }
+            let mut invocation = self.scripts.purge_scope.key(&index);
+            invocation.arg(scope.as_str());
+            for member in &members {
+                invocation.key(format!("{tag}r:{member}")).arg(member);
+            }
+            let (deleted, removed): (u64, isize) = self.timed(self.invoke(&invocation)).await?;
+            purged += deleted;
+            kept += members.len() as isize - removed;
+        }
+    }
+
     /// Trims every scope index this store's prefix names, on every primary.
     async fn trim_indexes(&self) -> Result<u64, StoreError> {
         let pattern = format!("{}:{{*}}:i", self.config.prefix);
@@ -204,7 +264,8 @@ impl Inner {
     }
 }
 
-fn decode_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
+/// `begin`'s answer, and for a completed record its remaining TTL.
+fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreError> {
     let corrupt = |what: &str| backend(format!("unexpected begin reply: {what}"));
     let mut fields = reply.into_iter();
     let outcome: String = fields
@@ -214,7 +275,7 @@ fn decode_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
         .map_err(backend)?
         .ok_or_else(|| corrupt("empty"))?;
     let mut next = |what: &str| fields.next().ok_or_else(|| corrupt(what));
-    Ok(match outcome.as_str() {
+    let begun = match outcome.as_str() {
         "claimed" => {
             let token: String = redis::from_redis_value(next("token")?).map_err(backend)?;
             let token = token.parse().map_err(|_| corrupt("token"))?;
@@ -236,7 +297,17 @@ fn decode_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
         other => return Err(corrupt(other)),
-    })
+    };
+    // PTTL: -1 (no TTL) or -2 (gone) give no bound, so nothing is kept near.
+    let remaining = match begun {
+        Begin::Replay(_) | Begin::ResponseUnavailable => fields
+            .next()
+            .and_then(|v| redis::from_redis_value::<i64>(v).ok())
+            .filter(|ms| *ms > 0)
+            .map(|ms| Duration::from_millis(ms as u64)),
+        _ => None,
+    };
+    Ok((begun, remaining))
 }
 
 #[async_trait]
@@ -248,9 +319,12 @@ impl Store for RedisStore {
     ) -> Result<Begin, StoreError> {
         let inner = &self.inner;
         inner.ensure_listener();
-        let names = inner.names(key);
         // Shared by every instance: only the canonical fingerprint is comparable.
         let fingerprint = request.fingerprint().as_bytes();
+        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fingerprint)) {
+            return Ok(known);
+        }
+        let names = inner.names(key);
         let mut invocation = inner.scripts.begin.key(&names.record);
         invocation
             .key(&names.index)
@@ -261,8 +335,9 @@ impl Store for RedisStore {
             .arg(millis(inner.config.claim_kept()));
         inner
             .timed(async {
+                let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
                 let reply: Vec<Value> = inner.invoke(&invocation).await?;
-                let begun = decode_begin(reply)?;
+                let (begun, remaining) = decode_begin(reply)?;
                 if let Begin::Claimed(token) = begun {
                     if let Err(error) = inner.replicated(&names.record).await {
                         // Not running the handler on a claim a failover could lose.
@@ -270,6 +345,7 @@ impl Store for RedisStore {
                         return Err(error);
                     }
                 }
+                inner.remember_begun(key, fingerprint, &begun, remaining, sent, epoch);
                 Ok(begun)
             })
             .await
@@ -310,12 +386,16 @@ impl Store for RedisStore {
         let extended: i64 = inner.timed(inner.invoke(&invocation)).await?;
         match extended {
             1 => Ok(()),
-            _ => Err(StoreError::ClaimLost),
+            _ => {
+                inner.forget_claim(key, token);
+                Err(StoreError::ClaimLost)
+            }
         }
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
+        inner.forget_claim(key, token);
         let names = inner.names(key);
         let mut invocation = inner.scripts.release.key(&names.record);
         invocation
@@ -352,35 +432,26 @@ impl Store for RedisStore {
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let tag = super::scope_tag(&inner.config.prefix, scope.as_str());
-        let index = format!("{tag}i");
-        let mut purged = 0u64;
-        // Entries of other scopes sharing the tag stay: skip past them.
-        let mut kept: isize = 0;
-        loop {
-            let members: Vec<String> = inner
-                .timed(async {
-                    inner.count_round_trip();
-                    redis::cmd("ZRANGE")
-                        .arg(&index)
-                        .arg(kept)
-                        .arg(kept + PURGE_BATCH - 1)
-                        .query_async(&mut inner.connection.clone())
-                        .await
-                        .map_err(backend)
-                })
-                .await?;
-            if members.is_empty() {
-                return Ok(purged);
-            }
-            let mut invocation = inner.scripts.purge_scope.key(&index);
-            invocation.arg(scope.as_str());
-            for member in &members {
-                invocation.key(format!("{tag}r:{member}")).arg(member);
-            }
-            let (deleted, removed): (u64, isize) = inner.timed(inner.invoke(&invocation)).await?;
-            purged += deleted;
-            kept += members.len() as isize - removed;
+        let deleted = inner.delete_scope(scope).await;
+        // Here at once; on the other instances when the message arrives (each
+        // forgets every record it keeps near: purges are rare). Also after a
+        // purge that failed midway: some of its records may be gone.
+        if let Some(cache) = &inner.near_cache {
+            cache.purge_scope(scope);
         }
+        let published = inner
+            .timed(async {
+                inner.count_round_trip();
+                redis::cmd("PUBLISH")
+                    .arg(&inner.channel)
+                    .arg(PURGED)
+                    .query_async::<i64>(&mut inner.connection.clone())
+                    .await
+                    .map_err(backend)
+            })
+            .await;
+        let deleted = deleted?;
+        published?;
+        Ok(deleted)
     }
 }

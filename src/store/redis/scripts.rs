@@ -17,8 +17,9 @@
 //! lock: a claim whose lock ran out stays its owner's until a `begin` takes
 //! it over, so a late `extend` or `complete` with no takeover in between
 //! succeeds, as on the other stores. Only `begin` judges `lx`.
-//! The index is a sorted set of the scope's keys scored by their key's expiry
-//! in server milliseconds, for `purge_scope`.
+//! The index is a sorted set of the scope's keys scored by (at least) their
+//! key's expiry in server milliseconds, for `purge_scope`; it expires no
+//! earlier than its highest score.
 
 use redis::Script;
 
@@ -29,12 +30,19 @@ local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local function index(idx, member, ttl, trim)
-  local now = now_ms()
+local function index(idx, member, ttl, now, trim)
   -- Claims trim the entries of expired records: each is removed once.
   if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
   redis.call('ZADD', idx, now + ttl, member)
   if redis.call('PTTL', idx) < ttl then
+    redis.call('PEXPIRE', idx, ttl)
+  end
+end
+-- An entry's score only grows (GT): a record's expiry that comes before its
+-- entry's score needs no update, and the index already outlives that score.
+local function reindex(idx, member, ttl, now)
+  if redis.call('ZADD', idx, 'GT', 'CH', now + ttl, member) == 1 and
+      redis.call('PTTL', idx) < ttl then
     redis.call('PEXPIRE', idx, ttl)
   end
 end
@@ -47,8 +55,9 @@ end
 "#;
 
 /// KEYS: record, index. ARGV: scope, key, fingerprint, lock ms, keep ms.
-/// Replies `{'claimed', token}`, `{'replay', status, headers, body}`,
-/// `{'mismatch'}`, `{'unavailable'}` or `{'in_progress', remaining lock ms}`.
+/// Replies `{'claimed', token}`, `{'replay', status, headers, body, ttl ms}`,
+/// `{'mismatch'}`, `{'unavailable', ttl ms}` or `{'in_progress', remaining
+/// lock ms}`; a completed record's remaining TTL bounds its near cache entry.
 const BEGIN: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx')
@@ -63,8 +72,8 @@ if v[4] then
   local expired = v[4] == 'p' and lx and lx <= now
   if v[4] ~= 'r' and not expired then
     if v[3] ~= ARGV[3] then return {'mismatch'} end
-    if v[4] == 'c' then return {'replay', v[6], v[7], v[8]} end
-    if v[4] == 'u' then return {'unavailable'} end
+    if v[4] == 'c' then return {'replay', v[6], v[7], v[8], redis.call('PTTL', rec)} end
+    if v[4] == 'u' then return {'unavailable', redis.call('PTTL', rec)} end
     return {'in_progress', lx and (lx - now) or redis.call('PTTL', rec)}
   end
   floor = tonumber(v[5])
@@ -74,11 +83,12 @@ end
 local token = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), floor + 1)
 token = string.format('%d', token)
 local keep = tonumber(ARGV[5])
-redis.call('DEL', rec)
+-- A tombstone's or an expired claim's other fields go.
+if v[4] then redis.call('DEL', rec) end
 redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
   'lx', string.format('%d', now + tonumber(ARGV[4])))
 redis.call('PEXPIRE', rec, keep)
-index(idx, ARGV[2], keep, true)
+index(idx, ARGV[2], keep, now, true)
 return {'claimed', token}
 "#;
 
@@ -100,7 +110,7 @@ else
 end
 redis.call('HDEL', rec, 'lx')
 redis.call('PEXPIRE', rec, retention)
-index(idx, ARGV[2], retention, false)
+reindex(idx, ARGV[2], retention, now_ms())
 if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
@@ -115,9 +125,10 @@ if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
 local keep = tonumber(ARGV[5])
-redis.call('HSET', rec, 'lx', string.format('%d', now_ms() + tonumber(ARGV[4])))
+local now = now_ms()
+redis.call('HSET', rec, 'lx', string.format('%d', now + tonumber(ARGV[4])))
 redis.call('PEXPIRE', rec, keep)
-index(idx, ARGV[2], keep, false)
+reindex(idx, ARGV[2], keep, now)
 return 1
 "#;
 
