@@ -73,6 +73,11 @@ impl Default for NearCache {
 
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
+/// The most claims whose fingerprints a store keeps until their completion
+/// (which knows only the key and token): a claim whose completion never
+/// reaches the store stays there, so past this, new claims are not kept near.
+pub(crate) const MAX_REMEMBERED_CLAIMS: usize = 65_536;
+
 /// What an entry costs beyond its response's bytes (key, maps, queue).
 const ENTRY_OVERHEAD: usize = 160;
 

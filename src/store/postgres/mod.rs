@@ -52,7 +52,7 @@ use self::single_flight::{Flights, Leader};
 use self::sql::{is_identifier, Sql};
 use self::wait::{listener_connect, ListenerConnect};
 use super::encoding::decode_headers;
-use super::near_cache::{Cache, Completed, NearCache};
+use super::near_cache::{Cache, Completed, NearCache, MAX_REMEMBERED_CLAIMS};
 use super::waiters::Waits;
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::body::BoxError;
@@ -74,9 +74,6 @@ use tokio_postgres::{Row, Socket, Statement};
 /// How often `begin` re-runs its statement when a concurrent transaction keeps
 /// committing a live row after the statement's snapshot was taken.
 pub(super) const BEGIN_ATTEMPTS: usize = 8;
-
-/// The most claims whose fingerprints wait for their completion (near cache).
-const MAX_REMEMBERED_CLAIMS: usize = 65_536;
 
 /// A [`Store`] in a PostgreSQL table, shared by every instance of an application.
 ///

@@ -37,7 +37,7 @@ mod scripts;
 pub use self::eviction::RedisStoreBuilder;
 use self::scripts::Scripts;
 use super::encoding::hex;
-use super::near_cache::{Cache, Completed, NearCache};
+use super::near_cache::{Cache, Completed, NearCache, MAX_REMEMBERED_CLAIMS};
 use super::waiters::Waits;
 use super::{Begin, FencingToken, RecordKey, StoreError};
 use crate::limits;
@@ -498,7 +498,9 @@ impl Inner {
         let Some(cache) = self.near() else { return };
         let completed = match begun {
             Begin::Claimed(token) => {
-                self.claims.insert(key.clone(), (*token, *fp));
+                if self.claims.len() < MAX_REMEMBERED_CLAIMS {
+                    self.claims.insert(key.clone(), (*token, *fp));
+                }
                 return;
             }
             Begin::Replay(stored) => Completed::Response(stored.clone()),
