@@ -119,8 +119,8 @@ async fn refusals_and_responses_not_recorded_carry_no_retention() {
 
 #[tokio::test]
 async fn a_response_too_large_to_record_keeps_its_key_and_says_for_how_long() {
-    let layer = IdempotencyLayer::new(MemoryStore::new().with_retention(TWO_HOURS))
-        .with_record_limit(4);
+    let layer =
+        IdempotencyLayer::new(MemoryStore::new().with_retention(TWO_HOURS)).with_record_limit(4);
     let runs = Runs::default();
     let svc = layer.layer(handler(&runs, order));
 
@@ -157,10 +157,18 @@ impl http_body::Body for Late {
 async fn a_streamed_recorded_answer_carries_it_in_its_head() {
     let layer = IdempotencyLayer::new(MemoryStore::new().with_retention(TWO_HOURS));
     let runs = Runs::default();
-    let svc = layer.layer(handler(&runs, |_req: Request<Body>, run: usize| async move {
-        let body = Late(Some(Bytes::from(format!(r#"{{"order":{run}}}"#))), false);
-        Ok::<_, Infallible>(Response::builder().status(201).body(Body::new(body)).unwrap())
-    }));
+    let svc = layer.layer(handler(
+        &runs,
+        |_req: Request<Body>, run: usize| async move {
+            let body = Late(Some(Bytes::from(format!(r#"{{"order":{run}}}"#))), false);
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(201)
+                    .body(Body::new(body))
+                    .unwrap(),
+            )
+        },
+    ));
 
     let first = send(&svc, post(KEY, "{}")).await;
     first.assert_order(1, false);

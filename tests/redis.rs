@@ -10,11 +10,11 @@
 mod support;
 
 #[cfg(feature = "test-util")]
-#[path = "redis_eviction.rs"]
-mod redis_eviction;
-#[cfg(feature = "test-util")]
 #[path = "cancel_redis.rs"]
 mod cancel_redis;
+#[cfg(feature = "test-util")]
+#[path = "redis_eviction.rs"]
+mod redis_eviction;
 #[path = "redis_failover.rs"]
 mod redis_failover;
 #[path = "redis_processes.rs"]

@@ -420,7 +420,9 @@ pub(crate) fn recorded_headers(
 /// its record's headers were taken: it is never part of the record.
 pub(crate) fn advertise_retention(parts: &mut http::response::Parts, value: Option<&HeaderValue>) {
     if let Some(value) = value {
-        parts.headers.insert(IDEMPOTENCY_KEY_RETENTION, value.clone());
+        parts
+            .headers
+            .insert(IDEMPOTENCY_KEY_RETENTION, value.clone());
     }
 }
 

@@ -160,8 +160,14 @@ impl Proxy {
                         None,
                         half_close,
                     );
-                    let downstream =
-                        pump(out_read, in_write, watch_frozen, None, Some(counted), half_close);
+                    let downstream = pump(
+                        out_read,
+                        in_write,
+                        watch_frozen,
+                        None,
+                        Some(counted),
+                        half_close,
+                    );
                     let both = async {
                         if half_close {
                             tokio::join!(upstream, downstream);
