@@ -53,6 +53,7 @@ use bytes::Bytes;
 use http::{Method, StatusCode};
 use http_body_util::Empty;
 use serde_json::Value;
+use std::collections::btree_map::Entry;
 use std::collections::BTreeMap;
 use utoipa::openapi::example::ExampleBuilder;
 use utoipa::openapi::header::HeaderBuilder;
@@ -217,13 +218,10 @@ impl IdempotencyDoc {
                 .push(refusal);
         }
         for (status, refusals) in by_status {
+            // One the application documents itself is left as it is.
             let status = status.as_u16().to_string();
-            if !operation.responses.responses.contains_key(&status) {
-                let response = self.refusal_response(&refusals);
-                operation
-                    .responses
-                    .responses
-                    .insert(status, response.into());
+            if let Entry::Vacant(slot) = operation.responses.responses.entry(status) {
+                slot.insert(self.refusal_response(&refusals).into());
             }
         }
     }
