@@ -1,5 +1,6 @@
 //! Per-route opt-in with axum, behind a tower-http auth layer that sets the
-//! scope, with tracing output and (feature `metrics`) counters.
+//! scope, with tracing output, (feature `metrics`) counters and (feature
+//! `utoipa`) its OpenAPI document.
 //!
 //! Three ways to put `IdempotencyLayer` on some routes only:
 //!
@@ -9,12 +10,14 @@
 //! | `POST /v1/refunds` | `MethodRouter::layer`: `post(h).layer(..).get(list)`  |
 //! | `POST /v1/payouts` | a sub-router with its own `Router::layer`, merged in  |
 //!
-//! `GET /v1/refunds`, `GET /health` and `GET /metrics` never see the layer.
+//! `GET /v1/refunds`, `GET /health`, `GET /metrics` and `GET /openapi.json`
+//! never see the layer.
 //! The three layers share one store, so a tenant's key is one key across them.
 //!
 //! ```sh
 //! cargo run --example axum_per_route                      # tracing on stdout
 //! cargo run --example axum_per_route --features metrics   # + counters on GET /metrics
+//! cargo run --example axum_per_route --features utoipa    # + the spec on GET /openapi.json
 //! # another shell:
 //! for i in 1 2; do curl -s -X POST localhost:3002/v1/orders -H 'Authorization: Bearer acme' \
 //!   -H 'Idempotency-Key: order-0001' -H 'Content-Type: application/json' -d '{"sku":"A-1"}'; echo; done
@@ -31,7 +34,7 @@
 use axum::body::{Body, Bytes};
 use axum::extract::{Extension, State};
 use axum::http::{header, Request, Response, StatusCode};
-use axum::routing::{get, post};
+use axum::routing::{get, post, MethodRouter};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -51,6 +54,7 @@ pub struct Ledger {
 pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Router {
     // One layer value, cloned onto each route that opts in: one store, one key space.
     let idempotency = IdempotencyLayer::new(store);
+    let openapi = openapi_json(&idempotency);
 
     // 1. `route_layer`: wraps the routes of this router, and runs only when one
     //    of them matched (a 404 or 405 never reaches it).
@@ -82,6 +86,7 @@ pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Router {
     Router::new()
         .route("/health", get(|| async { "ok" }))
         .route("/metrics", get(metrics_text))
+        .route("/openapi.json", openapi)
         .merge(api)
 }
 
@@ -181,6 +186,68 @@ async fn metrics_text() -> String {
     return prometheus().render();
     #[cfg(not(feature = "metrics"))]
     "metrics are off: run with --features metrics\n".to_owned()
+}
+
+/// `GET /openapi.json`: the API's document, with what the idempotency layer
+/// adds to each route it guards (the key header, the replay and retention
+/// headers, every refusal).
+#[cfg(feature = "utoipa")]
+fn openapi_json(layer: &IdempotencyLayer) -> MethodRouter {
+    let spec = serde_json::to_value(openapi(layer)).expect("a document serialises");
+    get(move || {
+        let spec = spec.clone();
+        async move { Json(spec) }
+    })
+}
+
+#[cfg(not(feature = "utoipa"))]
+fn openapi_json(_: &IdempotencyLayer) -> MethodRouter {
+    get(|| async { "the OpenAPI document is off: run with --features utoipa\n" })
+}
+
+/// The routes as an application documents them (by hand here; with
+/// `#[utoipa::path]` and `utoipa-axum` in a larger one), then the layer's part.
+#[cfg(feature = "utoipa")]
+pub fn openapi(layer: &IdempotencyLayer) -> utoipa::openapi::OpenApi {
+    use tower_idempotency::openapi::IdempotencyDoc;
+    use utoipa::openapi::path::{HttpMethod, OperationBuilder, PathItem, PathsBuilder};
+    use utoipa::openapi::{InfoBuilder, OpenApiBuilder, Response};
+    use utoipa::Modify;
+
+    let create = |what: &str| {
+        OperationBuilder::new()
+            .summary(Some(format!("Create a {what}")))
+            .response("201", Response::new(format!("The {what}")))
+    };
+    let list = OperationBuilder::new().response("200", Response::new("The refunds"));
+    let guarded = ["/v1/orders", "/v1/refunds", "/v1/payouts"];
+    let mut api = OpenApiBuilder::new()
+        .info(
+            InfoBuilder::new()
+                .title("axum_per_route")
+                .version("1")
+                .build(),
+        )
+        .paths(
+            PathsBuilder::new()
+                .path(guarded[0], PathItem::new(HttpMethod::Post, create("order")))
+                .path(
+                    guarded[1],
+                    PathItem::builder()
+                        .operation(HttpMethod::Post, create("refund"))
+                        .operation(HttpMethod::Get, list)
+                        .build(),
+                )
+                .path(
+                    guarded[2],
+                    PathItem::new(HttpMethod::Post, create("payout")),
+                ),
+        )
+        .build();
+    IdempotencyDoc::for_paths(guarded)
+        .with_layer(layer)
+        .modify(&mut api);
+    api
 }
 
 /// The process's Prometheus recorder (installed once): the layer's counters,

@@ -240,6 +240,9 @@ mod key;
 #[cfg(feature = "leases")]
 pub mod lease;
 mod limits;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
 mod policy;
 mod random;
 mod response;

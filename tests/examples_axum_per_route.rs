@@ -152,3 +152,77 @@ async fn the_binary_traces_each_decision_with_scope_and_key_hash_never_the_key()
         assert!(text.contains("--features metrics"), "{text}");
     }
 }
+
+/// The served document: every guarded POST has the key parameter with its
+/// format, its `201` the replay and retention headers, and a response per
+/// refusal status; the GET beside one of them has none of it.
+#[cfg(feature = "utoipa")]
+#[tokio::test]
+async fn the_served_openapi_document_describes_the_layer_on_each_guarded_route() {
+    let (client, _) = mounted().await;
+    let served = client.get("/openapi.json", &[]).await;
+    assert_eq!(served.status, 200);
+    let spec = served.json();
+    for path in ["/v1/orders", "/v1/refunds", "/v1/payouts"] {
+        let post = &spec["paths"][path]["post"];
+        let key = &post["parameters"][0];
+        assert_eq!(key["name"], "Idempotency-Key", "{path}: {post}");
+        assert_eq!(key["in"], "header");
+        assert_eq!(key["required"], true);
+        let pattern = key["schema"]["pattern"].as_str().unwrap();
+        assert_eq!(
+            pattern,
+            r#"^(?:[A-Za-z0-9._-]{8,128}|"[A-Za-z0-9._-]{8,128}")$"#
+        );
+        let created = &post["responses"]["201"]["headers"];
+        assert_eq!(created["Idempotent-Replayed"]["schema"]["enum"][0], "true");
+        // The example's MemoryStore keeps records 24 hours.
+        let retention = &created["Idempotency-Key-Retention"]["schema"];
+        assert_eq!(retention["type"], "integer");
+        assert_eq!(retention["examples"][0], 86400);
+        for (status, codes) in [
+            (
+                "400",
+                &[
+                    "idempotency_key_required",
+                    "idempotency_key_invalid",
+                    "idempotency_key_repeated",
+                    "body_unreadable",
+                ][..],
+            ),
+            ("409", &["idempotency_key_reuse", "idempotency_in_progress"]),
+            (
+                "503",
+                &[
+                    "idempotency_store_unavailable",
+                    "idempotency_outcome_unknown",
+                    "overloaded",
+                ],
+            ),
+            ("401", &["unauthorized"]),
+            ("410", &["idempotency_response_unavailable"]),
+            ("413", &["payload_too_large"]),
+            ("408", &["request_timeout"]),
+            ("429", &["idempotency_quota_exceeded"]),
+            ("500", &["internal_error"]),
+        ] {
+            let content = &post["responses"][status]["content"]["application/json"];
+            for code in codes {
+                let example = &content["examples"][*code]["value"];
+                assert_eq!(example["code"], *code, "{path} {status}: {content}");
+                assert!(example["message"].as_str().is_some_and(|m| !m.is_empty()));
+                let schema = &spec["components"]["schemas"][format!("IdempotencyRefusal.{code}")];
+                assert_eq!(schema["properties"]["code"]["enum"][0], *code);
+            }
+        }
+        let retry_after = |status: &str| {
+            post["responses"][status]["headers"]
+                .get("Retry-After")
+                .is_some()
+        };
+        assert!(retry_after("409") && retry_after("503") && !retry_after("400"));
+    }
+    let list = &spec["paths"]["/v1/refunds"]["get"];
+    assert!(list["parameters"].is_null(), "{list}");
+    assert!(list["responses"].get("409").is_none(), "{list}");
+}

@@ -27,6 +27,8 @@ mod layer;
 mod layer_failures;
 #[path = "layer_recording.rs"]
 mod layer_recording;
+#[path = "layer_retention.rs"]
+mod layer_retention;
 // The store conformance suite is behind `test-util`.
 #[path = "cancel_memory.rs"]
 mod cancel_memory;

@@ -7,7 +7,7 @@ use crate::response::{ErrorFormat, RefusalResponse, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::{Store, TransactionalStore};
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
-use http::{Method, StatusCode};
+use http::{HeaderValue, Method, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
@@ -21,6 +21,12 @@ const DEFAULT_RECORD_LIMIT: usize = 1024 * 1024;
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Added to every replayed response: `Idempotent-Replayed: true`.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// Added to every recorded answer and its replays: how many seconds the
+/// store keeps a key's record after its first response was recorded
+/// ([`Store::retention`], whole seconds). See
+/// [`IdempotencyLayer::with_retention_header`].
+pub const IDEMPOTENCY_KEY_RETENTION: HeaderName =
+    HeaderName::from_static("idempotency-key-retention");
 
 /// Applies [`IdempotencyService`] to a service: retries with the same
 /// `Idempotency-Key` replay the first response instead of running again.
@@ -46,6 +52,8 @@ pub(crate) struct Config<E, P> {
     pub(crate) wait_timeout: Duration,
     pub(crate) replayed_headers: Vec<HeaderName>,
     pub(crate) responder: Responder,
+    /// `Idempotency-Key-Retention`'s value, if it is sent.
+    pub(crate) retention_header: Option<HeaderValue>,
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
     pub(crate) max_in_flight: Option<usize>,
@@ -85,6 +93,7 @@ impl IdempotencyLayer {
     ) -> Self {
         Self {
             config: Arc::new(Config {
+                retention_header: retention_header(&*store),
                 store,
                 header: IDEMPOTENCY_KEY,
                 methods: vec![Method::POST, Method::PATCH],
@@ -107,6 +116,14 @@ impl IdempotencyLayer {
             }),
         }
     }
+}
+
+/// The store's retention in whole seconds (rounded down: the record is kept
+/// at least that long), or nothing for a store that does not say.
+fn retention_header(store: &dyn Store) -> Option<HeaderValue> {
+    store
+        .retention()
+        .map(|retention| HeaderValue::from(retention.as_secs()))
 }
 
 impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
@@ -150,6 +167,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
             wait_timeout,
             replayed_headers,
             responder,
+            retention_header,
             cancel_on_drop,
             in_flight,
             max_in_flight,
@@ -170,6 +188,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
                 wait_timeout,
                 replayed_headers,
                 responder,
+                retention_header,
                 cancel_on_drop,
                 in_flight,
                 max_in_flight,
@@ -274,6 +293,24 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// every layer sharing that [`InFlight`].
     pub fn with_max_in_flight(mut self, max: usize) -> Self {
         self.config_mut().max_in_flight = Some(max);
+        self
+    }
+
+    /// Whether recorded answers carry `Idempotency-Key-Retention: <seconds>`
+    /// (default `true`): the first response the cache policy records and
+    /// every replay of it say how long the store keeps the key's record after
+    /// that first response (the store's [`retention`](Store::retention), in
+    /// whole seconds; a store that does not say sends none). A client can
+    /// retry under the same key within that time without agreeing with the
+    /// server's clock. The value is the same on every answer, so a replay
+    /// still matches its first answer; it is never stored in the record.
+    /// Refusals and responses the policy does not record never carry it.
+    pub fn with_retention_header(mut self, send: bool) -> Self {
+        let config = self.config_mut();
+        config.retention_header = match send {
+            true => retention_header(&*config.store),
+            false => None,
+        };
         self
     }
 

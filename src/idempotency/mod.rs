@@ -115,5 +115,7 @@ mod warn_once;
 
 pub use claimed::InFlight;
 pub use future::ResponseFuture;
-pub use layer::{IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+pub use layer::{
+    IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED,
+};
 pub use service::IdempotencyService;

@@ -11,14 +11,14 @@
 use super::claimed::Running;
 use super::layer::Config;
 use super::record::{self, Copy, Few, Read, Recorder, Rest};
-use super::service::{recorded_headers, Answer};
+use super::service::{advertise_retention, recorded_headers, Answer};
 use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::engine::claim::ClaimGuard;
 use crate::policy::CachePolicy;
 use crate::telemetry::Outcome;
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response};
 use http_body::Body;
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -165,7 +165,7 @@ where
             }))
         }
     };
-    let (res_parts, res_body) = response.into_parts();
+    let (mut res_parts, res_body) = response.into_parts();
     if !config.policy.should_record(&res_parts) {
         warn_once::not_recorded(&config.warned, res_parts.status, path);
         let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
@@ -184,6 +184,8 @@ where
         status: res_parts.status,
         headers: recorded_headers(&config.replayed_headers, &res_parts),
     };
+    // Added after the record's headers were taken, once the key is known to be kept.
+    let retention = config.retention_header.clone();
     // What the body has ready now: most bodies are whole at once and are
     // recorded before the answer, as they are replayed.
     let mut body = Box::pin(res_body);
@@ -193,6 +195,7 @@ where
             let concluded = record::conclude(end, copy, frames, Some(recorder));
             Next::Finish(Box::pin(async move {
                 let (body, outcome) = concluded.await;
+                kept(&mut res_parts, retention.as_ref(), &outcome);
                 (Ok(Response::from_parts(res_parts, body)), outcome)
             }))
         }
@@ -212,14 +215,25 @@ where
             };
             match handed_over {
                 Ok(frames) => {
+                    // Its head goes now: the recording that follows keeps the key.
+                    advertise_retention(&mut res_parts, retention.as_ref());
                     let response = Response::from_parts(res_parts, ResponseBody::streamed(frames));
                     Next::Answer((Ok(response), Outcome::Claimed))
                 }
                 Err(rest) => Next::Finish(Box::pin(async move {
                     let (body, outcome) = record::finish_here(*rest).await;
+                    kept(&mut res_parts, retention.as_ref(), &outcome);
                     (Ok(Response::from_parts(res_parts, body)), outcome)
                 })),
             }
         }
+    }
+}
+
+/// Advertises the retention on an answer whose key was completed (recorded,
+/// or kept as "response unavailable"), not on one the store failed to take.
+fn kept(parts: &mut http::response::Parts, retention: Option<&HeaderValue>, outcome: &Outcome) {
+    if !matches!(outcome, Outcome::StoreError) {
+        advertise_retention(parts, retention);
     }
 }

@@ -1,6 +1,6 @@
 use super::claimed::{kept_alive, Running};
 use super::future::ResponseFuture;
-use super::layer::{Config, IDEMPOTENT_REPLAYED};
+use super::layer::{Config, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED};
 use super::plain::RunClaimed;
 use super::record::{self, Copy, Few, Read, Rest};
 use super::warn_once;
@@ -186,7 +186,10 @@ where
         .await
         {
             Decision::Claimed(token, opened) => (token, opened),
-            Decision::Replay(stored) => return (Ok(replay(&stored)), Outcome::Replayed),
+            Decision::Replay(stored) => {
+                let answer = replay(&stored, config.retention_header.as_ref());
+                return (Ok(answer), Outcome::Replayed);
+            }
             Decision::Mismatch => return refuse(Refusal::KeyReuse),
             Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
             Decision::InProgress => return refuse(Refusal::InProgress),
@@ -324,7 +327,7 @@ where
                 return (Err(error), Outcome::Released);
             }
         };
-        let (res_parts, res_body) = response.into_parts();
+        let (mut res_parts, res_body) = response.into_parts();
         if !config.policy.should_record(&res_parts) {
             warn_once::not_recorded(&config.warned, res_parts.status, uri.path());
             transaction.rollback().await;
@@ -353,6 +356,8 @@ where
                     return refuse(Refusal::OutcomeUnknown);
                 }
                 let _ = claim.keep();
+                // The key is kept as long as a recorded one (retries get `410`).
+                advertise_retention(&mut res_parts, config.retention_header.as_ref());
                 let rest = Rest {
                     body,
                     copy,
@@ -378,6 +383,7 @@ where
         match transaction.commit(stored).await {
             Ok(()) => {
                 let _ = claim.keep();
+                advertise_retention(&mut res_parts, config.retention_header.as_ref());
                 let response = Response::from_parts(res_parts, ResponseBody::full(body));
                 (Ok(response), Outcome::Claimed)
             }
@@ -410,7 +416,17 @@ pub(crate) fn recorded_headers(
         .collect()
 }
 
-fn replay<B>(stored: &StoredResponse) -> Answer<B> {
+/// Adds `Idempotency-Key-Retention` to an answer whose key is kept, after
+/// its record's headers were taken: it is never part of the record.
+pub(crate) fn advertise_retention(parts: &mut http::response::Parts, value: Option<&HeaderValue>) {
+    if let Some(value) = value {
+        parts
+            .headers
+            .insert(IDEMPOTENCY_KEY_RETENTION, value.clone());
+    }
+}
+
+fn replay<B>(stored: &StoredResponse, retention: Option<&HeaderValue>) -> Answer<B> {
     let mut response = Response::new(ResponseBody::full(stored.body.clone()));
     *response.status_mut() = stored.status;
     let headers = response.headers_mut();
@@ -418,5 +434,8 @@ fn replay<B>(stored: &StoredResponse) -> Answer<B> {
         headers.append(name.clone(), value.clone());
     }
     headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    if let Some(retention) = retention {
+        headers.insert(IDEMPOTENCY_KEY_RETENTION, retention.clone());
+    }
     response
 }

@@ -561,6 +561,10 @@ impl Store for MemoryStore {
         self.shared.config.lock_timeout
     }
 
+    fn retention(&self) -> Option<Duration> {
+        Some(self.shared.config.retention)
+    }
+
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let now = self.now();
         let id = self.shared.ids.of(key);

@@ -218,6 +218,14 @@ pub trait Store: Send + Sync + 'static {
     /// it, and a store stall of up to 9/10 of it does not lose them.
     fn lock_timeout(&self) -> Duration;
 
+    /// How long a completed record is kept, from its completion: for that
+    /// long a retry of the same request replays it. The layer advertises it
+    /// (`Idempotency-Key-Retention`) on the answers it records and replays.
+    /// `None` (the default, for stores that do not say) advertises nothing.
+    fn retention(&self) -> Option<Duration> {
+        None
+    }
+
     /// Extends a claim's lock to [`lock_timeout`](Store::lock_timeout) from now
     /// (on the store's clock), if `token` still owns the claim; otherwise fails
     /// with [`StoreError::ClaimLost`] and changes nothing. The layer calls it
@@ -374,6 +382,10 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 
     fn lock_timeout(&self) -> Duration {
         (**self).lock_timeout()
+    }
+
+    fn retention(&self) -> Option<Duration> {
+        (**self).retention()
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {

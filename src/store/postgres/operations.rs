@@ -133,6 +133,10 @@ impl Store for PostgresStore {
         self.inner.config.lock_timeout
     }
 
+    fn retention(&self) -> Option<Duration> {
+        Some(self.inner.config.retention)
+    }
+
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());

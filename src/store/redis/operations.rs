@@ -372,6 +372,10 @@ impl Store for RedisStore {
         self.inner.config.lock_timeout
     }
 
+    fn retention(&self) -> Option<Duration> {
+        Some(self.inner.config.retention)
+    }
+
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
         let names = inner.names(key);
