@@ -10,7 +10,7 @@
 //! that TTL. `purge_scope` drops a scope's entries here at once; the stores
 //! tell their other instances through the wake-up channel they already run.
 
-use super::{Begin, RecordKey, StoredResponse};
+use super::{Begin, FencingToken, RecordKey, StoredResponse};
 use crate::Scope;
 use dashmap::DashMap;
 use std::collections::VecDeque;
@@ -80,6 +80,46 @@ pub(crate) const MAX_REMEMBERED_CLAIMS: usize = 65_536;
 
 /// What an entry costs beyond its response's bytes (key, maps, queue).
 const ENTRY_OVERHEAD: usize = 160;
+
+/// The fingerprints of a store's own claims until they end: a completion knows
+/// only the key and the token, and its record is kept near under the claim's
+/// fingerprint.
+#[derive(Default)]
+pub(crate) struct Claims(DashMap<RecordKey, (FencingToken, [u8; 32])>);
+
+impl Claims {
+    /// `key` was claimed under `token` by a request with `fingerprint`.
+    pub(crate) fn claimed(&self, key: &RecordKey, token: FencingToken, fingerprint: [u8; 32]) {
+        if self.0.len() < MAX_REMEMBERED_CLAIMS {
+            self.0.insert(key.clone(), (token, fingerprint));
+        }
+    }
+
+    /// The claim under `token` ended without a record (released, lost).
+    pub(crate) fn forget(&self, key: &RecordKey, token: FencingToken) -> Option<[u8; 32]> {
+        let (_, (_, fingerprint)) = self.0.remove_if(key, |_, (ours, _)| *ours == token)?;
+        Some(fingerprint)
+    }
+
+    /// The claim under `token` ended: its record, if `completed` says what it
+    /// is, is kept in `cache` until `expires`.
+    pub(crate) fn completed(
+        &self,
+        cache: Option<&Cache>,
+        key: &RecordKey,
+        token: FencingToken,
+        completed: Option<Completed>,
+        expires: Instant,
+        epoch: u64,
+    ) {
+        let Some(fingerprint) = self.forget(key, token) else {
+            return;
+        };
+        if let (Some(cache), Some(completed)) = (cache, completed) {
+            cache.insert(key, fingerprint, completed, expires, epoch);
+        }
+    }
+}
 
 /// A completed record's answer, as `begin` would give it.
 #[derive(Clone, Debug)]

@@ -52,13 +52,12 @@ use self::single_flight::{Flights, Leader};
 use self::sql::{is_identifier, Sql};
 use self::wait::{listener_connect, ListenerConnect};
 use super::encoding::decode_headers;
-use super::near_cache::{Cache, Completed, NearCache, MAX_REMEMBERED_CLAIMS};
+use super::near_cache::{Cache, Claims, Completed, NearCache};
 use super::waiters::Waits;
 use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::body::BoxError;
 use crate::limits;
 use bytes::Bytes;
-use dashmap::DashMap;
 use deadpool_postgres::{Object, Pool};
 use http::StatusCode;
 use sha2::{Digest, Sha256};
@@ -138,7 +137,7 @@ struct Inner {
     /// Completed records this instance wrote or read (see [`NearCache`]).
     near_cache: Option<Cache>,
     /// The fingerprints of this instance's plain-mode claims, until completed.
-    claims: DashMap<RecordKey, (FencingToken, [u8; 32])>,
+    claims: Claims,
 }
 
 #[derive(Clone)]
@@ -215,7 +214,7 @@ impl PostgresStore {
                 waits: Waits::default(),
                 flights: Flights::default(),
                 stats: Stats::default(),
-                claims: DashMap::new(),
+                claims: Claims::default(),
             }),
         }
     }
@@ -518,12 +517,7 @@ impl Inner {
             return;
         };
         match begun {
-            // Bounded: a claim whose completion never reaches the store stays
-            // here; past the bound, new claims are simply not kept near.
-            Begin::Claimed(token) if self.claims.len() < MAX_REMEMBERED_CLAIMS => {
-                self.claims.insert(key.clone(), (*token, fp));
-            }
-            Begin::Claimed(_) => {}
+            Begin::Claimed(token) => self.claims.claimed(key, *token, fp),
             _ => self.remember_read(key, &fp, begun, row, sent, epoch),
         }
     }
@@ -555,12 +549,10 @@ impl Inner {
         sent: tokio::time::Instant,
         epoch: u64,
     ) {
-        let Some((_, (_, fp))) = self.claims.remove_if(key, |_, (ours, _)| *ours == token) else {
-            return;
-        };
-        if let (Some(cache), Some(completed)) = (self.near(), completed) {
-            cache.insert(key, fp, completed, sent + self.config.retention, epoch);
-        }
+        let expires = sent + self.config.retention;
+        let near = self.near();
+        self.claims
+            .completed(near, key, token, completed, expires, epoch);
     }
 
     /// The lock's remaining time on the database's clock, if `key` is in progress.

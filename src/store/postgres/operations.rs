@@ -147,7 +147,7 @@ impl Store for PostgresStore {
                     .query(&client, &inner.sql.extend, &[&scope, &k, &token.0])
                     .await?;
                 if rows.is_empty() {
-                    inner.claims.remove_if(key, |_, (ours, _)| *ours == token);
+                    inner.claims.forget(key, token);
                     return Err(StoreError::ClaimLost);
                 }
                 Ok(())
@@ -159,7 +159,7 @@ impl Store for PostgresStore {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
         let id = key_id(key);
-        inner.claims.remove_if(key, |_, (ours, _)| *ours == token);
+        inner.claims.forget(key, token);
         inner
             .timed(async {
                 let client = inner.client().await?;

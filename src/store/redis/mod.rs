@@ -37,11 +37,10 @@ mod scripts;
 pub use self::eviction::RedisStoreBuilder;
 use self::scripts::Scripts;
 use super::encoding::hex;
-use super::near_cache::{Cache, Completed, NearCache, MAX_REMEMBERED_CLAIMS};
+use super::near_cache::{Cache, Claims, Completed, NearCache};
 use super::waiters::Waits;
 use super::{Begin, FencingToken, RecordKey, StoreError};
 use crate::limits;
-use dashmap::DashMap;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -115,7 +114,7 @@ struct Inner {
     near_cache: Option<Cache>,
     /// The fingerprints of this instance's claims, until completed (`complete`
     /// knows only the key and token).
-    claims: DashMap<RecordKey, (FencingToken, [u8; 32])>,
+    claims: Claims,
 }
 
 #[derive(Clone)]
@@ -289,7 +288,7 @@ impl RedisStore {
                 waits: Waits::default(),
                 stats: Stats::default(),
                 near_cache,
-                claims: DashMap::new(),
+                claims: Claims::default(),
             }),
         }
     }
@@ -498,9 +497,7 @@ impl Inner {
         let Some(cache) = self.near() else { return };
         let completed = match begun {
             Begin::Claimed(token) => {
-                if self.claims.len() < MAX_REMEMBERED_CLAIMS {
-                    self.claims.insert(key.clone(), (*token, *fp));
-                }
+                self.claims.claimed(key, *token, *fp);
                 return;
             }
             Begin::Replay(stored) => Completed::Response(stored.clone()),
@@ -523,20 +520,14 @@ impl Inner {
         sent: tokio::time::Instant,
         epoch: u64,
     ) {
-        let Some((_, (_, fp))) = self.forget_claim(key, token) else {
-            return;
-        };
-        if let (Some(cache), Some(completed)) = (self.near(), completed) {
-            cache.insert(key, fp, completed, sent + self.config.retention, epoch);
-        }
+        let expires = sent + self.config.retention;
+        let near = self.near();
+        self.claims
+            .completed(near, key, token, completed, expires, epoch);
     }
 
-    fn forget_claim(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Option<(RecordKey, (FencingToken, [u8; 32]))> {
-        self.claims.remove_if(key, |_, (ours, _)| *ours == token)
+    fn forget_claim(&self, key: &RecordKey, token: FencingToken) {
+        self.claims.forget(key, token);
     }
 }
 
