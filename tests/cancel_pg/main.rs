@@ -53,12 +53,17 @@ impl PgProbe {
         row.get::<_, i64>(0) as usize
     }
 
+    /// Connections idle inside a transaction for over half a second: longer
+    /// than any live owner pauses between its statements here (its handler's
+    /// writes, a background `ROLLBACK`), which a connection leaked by a cut
+    /// exceeds forever.
     async fn idle_in_transaction(&self) -> Vec<String> {
         let rows = self
             .monitor
             .query(
                 "SELECT pid, state, query, (now() - xact_start)::text FROM pg_stat_activity \
-                 WHERE application_name = $1 AND state LIKE 'idle in transaction%'",
+                 WHERE application_name = $1 AND state LIKE 'idle in transaction%' \
+                 AND now() - state_change > interval '500 milliseconds'",
                 &[&self.application_name],
             )
             .await
