@@ -438,6 +438,8 @@ impl RecordTransaction for PgRecordTransaction {
     }
 
     async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError> {
+        // Shared with the near cache once committed: no copy of the response.
+        let response = Arc::new(response);
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
         let status = response.status.as_u16() as i16;
         let headers = crate::store::encoding::encode_headers(&response.headers);
@@ -445,7 +447,7 @@ impl RecordTransaction for PgRecordTransaction {
         let id = crate::store::encoding::key_id(&self.key);
         let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
             [&scope, &k, &self.token.0, &status, &headers, &body, &id];
-        let stored = || Completed::Response(Arc::new(response.clone()));
+        let stored = || Completed::Response(response.clone());
         self.complete_and_commit(&self.inner.sql.complete_locked, &params, stored)
             .await
     }
