@@ -67,16 +67,8 @@ pub struct PostgresTransaction {
 }
 
 /// The transaction's connection until the layer ends the transaction. Dropped
-/// while still holding it (by the last clone of the handle), it discards it.
-struct Held(Option<Object>);
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        if let Some(connection) = self.0.take() {
-            discard(connection);
-        }
-    }
-}
+/// while still holding it (by the last clone of the handle), its guard closes it.
+struct Held(Option<Guarded>);
 
 impl std::fmt::Debug for PostgresTransaction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -104,7 +96,7 @@ impl Deref for TransactionClient {
     type Target = tokio_postgres::Client;
 
     fn deref(&self) -> &tokio_postgres::Client {
-        self.0 .0.as_ref().expect("checked in client()")
+        self.0 .0.as_ref().expect("checked in client()").client()
     }
 }
 
@@ -176,10 +168,6 @@ impl Guarded {
     /// Its transaction is known to have ended: back to the pool.
     fn ended(mut self) {
         drop(self.0.take());
-    }
-
-    fn into_inner(mut self) -> Object {
-        self.0.take().expect("held until ended")
     }
 }
 
@@ -365,7 +353,7 @@ impl PgRecordTransaction {
             holds_claim,
             fingerprint: None,
             handle: PostgresTransaction {
-                connection: Arc::new(Mutex::new(Held(Some(connection.into_inner())))),
+                connection: Arc::new(Mutex::new(Held(Some(connection)))),
             },
         }
     }
@@ -413,14 +401,7 @@ impl PgRecordTransaction {
             .inner
             .timed(async {
                 // Guarded before this future can be dropped again.
-                Ok(self
-                    .handle
-                    .connection
-                    .lock()
-                    .await
-                    .0
-                    .take()
-                    .map(Guarded::new))
+                Ok(self.handle.connection.lock().await.0.take())
             })
             .await?;
         taken.ok_or_else(|| backend("the request's transaction has ended"))
@@ -477,9 +458,7 @@ impl Drop for PgRecordTransaction {
         // Neither committed nor rolled back (a panic, a cancelled handler).
         // At once if no clone of the handle is using it, else when the last goes.
         if let Ok(mut held) = self.handle.connection.try_lock() {
-            if let Some(connection) = held.0.take() {
-                discard(connection);
-            }
+            drop(held.0.take());
         }
     }
 }
