@@ -421,73 +421,76 @@ async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
     let Some(url) = pg::database_url("transactional_round_trips") else {
         return;
     };
-    let (store, table) = setup(&url, Duration::from_secs(10), 1).await;
+    // Two instances on one table, one pooled connection each: a statement still
+    // under way in the background (a replay's rollback) holds it.
+    let instance = |table: Option<&str>| {
+        let pool = pg::pool(pg::pg_config(&url), 1);
+        let store = PostgresStore::new(pool.clone())
+            .with_table(&table.map_or_else(|| pg::unique_table("exactly_once"), str::to_owned))
+            .with_lock_timeout(Duration::from_secs(10))
+            .with_listener(pg::pg_config(&url));
+        (store, pool)
+    };
+    let (store, pool) = instance(None);
+    store.migrate().await.unwrap();
+    let (other, other_pool) = instance(Some(store.table().split_once('.').unwrap().1));
     let effects = Effects {
         pool: None,
-        table: table.clone(),
+        table: effects_table(&url).await,
         step: Duration::ZERO,
     };
-    // Another instance on the same table.
-    let other = PostgresStore::new(pg::pool(pg::pg_config(&url), 1))
-        .with_table(store.table().split_once('.').unwrap().1)
-        .with_lock_timeout(Duration::from_secs(10))
-        .with_listener(pg::pg_config(&url));
     let other_app = app(
         IdempotencyLayer::transactional(other.clone()),
         effects.clone(),
     );
     let app = app(IdempotencyLayer::transactional(store.clone()), effects);
+    // Listening (the near cache is used only then), and nothing left under way.
+    let settled = |store: &PostgresStore, pool: &deadpool_postgres::Pool| {
+        let (store, pool) = (store.clone(), pool.clone());
+        async move {
+            timeout(PATIENCE, async {
+                while !store.is_listening() || pool.status().available != 1 {
+                    sleep(Duration::from_millis(5)).await;
+                }
+            })
+            .await
+            .expect("listening, with the connection back in the pool");
+            store.round_trips()
+        }
+    };
     for i in 0..2 {
         send(&app, &format!("order-warm-{i}"), None).await; // prepares on the one connection
     }
-    timeout(PATIENCE, async {
-        while !store.is_listening() {
-            sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap();
-    let before = store.round_trips();
+    let before = settled(&store, &pool).await;
     assert_eq!(
         send(&app, "order-trips-1", None).await.0,
         StatusCode::CREATED
     );
     assert_eq!(
-        store.round_trips() - before,
+        settled(&store, &pool).await - before,
         2,
         "fresh: BEGIN+claim, UPDATE+COMMIT"
     );
-    let before = store.round_trips();
+    let before = settled(&store, &pool).await;
     assert!(send(&app, "order-trips-1", None).await.2);
     assert_eq!(
-        store.round_trips() - before,
+        settled(&store, &pool).await - before,
         0,
         "recorded here: answered near"
     );
 
     send(&other_app, "order-warm-0", None).await; // prepares, and starts the listener
-    timeout(PATIENCE, async {
-        while !other.is_listening() {
-            sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap();
-    let before = other.round_trips();
+    let before = settled(&other, &other_pool).await;
     assert!(send(&other_app, "order-trips-1", None).await.2);
-    // The replay's answer needs one; the transaction opened for nothing is
-    // rolled back after it (one more, off the answer's path).
-    timeout(PATIENCE, async {
-        while other.round_trips() - before < 2 {
-            sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await
-    .unwrap();
-    assert_eq!(other.round_trips() - before, 2);
-    let before = other.round_trips();
+    // The replay's answer needs one, the rollback after it one more.
+    assert_eq!(settled(&other, &other_pool).await - before, 2);
+    let before = settled(&other, &other_pool).await;
     assert!(send(&other_app, "order-trips-1", None).await.2);
-    assert_eq!(other.round_trips() - before, 0, "read once: answered near");
+    assert_eq!(
+        settled(&other, &other_pool).await - before,
+        0,
+        "read once: answered near"
+    );
 }
 
 /// Transactional mode, a response over the record limit: the writes commit

@@ -63,8 +63,10 @@ use http::StatusCode;
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::future::Future;
+use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
@@ -445,6 +447,28 @@ impl Inner {
         client.query(&statement, params).await.map_err(backend)
     }
 
+    /// Runs `sql` and, pipelined in the same round trip, wakes the waiters of
+    /// the key whose id is `id` (after `sql` committed: see `Sql::notify`).
+    async fn query_then_notify(
+        &self,
+        client: &Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        id: &str,
+    ) -> Result<Vec<Row>, StoreError> {
+        let statement = self.prepare(client, sql).await?;
+        let notify = self.prepare(client, &self.sql.notify).await?;
+        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+        let (rows, notified) = pipelined(
+            client.query(&statement, params),
+            client.execute(&notify, &[&id]),
+        )
+        .await;
+        let rows = rows.map_err(backend)?;
+        notified.map_err(backend)?;
+        Ok(rows)
+    }
+
     async fn execute(
         &self,
         client: &Object,
@@ -573,4 +597,31 @@ impl Inner {
         })
         .await
     }
+}
+
+/// Polls both futures together, so that two statements on one connection are
+/// pipelined in one round trip (tokio-postgres sends a request when polled).
+pub(super) async fn pipelined<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+    let (mut a, mut b) = (pin!(a), pin!(b));
+    let (mut ra, mut rb) = (None, None);
+    std::future::poll_fn(|cx| {
+        if ra.is_none() {
+            if let Poll::Ready(v) = a.as_mut().poll(cx) {
+                ra = Some(v);
+            }
+        }
+        if rb.is_none() {
+            if let Poll::Ready(v) = b.as_mut().poll(cx) {
+                rb = Some(v);
+            }
+        }
+        match (ra.take(), rb.take()) {
+            (Some(a), Some(b)) => Poll::Ready((a, b)),
+            (a, b) => {
+                (ra, rb) = (a, b);
+                Poll::Pending
+            }
+        }
+    })
+    .await
 }

@@ -71,13 +71,14 @@ impl Store for PostgresStore {
         let headers = encode_headers(&response.headers);
         let body: &[u8] = &response.body;
         let id = key_id(key);
-        let params: [&(dyn ToSql + Sync); 7] =
-            [&scope, &k, &token.0, &status, &headers, &body, &id];
+        let params: [&(dyn ToSql + Sync); 6] = [&scope, &k, &token.0, &status, &headers, &body];
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let completed = inner
             .timed(async {
                 let client = inner.client().await?;
-                let rows = inner.query(&client, &inner.sql.complete, &params).await?;
+                let rows = inner
+                    .query_then_notify(&client, &inner.sql.complete, &params, &id)
+                    .await?;
                 if rows.is_empty() {
                     return Err(StoreError::ClaimLost);
                 }
@@ -108,10 +109,9 @@ impl Store for PostgresStore {
         let completed = inner
             .timed(async {
                 let client = inner.client().await?;
-                let params: [&(dyn ToSql + Sync); 4] = [&scope, &k, &token.0, &id];
-                let rows = inner
-                    .query(&client, &inner.sql.complete_unavailable, &params)
-                    .await?;
+                let params: [&(dyn ToSql + Sync); 3] = [&scope, &k, &token.0];
+                let sql = &inner.sql.complete_unavailable;
+                let rows = inner.query_then_notify(&client, sql, &params, &id).await?;
                 if rows.is_empty() {
                     return Err(StoreError::ClaimLost);
                 }
@@ -163,8 +163,9 @@ impl Store for PostgresStore {
         inner
             .timed(async {
                 let client = inner.client().await?;
+                let params: [&(dyn ToSql + Sync); 3] = [&scope, &k, &token.0];
                 inner
-                    .query(&client, &inner.sql.release, &[&scope, &k, &token.0, &id])
+                    .query_then_notify(&client, &inner.sql.release, &params, &id)
                     .await?;
                 Ok(())
             })

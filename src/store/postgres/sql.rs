@@ -58,6 +58,12 @@ pub(super) struct Sql {
     pub(super) channel: String,
     /// Tells every instance's listener that records were purged.
     pub(super) notify_purge: String,
+    /// Wakes a key's waiters (`$1`: its id). Never in a transaction that
+    /// writes: PostgreSQL serialises the commits of notifying transactions
+    /// (one global lock, held through the commit's WAL flush), so a NOTIFY
+    /// beside the completion would make every completion wait for the
+    /// previous one's disk write. Alone, it commits without a flush.
+    pub(super) notify: String,
 }
 
 /// The payload of a purge's notification (a key's wake-up is a hex id).
@@ -191,16 +197,15 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
        OR (SELECT held FROM held))"#
         );
 
-        // A completion, fenced by the claim's token, and its notification. In
-        // the handler's transaction (`locked`) it also fails unless it completed
-        // the claim (a division by zero), so that the COMMIT pipelined after it
-        // rolls back instead: the handler's writes never commit unrecorded.
-        let completion = |set: &str, id: &str, locked: bool| {
+        // A completion, fenced by the claim's token. In the handler's
+        // transaction (`locked`) it also fails unless it completed the claim (a
+        // division by zero), so that the COMMIT pipelined after it rolls back
+        // instead: the handler's writes never commit unrecorded. Its waiters are
+        // notified by a statement of its own after the commit (see `notify`).
+        let completion = |set: &str, locked: bool| {
             let select = match locked {
-                true => format!(
-                    "SELECT 1 / (SELECT count(*)::int FROM done), pg_notify('{channel}', {id})"
-                ),
-                false => format!("SELECT pg_notify('{channel}', {id}) FROM done"),
+                true => "SELECT 1 / (SELECT count(*)::int FROM done)",
+                false => "SELECT 1 FROM done",
             };
             format!(
                 r#"WITH done AS (
@@ -214,10 +219,10 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         };
         let response = "state = 'completed', status = $4, headers = $5, body = $6";
         let unavailable = "state = 'unavailable'";
-        let complete = completion(response, "$7", false);
-        let complete_locked = completion(response, "$7", true);
-        let complete_unavailable = completion(unavailable, "$4", false);
-        let complete_locked_unavailable = completion(unavailable, "$4", true);
+        let complete = completion(response, false);
+        let complete_locked = completion(response, true);
+        let complete_unavailable = completion(unavailable, false);
+        let complete_locked_unavailable = completion(unavailable, true);
 
         let extend = format!(
             r#"UPDATE {t}
@@ -227,12 +232,8 @@ RETURNING 1"#
         );
 
         let release = format!(
-            r#"WITH gone AS (
-    DELETE FROM {t}
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-    RETURNING 1
-)
-SELECT pg_notify('{channel}', $4) FROM gone"#
+            r#"DELETE FROM {t}
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'"#
         );
 
         // A claim past its lock whose row a transaction still holds is in progress
@@ -304,6 +305,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             listen,
             channel: channel.to_owned(),
             notify_purge: format!("SELECT pg_notify('{channel}', '{PURGED}')"),
+            notify: format!("SELECT pg_notify('{channel}', $1)"),
         }
     }
 }
@@ -323,6 +325,34 @@ mod tests {
         ] {
             assert!(!is_identifier(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn no_statement_that_writes_also_notifies() {
+        // A NOTIFY in a writing transaction holds PostgreSQL's global notify
+        // lock through that transaction's WAL flush: commits go one at a time.
+        let sql = Sql::new(
+            "public",
+            "records",
+            "chan",
+            Duration::from_secs(10),
+            Duration::from_secs(60),
+        );
+        let writers = [
+            &sql.begin,
+            &sql.complete,
+            &sql.complete_locked,
+            &sql.complete_unavailable,
+            &sql.complete_locked_unavailable,
+            &sql.extend,
+            &sql.release,
+            &sql.purge,
+            &sql.purge_scope,
+        ];
+        for statement in writers {
+            assert!(!statement.contains("pg_notify"), "{statement}");
+        }
+        assert!(sql.notify.contains("pg_notify") && !sql.notify.contains("UPDATE"));
     }
 
     #[test]

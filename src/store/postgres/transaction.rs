@@ -22,7 +22,7 @@
 //! transaction.
 
 use super::single_flight::{Join, Landed, Leader};
-use super::{backend, Inner, PostgresStore};
+use super::{backend, pipelined, Inner, PostgresStore};
 use crate::store::near_cache::Completed;
 use crate::store::{
     Begin, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
@@ -31,12 +31,9 @@ use crate::store::{
 use crate::RequestFingerprint;
 use async_trait::async_trait;
 use deadpool_postgres::Object;
-use std::future::Future;
 use std::ops::Deref;
-use std::pin::pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::task::Poll;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 
 /// The transaction a claimed request's handler writes through, in its
@@ -110,33 +107,6 @@ impl std::fmt::Debug for TransactionClient {
 /// closing it makes PostgreSQL roll back whatever was left open.
 fn discard(connection: Object) {
     drop(Object::take(connection));
-}
-
-/// Polls both futures together, so that two statements on one connection are
-/// pipelined in one round trip (tokio-postgres sends a request when polled).
-async fn pipelined<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
-    let (mut a, mut b) = (pin!(a), pin!(b));
-    let (mut ra, mut rb) = (None, None);
-    std::future::poll_fn(|cx| {
-        if ra.is_none() {
-            if let Poll::Ready(v) = a.as_mut().poll(cx) {
-                ra = Some(v);
-            }
-        }
-        if rb.is_none() {
-            if let Poll::Ready(v) = b.as_mut().poll(cx) {
-                rb = Some(v);
-            }
-        }
-        match (ra.take(), rb.take()) {
-            (Some(a), Some(b)) => Poll::Ready((a, b)),
-            (a, b) => {
-                (ra, rb) = (a, b);
-                Poll::Pending
-            }
-        }
-    })
-    .await
 }
 
 struct PgRecordTransaction {
@@ -358,10 +328,11 @@ impl PgRecordTransaction {
         }
     }
 
-    /// Runs the completion `sql` pipelined with `COMMIT`. The completion fails
-    /// (and so aborts the transaction, which turns the COMMIT into a rollback)
-    /// unless it matched the claim: the handler's writes never commit
-    /// unrecorded.
+    /// Runs the completion `sql` pipelined with `COMMIT` and, after it, the
+    /// key's wake-up (never inside the transaction: see `Sql::notify`). The
+    /// completion fails (and so aborts the transaction, which turns the COMMIT
+    /// into a rollback) unless it matched the claim: the handler's writes never
+    /// commit unrecorded.
     async fn complete_and_commit(
         &self,
         sql: &str,
@@ -371,13 +342,15 @@ impl PgRecordTransaction {
         let inner = &self.inner;
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let connection = self.take_connection().await?;
+        let id = crate::store::encoding::key_id(&self.key);
+        let commit = format!("COMMIT; SELECT pg_notify('{}', '{id}')", inner.sql.channel);
         let committed = inner
             .timed(async {
                 let statement = inner.prepare(connection.client(), sql).await?;
                 inner.count_round_trips(1);
                 let (completed, commit) = pipelined(
                     connection.client().query(&statement, params),
-                    connection.client().batch_execute("COMMIT"),
+                    connection.client().batch_execute(&commit),
                 )
                 .await;
                 completed.map_err(backend)?;
@@ -425,9 +398,8 @@ impl RecordTransaction for PgRecordTransaction {
         let status = response.status.as_u16() as i16;
         let headers = crate::store::encoding::encode_headers(&response.headers);
         let body: &[u8] = &response.body;
-        let id = crate::store::encoding::key_id(&self.key);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-            [&scope, &k, &self.token.0, &status, &headers, &body, &id];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+            [&scope, &k, &self.token.0, &status, &headers, &body];
         let stored = || Completed::Response(response.clone());
         self.complete_and_commit(&self.inner.sql.complete_locked, &params, stored)
             .await
@@ -435,9 +407,7 @@ impl RecordTransaction for PgRecordTransaction {
 
     async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError> {
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
-        let id = crate::store::encoding::key_id(&self.key);
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-            [&scope, &k, &self.token.0, &id];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&scope, &k, &self.token.0];
         let sql = &self.inner.sql.complete_locked_unavailable;
         self.complete_and_commit(sql, &params, || Completed::Unavailable)
             .await

@@ -1,8 +1,8 @@
 //! Waiting for a request in progress: `LISTEN`/`NOTIFY` wake-ups (see
 //! `store::waiters` for the re-checks).
 //!
-//! `complete` and `release` send `pg_notify(channel, key_id)` in their own
-//! statement. One dedicated connection per store (not a pooled one: deadpool's
+//! `complete` and `release` send `pg_notify(channel, key_id)` in a statement of
+//! their own after their write (see `Sql::notify`). One dedicated connection per store (not a pooled one: deadpool's
 //! connection tasks drop notifications) LISTENs on the store's channel.
 
 use super::Inner;
