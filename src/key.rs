@@ -1,6 +1,5 @@
 //! Parsing of the `Idempotency-Key` header value.
 
-use crate::response::Refusal;
 use http::header::{GetAll, HeaderValue};
 use std::fmt;
 use std::sync::Arc;
@@ -29,6 +28,17 @@ pub const MAX_KEY_LEN: usize = 128;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(Arc<str>);
 
+/// What is wrong with a request's key header (each has its refusal).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeyProblem {
+    /// No header.
+    Missing,
+    /// More than one value.
+    Repeated,
+    /// A value that is not a key.
+    Invalid,
+}
+
 impl IdempotencyKey {
     /// Parses one header value; `None` when it is not a valid key.
     pub fn parse(value: &[u8]) -> Option<Self> {
@@ -51,18 +61,16 @@ impl IdempotencyKey {
     }
 
     /// As [`from_header_values`](Self::from_header_values), saying what is
-    /// wrong: no header ([`Refusal::KeyRequired`]), more than one
-    /// ([`Refusal::KeyRepeated`]) or a value that is not a key
-    /// ([`Refusal::KeyInvalid`]).
-    pub(crate) fn from_headers(values: GetAll<'_, HeaderValue>) -> Result<Self, Refusal> {
+    /// wrong: no header, more than one, or a value that is not a key.
+    pub(crate) fn from_headers(values: GetAll<'_, HeaderValue>) -> Result<Self, KeyProblem> {
         let mut iter = values.iter();
-        let first = iter.next().ok_or(Refusal::KeyRequired)?;
+        let first = iter.next().ok_or(KeyProblem::Missing)?;
         // Two field lines, or one holding a comma-joined list (`a, b`), are
         // several keys (RFC 9110, section 5.3); ',' is never a key byte.
         if iter.next().is_some() || first.as_bytes().contains(&b',') {
-            return Err(Refusal::KeyRepeated);
+            return Err(KeyProblem::Repeated);
         }
-        Self::parse(first.as_bytes()).ok_or(Refusal::KeyInvalid)
+        Self::parse(first.as_bytes()).ok_or(KeyProblem::Invalid)
     }
 
     /// The key as a string.
@@ -148,19 +156,19 @@ mod tests {
             }
             IdempotencyKey::from_headers(headers.get_all("idempotency-key")).err()
         };
-        assert_eq!(problem(&[]), Some(Refusal::KeyRequired));
+        assert_eq!(problem(&[]), Some(KeyProblem::Missing));
         assert_eq!(problem(&["abcdefgh1"]), None);
         assert_eq!(problem(&["\"abcdefgh1\""]), None);
         let long: &'static str = "a".repeat(300).leak();
         for bad in ["", "1234567", long, "abc defghij", "\"abcdefgh1"] {
-            assert_eq!(problem(&[bad]), Some(Refusal::KeyInvalid), "{bad:?}");
+            assert_eq!(problem(&[bad]), Some(KeyProblem::Invalid), "{bad:?}");
         }
         for list in [
             &["abcdefgh1", "abcdefgh1"][..],
             &["abcdefgh1, abcdefgh2"],
             &["a,"],
         ] {
-            assert_eq!(problem(list), Some(Refusal::KeyRepeated), "{list:?}");
+            assert_eq!(problem(list), Some(KeyProblem::Repeated), "{list:?}");
         }
     }
 }

@@ -251,9 +251,10 @@ pub mod store;
 pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
+pub use engine::in_flight::InFlight;
 pub use engine::Engine;
 pub use fingerprint::{Fingerprint, RequestFingerprint};
-pub use idempotency::{IdempotencyLayer, IdempotencyService, InFlight};
+pub use idempotency::{IdempotencyLayer, IdempotencyService};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 #[cfg(feature = "leases")]
 pub use lease::{Lease, LeaseLayer};

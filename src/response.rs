@@ -1,6 +1,8 @@
 //! Every response the layers build themselves: refusals and replays.
 
 use crate::body::ResponseBody;
+use crate::key::KeyProblem;
+use crate::telemetry::Outcome;
 use bytes::Bytes;
 use http::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
 use http::{Response, StatusCode};
@@ -385,4 +387,29 @@ fn json_bytes(
         .headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     response
+}
+
+impl From<KeyProblem> for Refusal {
+    fn from(problem: KeyProblem) -> Self {
+        match problem {
+            KeyProblem::Missing => Self::KeyRequired,
+            KeyProblem::Repeated => Self::KeyRepeated,
+            KeyProblem::Invalid => Self::KeyInvalid,
+        }
+    }
+}
+
+impl From<Refusal> for Outcome {
+    fn from(refusal: Refusal) -> Self {
+        match refusal {
+            Refusal::KeyReuse => Self::Reused,
+            Refusal::InProgress => Self::InProgress,
+            Refusal::StoreUnavailable | Refusal::OutcomeUnknown => Self::StoreError,
+            Refusal::HandlerFailed => Self::Released,
+            Refusal::ResponseUnavailable => Self::Unavailable,
+            Refusal::QuotaExceeded => Self::OverQuota,
+            Refusal::Overloaded => Self::Shed,
+            _ => Self::Rejected,
+        }
+    }
 }

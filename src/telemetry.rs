@@ -86,22 +86,6 @@ impl Label for Outcome {
     }
 }
 
-impl From<crate::Refusal> for Outcome {
-    fn from(refusal: crate::Refusal) -> Self {
-        use crate::Refusal;
-        match refusal {
-            Refusal::KeyReuse => Self::Reused,
-            Refusal::InProgress => Self::InProgress,
-            Refusal::StoreUnavailable | Refusal::OutcomeUnknown => Self::StoreError,
-            Refusal::HandlerFailed => Self::Released,
-            Refusal::ResponseUnavailable => Self::Unavailable,
-            Refusal::QuotaExceeded => Self::OverQuota,
-            Refusal::Overloaded => Self::Shed,
-            _ => Self::Rejected,
-        }
-    }
-}
-
 /// Runs a decision and emits its closing event and metrics.
 pub(crate) fn observed<F, T, O>(layer: &'static str, decision: F) -> Observed<F>
 where

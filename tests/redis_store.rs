@@ -31,6 +31,7 @@ mod standalone {
     }
 
     tower_idempotency::store_conformance_tests!(redis_store, expires_by_itself);
+    tower_idempotency::engine_conformance_tests!(redis_store);
 }
 
 mod cluster {
@@ -47,6 +48,7 @@ mod cluster {
     }
 
     tower_idempotency::store_conformance_tests!(redis_cluster_store, expires_by_itself);
+    tower_idempotency::engine_conformance_tests!(redis_cluster_store);
 }
 
 type App = tower::util::BoxCloneService<

@@ -48,12 +48,18 @@
 )]
 
 pub(crate) mod claim;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod conformance;
 pub(crate) mod decide;
+pub(crate) mod in_flight;
+pub(crate) mod keep_alive;
+pub(crate) mod record;
 mod run;
 
 pub use self::run::Context;
 
-use crate::idempotency::InFlight;
+use self::in_flight::InFlight;
 use crate::store::{Store, StoreError, TransactionalStore};
 use std::fmt;
 use std::sync::Arc;

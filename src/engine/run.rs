@@ -5,8 +5,8 @@
 use super::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
 use super::decide::{decide, Decision};
 use super::{Engine, EngineError, Identity, OnFailure, Outcome};
-use crate::idempotency::claimed::kept_alive;
-use crate::idempotency::record::Recorder;
+use crate::engine::keep_alive::kept_alive;
+use crate::engine::record::Recorder;
 use crate::store::{FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse};
 use crate::{Fingerprint, IdempotencyKey, RequestFingerprint, Scope};
 use bytes::Bytes;

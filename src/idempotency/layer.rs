@@ -1,6 +1,7 @@
-use super::claimed::InFlight;
+use super::config::{Config, IDEMPOTENCY_KEY};
 use super::service::IdempotencyService;
 use super::warn_once::WarnOnce;
+use crate::engine::in_flight::InFlight;
 use crate::limits;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, RefusalResponse, Responder};
@@ -17,17 +18,6 @@ const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// The default [`IdempotencyLayer::with_record_limit`]: 1 MiB.
 const DEFAULT_RECORD_LIMIT: usize = 1024 * 1024;
 
-/// The `Idempotency-Key` header name.
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-/// Added to every replayed response: `Idempotent-Replayed: true`.
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-/// Added to every recorded answer and its replays: how many seconds the
-/// store keeps a key's record after its first response was recorded
-/// ([`Store::retention`], whole seconds). See
-/// [`IdempotencyLayer::with_retention_header`].
-pub const IDEMPOTENCY_KEY_RETENTION: HeaderName =
-    HeaderName::from_static("idempotency-key-retention");
-
 /// Applies [`IdempotencyService`] to a service: retries with the same
 /// `Idempotency-Key` replay the first response instead of running again.
 ///
@@ -37,30 +27,6 @@ pub struct IdempotencyLayer<E = FromExtension<Scope>, P = CacheCreated> {
     /// Shared, so that `layer` (which axum may call per request) is an `Arc`
     /// clone; the builder methods copy it only if the layer was cloned.
     pub(crate) config: Arc<Config<E, P>>,
-}
-
-#[derive(Clone)]
-pub(crate) struct Config<E, P> {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) header: HeaderName,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) scope: E,
-    pub(crate) policy: P,
-    pub(crate) body_limit: usize,
-    pub(crate) record_limit: usize,
-    pub(crate) body_timeout: Option<Duration>,
-    pub(crate) wait_timeout: Duration,
-    pub(crate) replayed_headers: Vec<HeaderName>,
-    pub(crate) responder: Responder,
-    /// `Idempotency-Key-Retention`'s value, if it is sent.
-    pub(crate) retention_header: Option<HeaderValue>,
-    pub(crate) cancel_on_drop: bool,
-    pub(crate) in_flight: InFlight,
-    pub(crate) max_in_flight: Option<usize>,
-    /// Set by [`IdempotencyLayer::transactional`]: the same store as `store`.
-    pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
-    /// The setup mistakes already warned about, per route.
-    pub(crate) warned: WarnOnce,
 }
 
 impl IdempotencyLayer {
@@ -391,14 +357,6 @@ impl<E, P> std::fmt::Debug for IdempotencyLayer<E, P> {
             .field("methods", &self.config.methods)
             .field("body_limit", &self.config.body_limit)
             .field("wait_timeout", &self.config.wait_timeout)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<E, P> std::fmt::Debug for Config<E, P> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("header", &self.header)
             .finish_non_exhaustive()
     }
 }

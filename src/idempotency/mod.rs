@@ -97,7 +97,6 @@
 //! # }
 //! ```
 
-pub(crate) mod claimed;
 mod future;
 
 /// The layer's contract in full: the order of checks, the decision table,
@@ -107,15 +106,14 @@ mod future;
 #[doc = include_str!("../../docs/idempotency.md")]
 pub mod contract {}
 
+mod answer;
+mod config;
 mod layer;
-mod plain;
-pub(crate) mod record;
+mod run_claimed;
 mod service;
 mod warn_once;
 
-pub use claimed::InFlight;
+pub use config::{IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED};
 pub use future::ResponseFuture;
-pub use layer::{
-    IdempotencyLayer, IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED,
-};
+pub use layer::IdempotencyLayer;
 pub use service::IdempotencyService;

@@ -1,13 +1,15 @@
-use super::claimed::{kept_alive, Running};
+use super::answer::{advertise_retention, recorded_headers, replay, Answer};
+use super::config::Config;
 use super::future::ResponseFuture;
-use super::layer::{Config, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED};
-use super::plain::RunClaimed;
-use super::record::{self, Copy, Few, Read, Rest};
+use super::run_claimed::RunClaimed;
 use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
 use crate::engine::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
 use crate::engine::decide::{decide, Decision};
+use crate::engine::in_flight::Running;
+use crate::engine::keep_alive::kept_alive;
+use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Rest};
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
@@ -17,7 +19,7 @@ use crate::store::{
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
 use bytes::Bytes;
-use http::header::{HeaderValue, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use http_body::Body;
 use std::future::Future;
@@ -120,8 +122,6 @@ where
     }
 }
 
-pub(crate) type Answer<B> = Response<ResponseBody<B>>;
-
 /// Decides a request and answers it. A plain function returning an async
 /// block, as the others here: an `async fn` keeps a second copy of each
 /// argument in its future, and this one is allocated for every request.
@@ -154,7 +154,7 @@ where
         };
         let key = match IdempotencyKey::from_headers(parts.headers.get_all(&config.header)) {
             Ok(key) => key,
-            Err(refusal) => return refuse(refusal),
+            Err(problem) => return refuse(problem.into()),
         };
         let bytes =
             match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
@@ -338,7 +338,7 @@ where
         // Read whole before the commit (nothing the handler wrote is visible
         // before it), up to the record limit.
         let mut body = Box::pin(res_body);
-        let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
+        let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
         match record::read_to_end(&mut body, &mut copy, &mut frames).await {
             Read::Failed(error) => {
                 transaction.rollback().await;
@@ -397,45 +397,4 @@ where
             }
         }
     }
-}
-
-/// The allow-listed headers of a response, as they are recorded.
-pub(crate) fn recorded_headers(
-    replayed_headers: &[http::HeaderName],
-    parts: &http::response::Parts,
-) -> Vec<(http::HeaderName, HeaderValue)> {
-    replayed_headers
-        .iter()
-        .flat_map(|name| {
-            parts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(move |value| (name.clone(), value.clone()))
-        })
-        .collect()
-}
-
-/// Adds `Idempotency-Key-Retention` to an answer whose key is kept, after
-/// its record's headers were taken: it is never part of the record.
-pub(crate) fn advertise_retention(parts: &mut http::response::Parts, value: Option<&HeaderValue>) {
-    if let Some(value) = value {
-        parts
-            .headers
-            .insert(IDEMPOTENCY_KEY_RETENTION, value.clone());
-    }
-}
-
-fn replay<B>(stored: &StoredResponse, retention: Option<&HeaderValue>) -> Answer<B> {
-    let mut response = Response::new(ResponseBody::full(stored.body.clone()));
-    *response.status_mut() = stored.status;
-    let headers = response.headers_mut();
-    for (name, value) in &stored.headers {
-        headers.append(name.clone(), value.clone());
-    }
-    headers.insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    if let Some(retention) = retention {
-        headers.insert(IDEMPOTENCY_KEY_RETENTION, retention.clone());
-    }
-    response
 }

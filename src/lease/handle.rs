@@ -1,4 +1,4 @@
-use crate::idempotency::claimed::Schedule;
+use crate::engine::keep_alive::Schedule;
 use crate::store::jobs::{Appended, JobStore, LeaseError, LeaseGrant};
 use crate::FencingToken;
 use bytes::Bytes;

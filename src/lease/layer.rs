@@ -1,3 +1,4 @@
+use super::config::LeaseConfig;
 use super::key::{JobCost, JobKeyExtractor};
 use super::service::LeaseService;
 use crate::response::{ErrorFormat, Responder};
@@ -14,22 +15,6 @@ use tower_layer::Layer;
 #[derive(Clone)]
 pub struct LeaseLayer<K, E = FromExtension<Scope>> {
     pub(crate) config: LeaseConfig<K, E>,
-}
-
-#[derive(Clone)]
-pub(crate) struct LeaseConfig<K, E> {
-    pub(crate) store: Arc<dyn JobStore>,
-    pub(crate) kind: Arc<str>,
-    pub(crate) methods: Vec<Method>,
-    pub(crate) key: K,
-    pub(crate) scope: E,
-    pub(crate) owner: Arc<str>,
-    pub(crate) budget: Option<Budget>,
-    pub(crate) cost: Option<Arc<dyn JobCost>>,
-    pub(crate) body_limit: usize,
-    pub(crate) body_timeout: Option<Duration>,
-    pub(crate) location_prefix: Arc<str>,
-    pub(crate) responder: Responder,
 }
 
 impl<K: JobKeyExtractor> LeaseLayer<K> {

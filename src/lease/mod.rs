@@ -51,6 +51,7 @@
 #[cfg_attr(any(not(doctest), feature = "postgres"), doc = include_str!("../../docs/leases.md"))]
 pub mod contract {}
 
+mod config;
 mod future;
 mod handle;
 mod key;

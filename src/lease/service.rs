@@ -1,7 +1,7 @@
+use super::config::LeaseConfig;
 use super::future::ResponseFuture;
 use super::handle::Lease;
 use super::key::JobKeyExtractor;
-use super::layer::LeaseConfig;
 use super::outcome::JobOutcome;
 use super::refusal::JobRefusal;
 use crate::body::{BoxError, ResponseBody};

@@ -550,77 +550,6 @@ pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
     ));
 }
 
-/// The [`Engine`](crate::Engine) over the store: of 20 concurrent calls with
-/// one identity, one runs the operation and the others get its value;
-/// another identity under the key is refused; a failed operation frees its key.
-pub async fn the_engine_runs_an_operation_once_per_key<S: Store>(store: S) {
-    use crate::engine::{Engine, EngineError, Identity, Outcome};
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    let engine = Engine::new(store).with_wait_timeout(Duration::from_secs(10));
-    let scope = Scope::new(unique("engine"));
-    let key = IdempotencyKey::parse(b"message-000001").unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let calls: Vec<_> = (0..20)
-        .map(|i| {
-            let (engine, scope, key, runs) =
-                (engine.clone(), scope.clone(), key.clone(), runs.clone());
-            // The same message, its fields in two orders.
-            let message: &'static [u8] = match i % 2 {
-                0 => br#"{"id":1,"amount":5}"#,
-                _ => br#"{ "amount": 5, "id": 1 }"#,
-            };
-            tokio::spawn(async move {
-                let operation = move |_| async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    Ok::<_, std::io::Error>(Bytes::from_static(b"effect-1"))
-                };
-                engine
-                    .run_bytes(&scope, &key, Identity::Json(message), operation)
-                    .await
-            })
-        })
-        .collect();
-    let (mut executed, mut replayed) = (0, 0);
-    for call in calls {
-        match call.await.unwrap() {
-            Ok(Outcome::Executed(value)) => {
-                assert_eq!(value, Bytes::from_static(b"effect-1"));
-                executed += 1;
-            }
-            Ok(Outcome::Replayed(value)) => {
-                assert_eq!(value, Bytes::from_static(b"effect-1"));
-                replayed += 1;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
-    assert_eq!((executed, replayed), (1, 19));
-    assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let never = |_| async { Ok::<_, std::io::Error>(Bytes::from_static(b"second effect")) };
-    let other = Identity::Json(br#"{"id":2,"amount":5}"#);
-    assert!(matches!(
-        engine.run_bytes(&scope, &key, other, never).await,
-        Ok(Outcome::KeyReused)
-    ));
-    // A failed operation frees its key: the next delivery runs it.
-    let failing = IdempotencyKey::parse(b"message-000002").unwrap();
-    let fail = |_| async { Err::<Bytes, _>(std::io::Error::other("downstream refused")) };
-    assert!(matches!(
-        engine
-            .run_bytes(&scope, &failing, Identity::Bytes(b"m2"), fail)
-            .await,
-        Err(EngineError::Operation(_))
-    ));
-    let succeed = |_| async { Ok::<_, std::io::Error>(Bytes::from_static(b"ok")) };
-    assert!(matches!(
-        engine
-            .run_bytes(&scope, &failing, Identity::Bytes(b"m2"), succeed)
-            .await,
-        Ok(Outcome::Executed(_))
-    ));
-}
-
 /// Generates one `#[tokio::test]` per conformance check for a store factory.
 #[macro_export]
 macro_rules! store_conformance_tests {
@@ -666,7 +595,6 @@ macro_rules! store_conformance_tests {
             wait_gives_up_at_its_timeout,
             concurrent_begins_claim_exactly_once,
             purge_scope_erases_one_tenants_records_only,
-            the_engine_runs_an_operation_once_per_key,
         );
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_lock_is_taken_over_and_the_old_token_is_fenced,

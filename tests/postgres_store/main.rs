@@ -46,6 +46,7 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
 }
 
 tower_idempotency::store_conformance_tests!(postgres_store);
+tower_idempotency::engine_conformance_tests!(postgres_store);
 
 /// A key in a scope of its own.
 fn fresh_key() -> RecordKey {

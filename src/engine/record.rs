@@ -7,7 +7,8 @@
 //! that cannot be recorded completes the key as "response unavailable", so a
 //! retry is told so instead of running the handler again.
 
-use super::claimed::{kept_alive_handed_over, Running};
+use super::in_flight::Running;
+use super::keep_alive::kept_alive_handed_over;
 use crate::body::{BoxError, ResponseBody};
 use crate::store::{FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
@@ -26,14 +27,14 @@ const FORWARD_FRAMES: usize = 8;
 /// Items read from a body: almost always one, which is then kept without an
 /// allocation of its own.
 #[derive(Default)]
-pub(crate) enum Few<T> {
+pub(crate) enum OneOrMany<T> {
     #[default]
     None,
     One(T),
     Many(Vec<T>),
 }
 
-impl<T> Few<T> {
+impl<T> OneOrMany<T> {
     pub(crate) fn push(&mut self, item: T) {
         *self = match std::mem::take(self) {
             Self::None => Self::One(item),
@@ -46,7 +47,7 @@ impl<T> Few<T> {
     }
 }
 
-impl<T> IntoIterator for Few<T> {
+impl<T> IntoIterator for OneOrMany<T> {
     type Item = T;
     type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
 
@@ -61,17 +62,17 @@ impl<T> IntoIterator for Few<T> {
 }
 
 /// The copy of a body kept for the record: at most `limit` bytes.
-pub(crate) struct Copy {
-    chunks: Few<Bytes>,
+pub(crate) struct RecordCopy {
+    chunks: OneOrMany<Bytes>,
     len: usize,
     limit: usize,
     over: bool,
 }
 
-impl Copy {
+impl RecordCopy {
     pub(crate) fn new(limit: usize) -> Self {
         Self {
-            chunks: Few::None,
+            chunks: OneOrMany::None,
             len: 0,
             limit,
             over: false,
@@ -85,7 +86,7 @@ impl Copy {
         if self.len + data.len() > self.limit {
             // Over the limit: no record of it, so no copy to keep either.
             self.over = true;
-            self.chunks = Few::None;
+            self.chunks = OneOrMany::None;
             return;
         }
         self.len += data.len();
@@ -99,9 +100,9 @@ impl Copy {
 
     pub(crate) fn into_bytes(self) -> Bytes {
         match self.chunks {
-            Few::None => Bytes::new(),
-            Few::One(chunk) => chunk,
-            Few::Many(chunks) => {
+            OneOrMany::None => Bytes::new(),
+            OneOrMany::One(chunk) => chunk,
+            OneOrMany::Many(chunks) => {
                 let mut joined = BytesMut::with_capacity(self.len);
                 for chunk in &chunks {
                     joined.extend_from_slice(chunk);
@@ -134,8 +135,8 @@ fn data_frame<D: Into<Bytes>>(frame: Frame<D>) -> Frame<Bytes> {
 /// Reads `body` until it ends, fails or goes over the limit.
 pub(crate) async fn read_to_end<B>(
     body: &mut Pinned<B>,
-    copy: &mut Copy,
-    read: &mut Few<Frame<Bytes>>,
+    copy: &mut RecordCopy,
+    read: &mut OneOrMany<Frame<Bytes>>,
 ) -> Read
 where
     B: Body,
@@ -149,8 +150,8 @@ where
 /// recorded bodies are whole at once): [`Read::Continues`] if it has to wait.
 pub(crate) fn read_ready<B>(
     body: &mut Pinned<B>,
-    copy: &mut Copy,
-    read: &mut Few<Frame<Bytes>>,
+    copy: &mut RecordCopy,
+    read: &mut OneOrMany<Frame<Bytes>>,
     cx: &mut Context<'_>,
 ) -> Read
 where
@@ -168,8 +169,8 @@ where
 /// or has to wait (`Pending`).
 fn read_until_pending<B>(
     body: &mut Pinned<B>,
-    copy: &mut Copy,
-    read: &mut Few<Frame<Bytes>>,
+    copy: &mut RecordCopy,
+    read: &mut OneOrMany<Frame<Bytes>>,
     cx: &mut Context<'_>,
 ) -> Poll<Read>
 where
@@ -324,8 +325,8 @@ impl Forward {
 /// only forwarded).
 pub(crate) struct Rest<B> {
     pub(crate) body: Pinned<B>,
-    pub(crate) copy: Copy,
-    pub(crate) read: Few<Frame<Bytes>>,
+    pub(crate) copy: RecordCopy,
+    pub(crate) read: OneOrMany<Frame<Bytes>>,
     pub(crate) recorder: Option<Recorder>,
 }
 
@@ -344,7 +345,7 @@ where
 /// the limit with more to come (to be forwarded only).
 async fn record_rest<B>(
     body: &mut Pinned<B>,
-    mut copy: Copy,
+    mut copy: RecordCopy,
     forward: &mut Forward,
     recorder: Recorder,
 ) -> bool
@@ -458,8 +459,8 @@ where
 /// and the completion still to run.
 pub(crate) fn conclude<X>(
     end: Read,
-    copy: Copy,
-    read: Few<Frame<Bytes>>,
+    copy: RecordCopy,
+    read: OneOrMany<Frame<Bytes>>,
     recorder: Option<Recorder>,
 ) -> impl Future<Output = (ResponseBody<X>, Outcome)> {
     let (body, completion) = match (end, recorder) {
@@ -532,7 +533,7 @@ where
 }
 
 /// The data of `frames`, joined (trailers are not recorded or replayed).
-fn concat(frames: Few<Frame<Bytes>>) -> Bytes {
+fn concat(frames: OneOrMany<Frame<Bytes>>) -> Bytes {
     let mut joined = BytesMut::new();
     for frame in frames {
         if let Ok(data) = frame.into_data() {

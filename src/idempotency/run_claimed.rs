@@ -8,13 +8,13 @@
 //! and only what follows the response (recording it, or releasing the claim)
 //! is boxed on its own, both small.
 
-use super::claimed::Running;
-use super::layer::Config;
-use super::record::{self, Copy, Few, Read, Recorder, Rest};
-use super::service::{advertise_retention, recorded_headers, Answer};
+use super::answer::{advertise_retention, recorded_headers, Answer};
+use super::config::Config;
 use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::engine::claim::ClaimGuard;
+use crate::engine::in_flight::Running;
+use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Recorder, Rest};
 use crate::policy::CachePolicy;
 use crate::telemetry::Outcome;
 use bytes::Bytes;
@@ -189,7 +189,7 @@ where
     // What the body has ready now: most bodies are whole at once and are
     // recorded before the answer, as they are replayed.
     let mut body = Box::pin(res_body);
-    let (mut copy, mut frames) = (Copy::new(config.record_limit), Few::default());
+    let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
     match record::read_ready(&mut body, &mut copy, &mut frames, cx) {
         end @ (Read::Ended | Read::Failed(_)) => {
             let concluded = record::conclude(end, copy, frames, Some(recorder));

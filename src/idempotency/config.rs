@@ -1,0 +1,54 @@
+//! The layer's configuration, shared by its services, and the names of the
+//! headers it reads and writes.
+
+use crate::engine::in_flight::InFlight;
+use crate::response::Responder;
+use crate::store::{Store, TransactionalStore};
+use http::{HeaderName, HeaderValue, Method};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::warn_once::WarnOnce;
+
+/// The `Idempotency-Key` header name.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// Added to every replayed response: `Idempotent-Replayed: true`.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// Added to every recorded answer and its replays: how many seconds the
+/// store keeps a key's record after its first response was recorded
+/// ([`Store::retention`], whole seconds). See
+/// [`IdempotencyLayer::with_retention_header`].
+pub const IDEMPOTENCY_KEY_RETENTION: HeaderName =
+    HeaderName::from_static("idempotency-key-retention");
+
+#[derive(Clone)]
+pub(crate) struct Config<E, P> {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) header: HeaderName,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) scope: E,
+    pub(crate) policy: P,
+    pub(crate) body_limit: usize,
+    pub(crate) record_limit: usize,
+    pub(crate) body_timeout: Option<Duration>,
+    pub(crate) wait_timeout: Duration,
+    pub(crate) replayed_headers: Vec<HeaderName>,
+    pub(crate) responder: Responder,
+    /// `Idempotency-Key-Retention`'s value, if it is sent.
+    pub(crate) retention_header: Option<HeaderValue>,
+    pub(crate) cancel_on_drop: bool,
+    pub(crate) in_flight: InFlight,
+    pub(crate) max_in_flight: Option<usize>,
+    /// Set by [`IdempotencyLayer::transactional`]: the same store as `store`.
+    pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
+    /// The setup mistakes already warned about, per route.
+    pub(crate) warned: WarnOnce,
+}
+
+impl<E, P> std::fmt::Debug for Config<E, P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
