@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{sleep, Instant};
-use tower_idempotency::store::jobs::{JobReader, JobStatus, JobStore, StartJob, StartOutcome};
-use tower_idempotency::store::PostgresJobStore;
+use tower_idempotency::lease::store::PostgresJobStore;
+use tower_idempotency::lease::store::{JobReader, JobStatus, JobStore, StartJob, StartOutcome};
 use tower_idempotency::Lease;
 
 const LEASE: Duration = Duration::from_secs(2);

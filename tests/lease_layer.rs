@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::{service_fn, Layer, ServiceExt};
+use tower_idempotency::lease::store::MemoryJobStore;
+use tower_idempotency::lease::store::{JobReader, JobStatus, JobStore};
 use tower_idempotency::lease::{JsonJobKey, Lease, LeaseLayer};
-use tower_idempotency::store::jobs::{JobReader, JobStatus, JobStore};
-use tower_idempotency::store::MemoryJobStore;
 use tower_idempotency::Scope;
 
 fn start_request(tenant: Option<&str>, body: &str) -> Request<Body> {

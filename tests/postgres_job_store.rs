@@ -6,17 +6,17 @@
 #![cfg(feature = "postgres")]
 
 use crate::support;
-use tower_idempotency::store::job_conformance;
+use tower_idempotency::lease::store::conformance as job_conformance;
 
 use bytes::Bytes;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 use support::pg;
-use tower_idempotency::store::jobs::{
+use tower_idempotency::lease::store::PostgresJobStore;
+use tower_idempotency::lease::store::{
     JobReader, JobStatus, JobStore, LeaseError, StartJob, StartOutcome,
 };
-use tower_idempotency::store::PostgresJobStore;
 use tower_idempotency::Lease;
 
 async fn job_store(url: &str, table: &str, lease: Duration) -> PostgresJobStore {
@@ -116,7 +116,7 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
     );
     assert_eq!(
         store.artifact("org:acme", "job_done").await.unwrap(),
-        tower_idempotency::store::jobs::ArtifactLookup::Found(Bytes::from_static(b"old report"))
+        tower_idempotency::lease::store::ArtifactLookup::Found(Bytes::from_static(b"old report"))
     );
     assert_eq!(store.job("org", "job_done").await.unwrap(), None);
     // The joined column and its index are gone; the new start creates its own job.
@@ -405,7 +405,7 @@ async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() 
     };
     assert_eq!(stolen.id, job_id);
     assert!(grant.token.0 > dead_token);
-    let dead = tower_idempotency::store::jobs::LeaseGrant {
+    let dead = tower_idempotency::lease::store::LeaseGrant {
         job_id: job_id.clone(),
         owner: "doomed-worker".into(),
         token: tower_idempotency::FencingToken(dead_token),
@@ -430,7 +430,7 @@ async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() 
     );
     assert_eq!(
         store.artifact("acme", &job_id).await.unwrap(),
-        tower_idempotency::store::jobs::ArtifactLookup::Found(Bytes::from_static(b"fresh report"))
+        tower_idempotency::lease::store::ArtifactLookup::Found(Bytes::from_static(b"fresh report"))
     );
     // The cursor holds only the rescuer's chunk: the dead worker's partial output is gone.
     let chunks = store.chunks("acme", &job_id, 0).await.unwrap().unwrap();
@@ -631,7 +631,7 @@ async fn weighted_starts_from_two_instances_never_overshoot() {
     let table = pg::unique_table("jobs_weighted");
     let first = job_store(&url, &table, job_conformance::LONG).await;
     let second = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 8)).with_table(&table);
-    let budget = Some(tower_idempotency::store::jobs::Budget::per_day(10_000));
+    let budget = Some(tower_idempotency::lease::store::Budget::per_day(10_000));
     let starts: Vec<_> = (0..40)
         .map(|i| {
             let store = if i % 2 == 0 {

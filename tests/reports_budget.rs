@@ -8,7 +8,7 @@ use crate::reports;
 
 use reports::*;
 use serde_json::json;
-use tower_idempotency::store::jobs::Budget;
+use tower_idempotency::lease::store::Budget;
 
 for_each_store! {
     #[tokio::test] unknown_report_type_and_malformed_period_are_400,

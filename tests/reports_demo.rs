@@ -13,7 +13,7 @@ use reports::script::{run_script, Transport};
 use reports::*;
 use serde_json::{json, Value};
 use std::time::Duration;
-use tower_idempotency::store::jobs::{
+use tower_idempotency::lease::store::{
     Appended, ArtifactLookup, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 

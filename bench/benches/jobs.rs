@@ -13,8 +13,8 @@
 
 use bytes::Bytes;
 use std::time::Instant;
-use tower_idempotency::store::jobs::{Budget, JobStore, StartJob, StartOutcome};
-use tower_idempotency::store::MemoryJobStore;
+use tower_idempotency::lease::store::MemoryJobStore;
+use tower_idempotency::lease::store::{Budget, JobStore, StartJob, StartOutcome};
 use tower_idempotency_bench::{machine_line, rss_bytes};
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {

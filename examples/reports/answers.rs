@@ -5,7 +5,7 @@ use axum::http::{Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
-use tower_idempotency::store::jobs::LeaseError;
+use tower_idempotency::lease::store::LeaseError;
 
 /// A refusal: `{"code", "message", ...}` with its status.
 #[derive(Debug)]

@@ -37,8 +37,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::auth::AsyncRequireAuthorizationLayer;
+use tower_idempotency::lease::store::{Budget, Job, JobMaintenance, JobReader, JobStore};
 use tower_idempotency::lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey, LeaseLayer};
-use tower_idempotency::store::jobs::{Budget, Job, JobMaintenance, JobReader, JobStore};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
 
 /// All the demo calls on its store: starts and worker writes, the readers'

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tower_idempotency::store::jobs::{JobReader, JobStatus};
+use tower_idempotency::lease::store::{JobReader, JobStatus};
 use tower_idempotency::Scope;
 
 /// How readers of `/events` poll the store.

@@ -34,8 +34,8 @@ use app::Jobs;
 use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_idempotency::store::jobs::Budget;
-use tower_idempotency::store::{JobStore, MemoryJobStore};
+use tower_idempotency::lease::store::Budget;
+use tower_idempotency::lease::store::{JobStore, MemoryJobStore};
 use tower_idempotency::{MemoryStore, Store};
 
 /// How often jobs whose lease expired with nobody behind them are failed.

@@ -6,7 +6,7 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use std::error::Error;
 use std::time::Duration;
 use tokio_postgres::NoTls;
-use tower_idempotency::store::PostgresJobStore;
+use tower_idempotency::lease::store::PostgresJobStore;
 use tower_idempotency::PostgresStore;
 
 /// Connections per instance: starts, worker calls and each `/events` poll

@@ -433,7 +433,7 @@ mod tests {
 
     #[tokio::test]
     async fn idle_waits_for_every_running_handler() {
-        let in_flight = InFlight::new();
+        let in_flight = crate::InFlight::new();
         let (a, b) = (in_flight.enter(), in_flight.enter());
         assert_eq!(in_flight.count(), 2);
         let waiter = tokio::spawn({

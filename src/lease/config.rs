@@ -1,8 +1,8 @@
 //! The lease layer's configuration, shared by its services.
 
 use super::key::JobCost;
+use crate::lease::store::{Budget, JobStore};
 use crate::response::Responder;
-use crate::store::jobs::{Budget, JobStore};
 use http::Method;
 use std::sync::Arc;
 use std::time::Duration;

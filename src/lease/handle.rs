@@ -1,5 +1,5 @@
 use crate::engine::keep_alive::Schedule;
-use crate::store::jobs::{Appended, JobStore, LeaseError, LeaseGrant};
+use crate::lease::store::{Appended, JobStore, LeaseError, LeaseGrant};
 use crate::FencingToken;
 use bytes::Bytes;
 use std::future::Future;

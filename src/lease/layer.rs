@@ -1,9 +1,9 @@
 use super::config::LeaseConfig;
 use super::key::{JobCost, JobKeyExtractor};
 use super::service::LeaseService;
+use crate::lease::store::{Budget, JobStore};
 use crate::response::{ErrorFormat, Responder};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
-use crate::store::jobs::{Budget, JobStore};
 use http::Method;
 use std::sync::Arc;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! one, yet "Acme's August health report" is still one job. [`LeaseLayer`]
 //! keys jobs by what they *are* — the tenant from authentication plus a key a
 //! [`JobKeyExtractor`] builds from the request — and decides each start
-//! atomically in a [`JobStore`](crate::store::JobStore). A new key creates the job with a lease and calls the handler (`202`); a
+//! atomically in a [`JobStore`](crate::lease::store::JobStore). A new key creates the job with a lease and calls the handler (`202`); a
 //! start of a job under a live lease joins it (`200`, nothing new starts); an
 //! expired lease is stolen once, by compare-and-set with a higher fencing
 //! token; a complete job answers its artifact; a tenant over its budget is
@@ -23,7 +23,7 @@
 //! use axum::{routing::post, Extension, Router};
 //! use http::StatusCode;
 //! use tower_idempotency::lease::{JsonJobKey, Lease, LeaseLayer};
-//! use tower_idempotency::store::MemoryJobStore;
+//! use tower_idempotency::lease::store::MemoryJobStore;
 //!
 //! async fn start_report(Extension(lease): Extension<Lease>) -> StatusCode {
 //!     lease.spawn_worker(|lease| async move {
@@ -59,6 +59,7 @@ mod layer;
 mod outcome;
 mod refusal;
 mod service;
+pub mod store;
 
 pub use future::ResponseFuture;
 pub use handle::Lease;

@@ -1,6 +1,6 @@
 use crate::body::ResponseBody;
+use crate::lease::store::BudgetReset;
 use crate::response::{Refusal, Responder};
-use crate::store::jobs::BudgetReset;
 use http::{Response, StatusCode};
 
 /// A start the lease layer answers itself, without starting a job.

@@ -10,31 +10,19 @@
 pub mod conformance;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod encoding;
-#[cfg(all(feature = "test-util", feature = "leases"))]
-pub mod job_conformance;
-#[cfg(feature = "leases")]
-pub mod jobs;
 mod memory;
-#[cfg(feature = "leases")]
-mod memory_jobs;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod waiters;
 
-#[cfg(feature = "leases")]
-pub use jobs::{JobMaintenance, JobReader, JobStore, JobStoreError};
 pub use memory::MemoryStore;
-#[cfg(feature = "leases")]
-pub use memory_jobs::MemoryJobStore;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
-#[cfg(all(feature = "postgres", feature = "leases"))]
-pub use postgres::PostgresJobStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresTransaction, TransactionClient};
 #[cfg(feature = "redis")]

@@ -23,11 +23,11 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tower_idempotency::store::jobs::{
+use tower_idempotency::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobMaintenance, JobReader,
     JobStore, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
-use tower_idempotency::store::{JobStoreError, MemoryJobStore};
+use tower_idempotency::lease::store::{JobStoreError, MemoryJobStore};
 
 pub const START: &str = "/reports/start";
 /// A correctness bound for anything that waits, never a speed assertion.
@@ -93,7 +93,7 @@ impl Backend {
             #[cfg(feature = "postgres")]
             Self::Postgres { url } => {
                 use support::pg;
-                use tower_idempotency::store::PostgresJobStore;
+                use tower_idempotency::lease::store::PostgresJobStore;
                 let store = PostgresJobStore::new(pg::pool(pg::pg_config(url), 16))
                     .with_table(&pg::unique_table("reports"))
                     .with_lease(lease);

@@ -19,7 +19,7 @@ pub(super) const VERSIONS: &str = "tower_idempotency_migrations";
 /// Applies the migrations of `table` (in `schema`) that its version table has
 /// not recorded, in order; returns how many ran. `migrations[i]` is version
 /// `i + 1`.
-pub(super) async fn apply(
+pub(crate) async fn apply(
     client: &mut Object,
     schema: &str,
     table: &str,

@@ -35,17 +35,13 @@
 
 #[cfg(feature = "test-util")]
 mod instrumentation;
-#[cfg(feature = "leases")]
-mod jobs;
-mod migrate;
+pub(crate) mod migrate;
 mod operations;
 mod single_flight;
-mod sql;
+pub(crate) mod sql;
 mod transaction;
 mod wait;
 
-#[cfg(feature = "leases")]
-pub use jobs::PostgresJobStore;
 pub use transaction::{PostgresTransaction, TransactionClient};
 
 use self::single_flight::{Flights, Leader};

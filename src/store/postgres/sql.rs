@@ -10,7 +10,7 @@ use std::time::Duration;
 pub(super) const PURGE_BATCH: u64 = 1000;
 
 /// Whether `name` is a plain lower-case SQL identifier: `[a-z_][a-z0-9_]{0,62}`.
-pub(super) fn is_identifier(name: &str) -> bool {
+pub(crate) fn is_identifier(name: &str) -> bool {
     let bytes = name.as_bytes();
     !bytes.is_empty()
         && bytes.len() <= 63
@@ -22,7 +22,7 @@ pub(super) fn is_identifier(name: &str) -> bool {
 
 /// `table` + `suffix`, shortened (with a hash of the table name, so that two long
 /// table names sharing a prefix stay distinct) to PostgreSQL's 63-byte limit.
-pub(super) fn derived_name(table: &str, suffix: &str) -> String {
+pub(crate) fn derived_name(table: &str, suffix: &str) -> String {
     let full = format!("{table}_{suffix}");
     if full.len() <= 63 {
         return full;

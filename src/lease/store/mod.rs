@@ -1,7 +1,19 @@
 //! Storage for natural-key jobs and their leases, used by [`LeaseLayer`](crate::LeaseLayer).
 
-use super::FencingToken;
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod conformance;
+mod memory;
+#[cfg(feature = "postgres")]
+mod postgres;
+
+pub use memory::MemoryJobStore;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub use postgres::PostgresJobStore;
+
 use crate::body::BoxError;
+use crate::store::FencingToken;
 use async_trait::async_trait;
 use bytes::Bytes;
 use std::fmt;

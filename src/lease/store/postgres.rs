@@ -1,11 +1,11 @@
 //! A PostgreSQL [`JobStore`]: natural-key jobs shared by every instance.
 
-use super::sql::{derived_name, is_identifier};
 use crate::body::BoxError;
-use crate::store::jobs::{
+use crate::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
     JobReader, JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
+use crate::store::postgres::sql::{derived_name, is_identifier};
 use crate::store::FencingToken;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -28,9 +28,9 @@ use tokio_postgres::Row;
 ///   issues a higher one and the dead owner's writes change nothing.
 ///
 /// ```no_run
-/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::store::JobStoreError> {
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::lease::store::JobStoreError> {
 /// use std::time::Duration;
-/// use tower_idempotency::store::PostgresJobStore;
+/// use tower_idempotency::lease::store::PostgresJobStore;
 ///
 /// let jobs = PostgresJobStore::new(pool).with_lease(Duration::from_secs(45));
 /// jobs.migrate().await?;
@@ -160,9 +160,14 @@ impl PostgresJobStore {
         let (schema, table) = (&self.inner.config.schema, &self.inner.config.table);
         self.timed(async {
             let mut client = self.client().await?;
-            super::migrate::apply(&mut client, schema, table, &self.inner.sql.migrations)
-                .await
-                .map_err(backend)?;
+            crate::store::postgres::migrate::apply(
+                &mut client,
+                schema,
+                table,
+                &self.inner.sql.migrations,
+            )
+            .await
+            .map_err(backend)?;
             Ok(())
         })
         .await

@@ -1,7 +1,7 @@
 //! Per-tenant bookkeeping of `MemoryJobStore`: what a budgeted start counts,
 //! kept up to date as jobs change, so that counting never scans every job.
 
-use super::super::jobs::{Budget, BudgetPeriod};
+use crate::lease::store::{Budget, BudgetPeriod};
 use std::collections::{HashMap, HashSet};
 use std::time::{SystemTime, UNIX_EPOCH};
 

@@ -8,7 +8,7 @@
 //! writes one `#[tokio::test]` per check (the test crate needs `tokio` with the
 //! `macros` and `rt-multi-thread` features). Not covered by semver.
 
-use crate::store::jobs::{
+use crate::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, JobMaintenance, JobReader, JobStatus, JobStore,
     LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
@@ -853,8 +853,8 @@ macro_rules! job_store_conformance_tests {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                if let Some(store) = $factory($crate::store::job_conformance::$lease).await {
-                    $crate::store::job_conformance::$name(store).await;
+                if let Some(store) = $factory($crate::lease::store::conformance::$lease).await {
+                    $crate::lease::store::conformance::$name(store).await;
                 }
             }
         )*

@@ -1,8 +1,8 @@
-use super::jobs::{
+use super::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
     JobReader, JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
-use super::FencingToken;
+use crate::store::FencingToken;
 use async_trait::async_trait;
 use bytes::Bytes;
 use index::{PeriodStarts, TenantJobs};
@@ -24,7 +24,7 @@ mod index;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::store::MemoryJobStore;
+/// use tower_idempotency::lease::store::MemoryJobStore;
 ///
 /// let store = MemoryJobStore::new().with_lease(Duration::from_secs(45));
 /// # let _ = store;
