@@ -11,6 +11,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower_idempotency::store::conformance::{fingerprint, record};
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 use tower_idempotency::{Begin, FencingToken, RecordKey, Scope, Store, StoredResponse};
 
 /// What a store's backend can tell beyond the `Store` API.
@@ -174,7 +176,9 @@ impl<S: Store + Clone, P: Probe> Harness<S, P> {
                         let Ok(Begin::Claimed(token)) = begun else {
                             return Err(format!("a fresh key's begin answered {begun:?}"));
                         };
-                        let completed = store.complete(&key, token, done(b"canary")).await;
+                        let completed = store
+                            .complete(&key, token, Completion::Response(done(b"canary")))
+                            .await;
                         completed.map_err(|e| format!("complete failed: {e}"))
                     };
                     let limit = Duration::from_secs(15);
@@ -245,7 +249,10 @@ pub async fn begin<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
             match cut.output {
                 Some(Ok(Begin::Claimed(token))) => {
                     h.after_cut(&what).await;
-                    h.store.complete(&key, token, done(b"ok")).await.unwrap();
+                    h.store
+                        .complete(&key, token, Completion::Response(done(b"ok")))
+                        .await
+                        .unwrap();
                     h.replays(&what, &key, b"ok").await;
                 }
                 Some(other) => panic!("{what}: a fresh key answered {other:?}"),
@@ -278,8 +285,16 @@ pub async fn complete<S: Store + Clone, P: Probe>(h: &Harness<S, P>, unavailable
             let (store, cut_key) = (h.store.clone(), key.clone());
             let future = async move {
                 match unavailable {
-                    true => store.complete_unavailable(&cut_key, token).await,
-                    false => store.complete(&cut_key, token, done(b"done")).await,
+                    true => {
+                        store
+                            .complete(&cut_key, token, Completion::Unavailable)
+                            .await
+                    }
+                    false => {
+                        store
+                            .complete(&cut_key, token, Completion::Response(done(b"done")))
+                            .await
+                    }
                 }
             };
             (future, key)
@@ -365,7 +380,10 @@ pub async fn wait<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
                 let (store, key) = (h.store.clone(), key.clone());
                 async move { store.wait(&key, Duration::from_secs(30)).await }
             });
-            h.store.complete(&key, token, done(b"done")).await.unwrap();
+            h.store
+                .complete(&key, token, Completion::Response(done(b"done")))
+                .await
+                .unwrap();
             let woken = tokio::time::timeout(Duration::from_secs(5), waiter).await;
             assert!(
                 matches!(woken, Ok(Ok(Ok(())))),
@@ -377,10 +395,13 @@ pub async fn wait<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
     .await;
 }
 
-pub async fn purge_expired<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
+pub async fn purge_expired<S: Store + Maintenance + Clone, P: Probe>(h: &Harness<S, P>) {
     let kept = fresh_key();
     let token = h.claim(&kept).await;
-    h.store.complete(&kept, token, done(b"kept")).await.unwrap();
+    h.store
+        .complete(&kept, token, Completion::Response(done(b"kept")))
+        .await
+        .unwrap();
     let kept = &kept;
     at_every_poll(
         "purge_expired",
@@ -400,7 +421,7 @@ pub async fn purge_expired<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
     .await;
 }
 
-pub async fn purge_scope<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
+pub async fn purge_scope<S: Store + Maintenance + Clone, P: Probe>(h: &Harness<S, P>) {
     at_every_poll(
         "purge_scope",
         |_| async {
@@ -410,7 +431,10 @@ pub async fn purge_scope<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
                 .collect();
             for key in &keys {
                 let token = h.claim(key).await;
-                h.store.complete(key, token, done(b"done")).await.unwrap();
+                h.store
+                    .complete(key, token, Completion::Response(done(b"done")))
+                    .await
+                    .unwrap();
             }
             let store = h.store.clone();
             let future = async move { store.purge_scope(&Scope::new(scope)).await };

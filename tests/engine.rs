@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::engine::{Engine, EngineError, Identity, OnFailure, Outcome};
+use tower_idempotency::store::Completion;
 use tower_idempotency::store::{Begin, RecordKey};
 use tower_idempotency::{Fingerprint, IdempotencyKey, MemoryStore, Scope, Store, StoreError};
 
@@ -156,7 +157,7 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
     let token = seen.lock().unwrap().expect("the operation ran");
     assert!(token > dead, "{token:?} after {dead:?}");
     assert!(matches!(
-        store.complete_unavailable(&record, dead).await,
+        store.complete(&record, dead, Completion::Unavailable).await,
         Err(StoreError::ClaimLost)
     ));
 }

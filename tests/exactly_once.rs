@@ -14,8 +14,9 @@ mod postgres_liveness;
 #[cfg(feature = "postgres")]
 #[path = "exactly_once/processes.rs"]
 mod processes;
-#[cfg(feature = "postgres")]
 use crate::support;
+#[cfg(feature = "postgres")]
+use tower_idempotency::store::Maintenance;
 
 use axum::body::Body;
 use axum::routing::post;
@@ -257,7 +258,7 @@ async fn extreme_durations_neither_panic_nor_run_twice() {
     let store = MemoryStore::new()
         .with_retention(Duration::MAX)
         .with_lock_timeout(Duration::ZERO);
-    assert_eq!(store.lock_timeout(), Duration::from_millis(100));
+    assert_eq!(store.timings().lock_timeout, Duration::from_millis(100));
     let layer = IdempotencyLayer::new(store)
         .with_wait_timeout(Duration::MAX)
         .with_body_timeout(Duration::MAX)

@@ -3,6 +3,7 @@
 //! `RetryLayer<IdempotentRetry>`.
 
 use crate::http;
+use tower_idempotency::store::Completion;
 
 use axum::extract::{Request, State};
 use axum::middleware::{from_fn, from_fn_with_state, Next};
@@ -22,7 +23,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tower::retry::RetryLayer;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::client::{IdempotencyKeyLayer, IdempotentRetry};
-use tower_idempotency::store::{Begin, FencingToken, RecordKey, StoredResponse};
+use tower_idempotency::store::{Begin, FencingToken, RecordKey, Timings};
 use tower_idempotency::{
     IdempotencyLayer, MemoryStore, RequestFingerprint, Scope, Store, StoreError,
 };
@@ -59,34 +60,21 @@ impl Store for Flaky {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        response: StoredResponse,
+        completion: Completion,
     ) -> Result<(), StoreError> {
-        self.inner.complete(key, token, response).await
+        self.inner.complete(key, token, completion).await
     }
-    fn lock_timeout(&self) -> Duration {
-        self.inner.lock_timeout()
+    fn timings(&self) -> Timings {
+        self.inner.timings()
     }
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.extend(key, token).await
-    }
-    async fn complete_unavailable(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        self.inner.complete_unavailable(key, token).await
     }
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
     }
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
         self.inner.wait(key, timeout).await
-    }
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.inner.purge_expired().await
-    }
-    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        self.inner.purge_scope(scope).await
     }
 }
 

@@ -18,6 +18,7 @@
 #![cfg(feature = "postgres")]
 
 use crate::support;
+use tower_idempotency::store::Maintenance;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -31,7 +32,7 @@ use std::time::Duration;
 use support::pg;
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyLayer, PostgresStore, ResponseBody, Scope, Store};
+use tower_idempotency::{BoxError, IdempotencyLayer, PostgresStore, ResponseBody, Scope};
 
 const LOCK: Duration = Duration::from_secs(2);
 const PATIENCE: Duration = Duration::from_secs(30);

@@ -39,9 +39,10 @@ use std::time::Duration;
 use support::pg;
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
+use tower_idempotency::store::{Completion, Timings};
 use tower_idempotency::{
     Begin, FencingToken, IdempotencyLayer, PostgresStore, RecordKey, RequestFingerprint, Scope,
-    Store, StoreError, StoredResponse,
+    Store, StoreError,
 };
 
 /// Tests in this binary stop the shared server: never two at once.
@@ -172,10 +173,16 @@ impl Store for Acknowledging {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        response: StoredResponse,
+        completion: Completion,
     ) -> Result<(), StoreError> {
+        let Completion::Response(response) = completion else {
+            return self.inner.complete(key, token, completion).await;
+        };
         let body = response.body.clone();
-        let result = self.inner.complete(key, token, response).await;
+        let result = self
+            .inner
+            .complete(key, token, Completion::Response(response))
+            .await;
         match &result {
             Ok(()) => {
                 let previous = self
@@ -192,18 +199,11 @@ impl Store for Acknowledging {
         result
     }
 
-    fn lock_timeout(&self) -> Duration {
-        self.inner.lock_timeout()
+    fn timings(&self) -> Timings {
+        self.inner.timings()
     }
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.extend(key, token).await
-    }
-    async fn complete_unavailable(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        self.inner.complete_unavailable(key, token).await
     }
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         self.inner.release(key, token).await
@@ -211,14 +211,6 @@ impl Store for Acknowledging {
 
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
         self.inner.wait(key, timeout).await
-    }
-
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        self.inner.purge_expired().await
-    }
-
-    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        self.inner.purge_scope(scope).await
     }
 }
 

@@ -83,8 +83,8 @@ pub async fn a_stall_of_the_owners_store_keeps_its_claim(
     freeze_at_next_request: impl FnOnce(Duration),
     stall_over: impl Fn() -> bool,
 ) {
-    let lock = owner.lock_timeout();
-    assert_eq!(competitor.lock_timeout(), lock);
+    let lock = owner.timings().lock_timeout;
+    assert_eq!(competitor.timings().lock_timeout, lock);
     let id = unique("stall");
     let runs = Arc::new(AtomicUsize::new(0));
     let (started, gate) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
@@ -131,7 +131,7 @@ pub async fn a_stall_of_the_owners_store_keeps_its_claim(
 /// three times the lock keeps its claim: a competitor on `store` trying all
 /// along finds it in progress; the handler runs once and its result replays.
 pub async fn a_handler_blocking_its_thread_keeps_its_claim(store: impl Store + Clone) {
-    let lock = store.lock_timeout();
+    let lock = store.timings().lock_timeout;
     let id = unique("blocking");
     let runs = Arc::new(AtomicUsize::new(0));
     let (blocking, done) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));

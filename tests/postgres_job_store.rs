@@ -7,6 +7,7 @@
 
 use crate::support;
 use tower_idempotency::lease::store::conformance as job_conformance;
+use tower_idempotency::store::Completion;
 
 use bytes::Bytes;
 use std::io::{BufRead, BufReader};
@@ -712,7 +713,7 @@ async fn durations_of_max_mean_forever_on_postgres() {
         body: Bytes::from_static(b"done"),
     };
     records
-        .complete(&record, token, response)
+        .complete(&record, token, Completion::Response(response))
         .await
         .expect("a completion, not an overflow");
     assert!(matches!(

@@ -9,6 +9,7 @@
 #![cfg(feature = "postgres")]
 
 use crate::support;
+use tower_idempotency::store::Completion;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -376,7 +377,11 @@ async fn killed_owner_blocks_until_its_lock_expires_then_runs_once_and_is_fenced
     let record = record_key(key);
     assert!(matches!(
         store
-            .complete(&record, FencingToken(dead_token), late)
+            .complete(
+                &record,
+                FencingToken(dead_token),
+                Completion::Response(late)
+            )
             .await,
         Err(StoreError::ClaimLost)
     ));

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tower_idempotency::store::conformance::{fingerprint, record, response};
+use tower_idempotency::store::Completion;
 use tower_idempotency::{Begin, RedisStore, Store, StoreError};
 
 async fn set_config(url: &str, name: &str, value: &str) {
@@ -39,7 +40,10 @@ async fn serves(store: &RedisStore) {
     let Begin::Claimed(token) = store.begin(&key, &fingerprint("a")).await.unwrap() else {
         panic!("a fresh key is claimed");
     };
-    store.complete(&key, token, response(b"ok")).await.unwrap();
+    store
+        .complete(&key, token, Completion::Response(response(b"ok")))
+        .await
+        .unwrap();
     assert!(matches!(
         store.begin(&key, &fingerprint("a")).await.unwrap(),
         Begin::Replay(_)
@@ -244,7 +248,10 @@ async fn skipped_on_an_evicting_server_a_record_vanishes_and_its_retry_runs_agai
     let Begin::Claimed(token) = store.begin(&key, &fp).await.unwrap() else {
         panic!("a fresh key is claimed");
     };
-    store.complete(&key, token, response(b"ran")).await.unwrap();
+    store
+        .complete(&key, token, Completion::Response(response(b"ran")))
+        .await
+        .unwrap();
 
     set_config(&url, "maxmemory-policy", "allkeys-lru").await;
     let mut conn = r::connection(&url).await;

@@ -8,6 +8,8 @@ use crate::support::redis as r;
 use std::time::Duration;
 use tokio::time::Instant;
 use tower_idempotency::store::conformance::{fingerprint, record, response};
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 use tower_idempotency::store::NearCache;
 use tower_idempotency::{Begin, FencingToken, RecordKey, RedisStore, Store};
 
@@ -87,7 +89,9 @@ async fn a_hot_keys_retries_reach_redis_once_per_instance() {
         let (a, b) = deployment.two_instances(|s| s).await;
         let key = fresh_key();
         let token = claim(&a, &key, "order").await;
-        a.complete(&key, token, response(b"created")).await.unwrap();
+        a.complete(&key, token, Completion::Response(response(b"created")))
+            .await
+            .unwrap();
         // The instance that completed it: no round trip at all.
         let before = a.round_trips();
         replays(&a, &key, 100).await;
@@ -106,7 +110,9 @@ async fn a_hot_keys_retries_reach_redis_once_per_instance() {
         // A completion without a response too.
         let key = fresh_key();
         let token = claim(&a, &key, "order").await;
-        a.complete_unavailable(&key, token).await.unwrap();
+        a.complete(&key, token, Completion::Unavailable)
+            .await
+            .unwrap();
         let before = (a.round_trips(), b.round_trips());
         for store in [&a, &b, &a, &b] {
             assert!(matches!(
@@ -126,7 +132,9 @@ async fn a_purge_on_one_instance_reaches_the_near_cache_of_every_instance() {
             .await;
         let key = fresh_key();
         let token = claim(&a, &key, "order").await;
-        a.complete(&key, token, response(b"created")).await.unwrap();
+        a.complete(&key, token, Completion::Response(response(b"created")))
+            .await
+            .unwrap();
         replays(&b, &key, 1).await;
         let before = b.round_trips();
         replays(&b, &key, 1).await;
@@ -164,7 +172,9 @@ async fn a_near_record_never_outlives_its_retention() {
         let key = fresh_key();
         let token = claim(&a, &key, "order").await;
         let completed = Instant::now();
-        a.complete(&key, token, response(b"created")).await.unwrap();
+        a.complete(&key, token, Completion::Response(response(b"created")))
+            .await
+            .unwrap();
         replays(&a, &key, 1).await;
         // b reads it half-way through its retention: b keeps it for what is
         // left of the record's TTL, not for a whole retention from the read.
@@ -230,7 +240,7 @@ async fn unsubscribed_or_disabled_every_begin_asks_redis() {
             let key = fresh_key();
             let token = claim(store, &key, "order").await;
             store
-                .complete(&key, token, response(b"created"))
+                .complete(&key, token, Completion::Response(response(b"created")))
                 .await
                 .unwrap();
             let before = store.round_trips();

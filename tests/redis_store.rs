@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::store::conformance::{fingerprint, record, response, Durations};
+use tower_idempotency::store::Completion;
 use tower_idempotency::{Begin, IdempotencyLayer, RedisStore, Store, StoreError};
 
 mod standalone {
@@ -175,7 +176,10 @@ async fn scopes_spread_over_every_primary_and_each_replays_only_its_own() {
             panic!("fresh key of tenant {i}");
         };
         let body: &'static [u8] = Box::leak(format!("tenant-{i}").into_bytes().into_boxed_slice());
-        store.complete(&key, token, response(body)).await.unwrap();
+        store
+            .complete(&key, token, Completion::Response(response(body)))
+            .await
+            .unwrap();
     }
     for i in 0..300 {
         let key = record(&format!("tenant-{i}"), key.key().as_str());
@@ -238,7 +242,7 @@ async fn a_thousand_waiters_on_one_key_share_their_checks_and_wake_on_completion
     assert_eq!(store.watched_keys(), 1);
     let completed = Instant::now();
     store
-        .complete(&key, token, response(b"done"))
+        .complete(&key, token, Completion::Response(response(b"done")))
         .await
         .unwrap();
     let mut latest = completed;

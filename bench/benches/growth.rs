@@ -35,6 +35,8 @@ use std::hint::black_box;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 use tower_idempotency::{
     Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint, Scope, Store,
     StoredResponse,
@@ -289,7 +291,7 @@ fn main() {
                         panic!("claim")
                     };
                     store
-                        .complete(k, token, response.clone())
+                        .complete(k, token, Completion::Response(response.clone()))
                         .await
                         .expect("complete");
                 }

@@ -22,6 +22,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tower_idempotency::fingerprint::canonicalize_json;
+use tower_idempotency::store::Completion;
 use tower_idempotency::{
     Begin, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, RecordKey,
     RequestFingerprint, Scope, Store, StoredResponse,
@@ -465,7 +466,7 @@ fn bench_store(c: &mut Criterion) {
                         panic!("claim")
                     };
                     store
-                        .complete(k, token, response.clone())
+                        .complete(k, token, Completion::Response(response.clone()))
                         .await
                         .expect("complete");
                 }
@@ -496,7 +497,7 @@ fn bench_store(c: &mut Criterion) {
             panic!("claim")
         };
         store
-            .complete(&k, token, stored_response())
+            .complete(&k, token, Completion::Response(stored_response()))
             .await
             .expect("complete");
     });
@@ -574,7 +575,7 @@ fn profile_loop() {
                         panic!("claim")
                     };
                     store
-                        .complete(k, token, response.clone())
+                        .complete(k, token, Completion::Response(response.clone()))
                         .await
                         .expect("complete");
                 }

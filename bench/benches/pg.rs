@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
+use tower_idempotency::store::Completion;
 use tower_idempotency::{
     Begin, Fingerprint, IdempotencyKey, PostgresStore, RecordKey, RequestFingerprint, Scope, Store,
     StoredResponse,
@@ -311,7 +312,7 @@ fn main() {
                             let Ok(Begin::Claimed(token)) = store.begin(&k, &fp).await else {
                                 panic!("claim")
                             };
-                            store.complete(&k, token, stored()).await.expect("complete");
+                            store.complete(&k, token, Completion::Response(stored())).await.expect("complete");
                             done.fetch_add(1, Ordering::Relaxed);
                             i += 1;
                         }
@@ -555,7 +556,7 @@ fn main() {
                 let Ok(Begin::Claimed(token)) = store.begin(&k, &fp).await else {
                     panic!("claim")
                 };
-                store.complete(&k, token, stored()).await.expect("complete");
+                store.complete(&k, token, Completion::Response(stored())).await.expect("complete");
             }
             let fresh = start.elapsed().as_secs_f64() * 1e6 / m as f64;
             let start = Instant::now();

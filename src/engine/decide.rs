@@ -64,7 +64,7 @@ pub(crate) async fn decide(
                     return Decision::StoreFailed(error);
                 }
             }
-            Err(StoreError::ScopeQuotaExceeded) => return Decision::QuotaExceeded,
+            Err(StoreError::QuotaExceeded) => return Decision::QuotaExceeded,
             Err(error) => return Decision::StoreFailed(error),
         }
     }

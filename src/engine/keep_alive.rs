@@ -181,7 +181,7 @@ pub(crate) fn kept_alive<W: Future>(
     token: FencingToken,
 ) -> KeptAlive<W> {
     // The claim's `begin` was sent (a round trip) before this.
-    let schedule = Schedule::new(store.lock_timeout(), Instant::now());
+    let schedule = Schedule::new(store.timings().lock_timeout, Instant::now());
     KeptAlive {
         work,
         heartbeat: Heartbeat::Ready(store, record, token, schedule),
@@ -196,7 +196,7 @@ pub(crate) fn kept_alive_handed_over<W: Future>(
     record: RecordKey,
     token: FencingToken,
 ) -> KeptAlive<W> {
-    let schedule = Schedule::taken_over(store.lock_timeout(), Instant::now());
+    let schedule = Schedule::taken_over(store.timings().lock_timeout, Instant::now());
     KeptAlive {
         work,
         heartbeat: Heartbeat::Ready(store, record, token, schedule),

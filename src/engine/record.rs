@@ -10,7 +10,7 @@
 use super::in_flight::Running;
 use super::keep_alive::kept_alive_handed_over;
 use crate::body::{BoxError, ResponseBody};
-use crate::store::{FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::store::{Completion, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -226,7 +226,8 @@ impl Recorder {
         };
         async move {
             // The store takes its own copy: this one is kept for retries.
-            let error = match store.complete(&record, token, stored.clone()).await {
+            let completion = || Completion::Response(stored.clone());
+            let error = match store.complete(&record, token, completion()).await {
                 Ok(()) => return true,
                 Err(error) => error,
             };
@@ -235,8 +236,9 @@ impl Recorder {
                 error,
                 "its response could not be recorded",
                 move |store| {
-                    let (record, stored) = (record.clone(), stored.clone());
-                    async move { store.complete(&record, token, stored).await }
+                    let (record, completion) =
+                        (record.clone(), Completion::Response(stored.clone()));
+                    async move { store.complete(&record, token, completion).await }
                 },
             );
             false
@@ -253,7 +255,8 @@ impl Recorder {
         } = self;
         async move {
             tracing::warn!(why, "the handler ran; its response is not replayable");
-            let Err(error) = store.complete_unavailable(&record, token).await else {
+            let unavailable = Completion::Unavailable;
+            let Err(error) = store.complete(&record, token, unavailable).await else {
                 return;
             };
             retry(
@@ -262,7 +265,11 @@ impl Recorder {
                 "its completion could not be recorded",
                 move |store| {
                     let record = record.clone();
-                    async move { store.complete_unavailable(&record, token).await }
+                    async move {
+                        store
+                            .complete(&record, token, Completion::Unavailable)
+                            .await
+                    }
                 },
             );
         }
@@ -287,7 +294,7 @@ where
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         return;
     };
-    let deadline = tokio::time::Instant::now() + store.lock_timeout();
+    let deadline = tokio::time::Instant::now() + store.timings().lock_timeout;
     runtime.spawn(async move {
         let mut pause = std::time::Duration::from_millis(50);
         loop {
@@ -466,20 +473,19 @@ pub(crate) fn conclude<X>(
     let (body, completion) = match (end, recorder) {
         (Read::Failed(error), recorder) => {
             // The effects happened: never released, never run again.
-            let completion =
-                recorder.map(|r| Completion::Unavailable(r, "the response body failed"));
+            let completion = recorder.map(|r| Ending::Unavailable(r, "the response body failed"));
             (ResponseBody::failed(error), completion)
         }
         (_, Some(recorder)) if copy.is_over() => {
             let why = "the response is over the record limit";
             (
                 ResponseBody::full(concat(read)),
-                Some(Completion::Unavailable(recorder, why)),
+                Some(Ending::Unavailable(recorder, why)),
             )
         }
         (_, Some(recorder)) => {
             let body = copy.into_bytes();
-            let completion = Completion::Record(recorder, body.clone());
+            let completion = Ending::Record(recorder, body.clone());
             (ResponseBody::full(body), Some(completion))
         }
         (_, None) => (ResponseBody::full(concat(read)), None),
@@ -487,13 +493,13 @@ pub(crate) fn conclude<X>(
     async move {
         let outcome = match completion {
             None => Outcome::Unavailable,
-            Some(Completion::Record(recorder, body)) => match recorder.complete(body).await {
+            Some(Ending::Record(recorder, body)) => match recorder.complete(body).await {
                 true => Outcome::Claimed,
                 // The handler has still run: it answers, and its claim is kept
                 // until the lock expires, so no retry runs it again before.
                 false => Outcome::StoreError,
             },
-            Some(Completion::Unavailable(recorder, why)) => {
+            Some(Ending::Unavailable(recorder, why)) => {
                 recorder.unavailable(why).await;
                 Outcome::Unavailable
             }
@@ -503,7 +509,7 @@ pub(crate) fn conclude<X>(
 }
 
 /// How a concluded body completes its key.
-enum Completion {
+enum Ending {
     Record(Recorder, Bytes),
     Unavailable(Recorder, &'static str),
 }

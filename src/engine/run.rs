@@ -7,7 +7,9 @@ use super::decide::{decide, Decision};
 use super::{Engine, EngineError, Identity, OnFailure, Outcome};
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::Recorder;
-use crate::store::{FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse};
+use crate::store::{
+    Completion, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
+};
 use crate::{Fingerprint, IdempotencyKey, RequestFingerprint, Scope};
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
@@ -159,9 +161,7 @@ impl Engine {
             Decision::Mismatch => return Ok(Outcome::KeyReused),
             Decision::Unavailable => return Ok(Outcome::Failed),
             Decision::InProgress => return Ok(Outcome::InProgress),
-            Decision::QuotaExceeded => {
-                return Err(EngineError::Store(StoreError::ScopeQuotaExceeded))
-            }
+            Decision::QuotaExceeded => return Err(EngineError::Store(StoreError::QuotaExceeded)),
             Decision::StoreFailed(error) => return Err(EngineError::Store(error)),
         };
         let running = self.in_flight.enter();
@@ -251,7 +251,7 @@ impl Engine {
                     headers: Vec::new(),
                     body: bytes,
                 };
-                match transaction.commit(stored).await {
+                match transaction.commit(Completion::Response(stored)).await {
                     Ok(()) => {
                         let _ = claim.keep();
                         Ok(Outcome::Executed(value))

@@ -88,7 +88,8 @@ impl IdempotencyLayer {
 /// at least that long), or nothing for a store that does not say.
 fn retention_header(store: &dyn Store) -> Option<HeaderValue> {
     store
-        .retention()
+        .timings()
+        .retention
         .map(|retention| HeaderValue::from(retention.as_secs()))
 }
 

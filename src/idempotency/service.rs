@@ -14,7 +14,7 @@ use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::{
-    FencingToken, RecordKey, RecordTransaction, StoredResponse, TransactionalStore,
+    Completion, FencingToken, RecordKey, RecordTransaction, StoredResponse, TransactionalStore,
 };
 use crate::telemetry::{self, Outcome};
 use crate::{IdempotencyKey, RequestFingerprint};
@@ -350,7 +350,7 @@ where
             // Too large to record: the writes commit, marked as not replayable,
             // and the body goes on to the caller.
             Read::Over | Read::Continues => {
-                if let Err(error) = transaction.commit_unavailable().await {
+                if let Err(error) = transaction.commit(Completion::Unavailable).await {
                     tracing::warn!(%error, "the handler's transaction did not commit");
                     claim.release().await;
                     return refuse(Refusal::OutcomeUnknown);
@@ -380,7 +380,7 @@ where
             headers: recorded_headers(&config.replayed_headers, &res_parts),
             body: body.clone(),
         };
-        match transaction.commit(stored).await {
+        match transaction.commit(Completion::Response(stored)).await {
             Ok(()) => {
                 let _ = claim.keep();
                 advertise_retention(&mut res_parts, config.retention_header.as_ref());

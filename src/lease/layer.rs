@@ -112,7 +112,7 @@ impl<K, E> LeaseLayer<K, E> {
     /// use bytes::Bytes;
     /// use http::request::Parts;
     /// use tower_idempotency::lease::{JsonJobKey, LeaseLayer};
-    /// use tower_idempotency::store::{jobs::Budget, MemoryJobStore};
+    /// use tower_idempotency::lease::store::{Budget, MemoryJobStore};
     /// use tower_idempotency::Scope;
     ///
     /// // 50 000 tokens per tenant and day; a report's estimate by its type.

@@ -28,6 +28,7 @@
 //! Each check is also a plain `async fn` taking the store, for harnesses of
 //! their own. Not covered by semver.
 
+use crate::store::{Completion, Maintenance};
 use crate::{
     Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store,
     StoreError, StoredResponse,
@@ -92,6 +93,11 @@ pub fn response(body: &'static [u8]) -> StoredResponse {
     }
 }
 
+/// `response(body)`, as the completion that records it.
+fn recorded(body: &'static [u8]) -> Completion {
+    Completion::Response(response(body))
+}
+
 fn unique(prefix: &str) -> String {
     use std::sync::atomic::{AtomicUsize, Ordering};
     static N: AtomicUsize = AtomicUsize::new(0);
@@ -130,7 +136,7 @@ pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(s
     let fp = fingerprint("a");
     let token = claim(&store, &key, &fp).await;
     let body: &'static [u8] = b"\x00\xff binary \r\n body \xc3\xa9";
-    store.complete(&key, token, response(body)).await.unwrap();
+    store.complete(&key, token, recorded(body)).await.unwrap();
     match store.begin(&key, &fp).await.unwrap() {
         Begin::Replay(stored) => assert_eq!(*stored, response(body)),
         other => panic!("expected a replay, got {other:?}"),
@@ -158,7 +164,7 @@ pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
     let token = claim(&store, &key, &fp).await;
     let forged = FencingToken(token.0 + 1_000_000);
     assert!(matches!(
-        store.complete(&key, forged, response(b"forged")).await,
+        store.complete(&key, forged, recorded(b"forged")).await,
         Err(StoreError::ClaimLost)
     ));
     store.release(&key, forged).await.unwrap();
@@ -167,12 +173,12 @@ pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
         Begin::InProgress
     ));
     store
-        .complete(&key, token, response(b"real"))
+        .complete(&key, token, recorded(b"real"))
         .await
         .unwrap();
     // A completed record cannot be completed again, nor released.
     assert!(matches!(
-        store.complete(&key, token, response(b"again")).await,
+        store.complete(&key, token, recorded(b"again")).await,
         Err(StoreError::ClaimLost)
     ));
     store.release(&key, token).await.unwrap();
@@ -189,7 +195,7 @@ pub async fn keys_are_scoped<S: Store>(store: S) {
     let a = record(&acme, "shared-key-1");
     let b = record(&globex, "shared-key-1");
     let token = claim(&store, &a, &fp).await;
-    store.complete(&a, token, response(b"acme")).await.unwrap();
+    store.complete(&a, token, recorded(b"acme")).await.unwrap();
     // Same key string, other tenant: its own claim, never acme's response.
     claim(&store, &b, &fp).await;
 }
@@ -209,7 +215,7 @@ pub async fn wait_is_woken_by_completion<S: Store>(store: S) {
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     store
-        .complete(&key, token, response(b"done"))
+        .complete(&key, token, recorded(b"done"))
         .await
         .unwrap();
     // Woken, not timed out: the 30 s wait would fail this bound by far.
@@ -281,13 +287,13 @@ pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
 }
 
 /// Conformance check: purge scope erases one tenants records only.
-pub async fn purge_scope_erases_one_tenants_records_only<S: Store>(store: S) {
+pub async fn purge_scope_erases_one_tenants_records_only<S: Store + Maintenance>(store: S) {
     let (erased, kept) = (unique("erased"), unique("kept"));
     let fp = fingerprint("a");
     let done = record(&erased, "key-0000000d");
     let token = claim(&store, &done, &fp).await;
     store
-        .complete(&done, token, response(b"personal data"))
+        .complete(&done, token, recorded(b"personal data"))
         .await
         .unwrap();
     let running = record(&erased, "key-0000000e");
@@ -295,7 +301,7 @@ pub async fn purge_scope_erases_one_tenants_records_only<S: Store>(store: S) {
     let other = record(&kept, "key-0000000d");
     let other_token = claim(&store, &other, &fp).await;
     store
-        .complete(&other, other_token, response(b"kept"))
+        .complete(&other, other_token, recorded(b"kept"))
         .await
         .unwrap();
 
@@ -309,7 +315,7 @@ pub async fn purge_scope_erases_one_tenants_records_only<S: Store>(store: S) {
     // Its request still running cannot record afterwards.
     assert!(matches!(
         store
-            .complete(&running, running_token, response(b"late"))
+            .complete(&running, running_token, recorded(b"late"))
             .await,
         Err(StoreError::ClaimLost)
     ));
@@ -332,12 +338,12 @@ pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(st
     let fresh = claim(&store, &key, &fp).await;
     assert!(fresh > dead, "a takeover gets a higher fencing token");
     assert!(matches!(
-        store.complete(&key, dead, response(b"late")).await,
+        store.complete(&key, dead, recorded(b"late")).await,
         Err(StoreError::ClaimLost)
     ));
     store.release(&key, dead).await.unwrap();
     store
-        .complete(&key, fresh, response(b"fresh"))
+        .complete(&key, fresh, recorded(b"fresh"))
         .await
         .unwrap();
     match store.begin(&key, &fp).await.unwrap() {
@@ -349,7 +355,7 @@ pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(st
 /// Needs a store built with [`SHORT`] durations: its lock timeout is reported,
 /// and a claim extended every third of it outlives it several times over.
 pub async fn an_extended_claim_outlives_its_lock_and_only_its_token_extends<S: Store>(store: S) {
-    assert_eq!(store.lock_timeout(), SHORT.lock);
+    assert_eq!(store.timings().lock_timeout, SHORT.lock);
     let key = record(&unique("scope"), "key-0000000e");
     let fp = fingerprint("a");
     let token = claim(&store, &key, &fp).await;
@@ -367,7 +373,7 @@ pub async fn an_extended_claim_outlives_its_lock_and_only_its_token_extends<S: S
         Err(StoreError::ClaimLost)
     ));
     store
-        .complete(&key, token, response(b"slow"))
+        .complete(&key, token, recorded(b"slow"))
         .await
         .unwrap();
     // A completed record is nobody's claim to extend.
@@ -396,11 +402,18 @@ pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(st
     let token = claim(&store, &key, &fp).await;
     assert!(matches!(
         store
-            .complete_unavailable(&key, FencingToken(token.0 + 1_000_000))
+            .complete(
+                &key,
+                FencingToken(token.0 + 1_000_000),
+                Completion::Unavailable
+            )
             .await,
         Err(StoreError::ClaimLost)
     ));
-    store.complete_unavailable(&key, token).await.unwrap();
+    store
+        .complete(&key, token, Completion::Unavailable)
+        .await
+        .unwrap();
     for _ in 0..2 {
         assert!(matches!(
             store.begin(&key, &fp).await.unwrap(),
@@ -412,11 +425,11 @@ pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(st
         Begin::Mismatch
     ));
     assert!(matches!(
-        store.complete(&key, token, response(b"late")).await,
+        store.complete(&key, token, recorded(b"late")).await,
         Err(StoreError::ClaimLost)
     ));
     assert!(matches!(
-        store.complete_unavailable(&key, token).await,
+        store.complete(&key, token, Completion::Unavailable).await,
         Err(StoreError::ClaimLost)
     ));
     tokio::time::sleep(SHORT.retention + Duration::from_millis(200)).await;
@@ -424,25 +437,27 @@ pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(st
 }
 
 /// Needs a store built with [`SHORT`] durations.
-pub async fn expired_records_are_reusable_and_purged<S: Store>(store: S) {
+pub async fn expired_records_are_reusable_and_purged<S: Store + Maintenance>(store: S) {
     expired_records_are_reusable(store, 2).await;
 }
 
 /// For a store whose backend deletes expired records by itself (key TTLs):
 /// [`expired_records_are_reusable_and_purged`] without a count, as nothing may
 /// be left to purge. Needs a store built with [`SHORT`] durations.
-pub async fn expired_records_are_reusable_and_expire_by_themselves<S: Store>(store: S) {
+pub async fn expired_records_are_reusable_and_expire_by_themselves<S: Store + Maintenance>(
+    store: S,
+) {
     expired_records_are_reusable(store, 0).await;
 }
 
-async fn expired_records_are_reusable<S: Store>(store: S, purged_at_least: u64) {
+async fn expired_records_are_reusable<S: Store + Maintenance>(store: S, purged_at_least: u64) {
     let key = record(&unique("scope"), "key-0000000b");
     let token = claim(&store, &key, &fingerprint("a")).await;
-    store.complete(&key, token, response(b"old")).await.unwrap();
+    store.complete(&key, token, recorded(b"old")).await.unwrap();
     let other = record(&unique("scope"), "key-0000000c");
     let token = claim(&store, &other, &fingerprint("a")).await;
     store
-        .complete(&other, token, response(b"old"))
+        .complete(&other, token, recorded(b"old"))
         .await
         .unwrap();
     tokio::time::sleep(SHORT.retention + Duration::from_millis(300)).await;
@@ -486,7 +501,7 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
         Begin::Mismatch
     ));
     store
-        .complete(&key, token, response(b"created"))
+        .complete(&key, token, recorded(b"created"))
         .await
         .unwrap();
     for retry in [&first, &same_bytes, &reordered] {
@@ -507,7 +522,9 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
 /// records never leave the process compares
 /// [`RequestFingerprint::local`] instead, which a precomputed fingerprint only
 /// shares with precomputed fingerprints.)
-pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<S: Store>(
+pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
+    S: Store + Maintenance,
+>(
     store: S,
 ) {
     let key = record(&unique("scope"), "key-precomputed1");
@@ -537,7 +554,7 @@ pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
         Begin::Mismatch
     ));
     store
-        .complete(&key, token, response(b"created"))
+        .complete(&key, token, recorded(b"created"))
         .await
         .unwrap();
     assert!(matches!(
@@ -646,7 +663,7 @@ pub async fn a_late_extend_or_complete_without_a_takeover_succeeds<S: Store>(sto
         Begin::InProgress
     ));
     store
-        .complete(&extended, tokens.0, response(b"extended late"))
+        .complete(&extended, tokens.0, recorded(b"extended late"))
         .await
         .unwrap();
     match store.begin(&extended, &fp).await.unwrap() {
@@ -655,7 +672,7 @@ pub async fn a_late_extend_or_complete_without_a_takeover_succeeds<S: Store>(sto
     }
 
     store
-        .complete(&completed, tokens.1, response(b"completed late"))
+        .complete(&completed, tokens.1, recorded(b"completed late"))
         .await
         .expect("a late complete without a takeover records the response");
     match store.begin(&completed, &fp).await.unwrap() {
@@ -664,7 +681,7 @@ pub async fn a_late_extend_or_complete_without_a_takeover_succeeds<S: Store>(sto
     }
 
     store
-        .complete_unavailable(&unavailable, tokens.2)
+        .complete(&unavailable, tokens.2, Completion::Unavailable)
         .await
         .expect("a late complete_unavailable without a takeover records it");
     assert!(matches!(

@@ -2,7 +2,7 @@ mod packed;
 mod quota;
 mod record;
 
-use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, Timings};
 use crate::limits;
 use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
@@ -43,7 +43,7 @@ thread_local! {
 ///
 /// One tenant cannot lock the others out: with
 /// [`with_scope_quota`](Self::with_scope_quota) a scope that holds its quota of
-/// records is refused new keys ([`StoreError::ScopeQuotaExceeded`], `429`)
+/// records is refused new keys ([`StoreError::QuotaExceeded`], `429`)
 /// while every other scope keeps claiming.
 ///
 /// Records live as long as the process: use `PostgresStore` when several
@@ -202,7 +202,7 @@ impl MemoryStore {
     /// completed (default: no quota, only the capacity).
     ///
     /// A scope at its quota is refused new keys with
-    /// [`StoreError::ScopeQuotaExceeded`] (the layer answers `429
+    /// [`StoreError::QuotaExceeded`] (the layer answers `429
     /// idempotency_quota_exceeded`) until its own records expire or are
     /// purged; its replays and every other scope are unaffected. Without a
     /// quota, one scope sending fresh keys can fill the whole capacity and
@@ -438,6 +438,35 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+/// `MemoryStore`'s own failure, inside [`StoreError::Backend`] (the layer
+/// answers `503`).
+///
+/// ```
+/// use tower_idempotency::store::{MemoryStoreError, StoreError};
+///
+/// fn is_full(error: &StoreError) -> bool {
+///     matches!(error, StoreError::Backend(e) if matches!(e.downcast_ref(), Some(MemoryStoreError::Full)))
+/// }
+/// # let _ = is_full;
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemoryStoreError {
+    /// The store holds as many records as its capacity allows and none of
+    /// them has expired.
+    Full,
+}
+
+impl std::fmt::Display for MemoryStoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Full => f.write_str("the idempotency store is full"),
+        }
+    }
+}
+
+impl std::error::Error for MemoryStoreError {}
+
 #[async_trait]
 impl Store for MemoryStore {
     async fn begin(
@@ -456,12 +485,12 @@ impl Store for MemoryStore {
                 self.sweep_when_full(instant);
             }
             if self.len() >= self.shared.config.capacity {
-                return Err(StoreError::CapacityExceeded);
+                return Err(StoreError::Backend(Box::new(MemoryStoreError::Full)));
             }
         }
         let scope = key.scope().as_str().as_bytes();
         if self.over_scope_quota(scope, &id, now, instant) {
-            return Err(StoreError::ScopeQuotaExceeded);
+            return Err(StoreError::QuotaExceeded);
         }
         let exact = request.exact();
         // A live record is decided from what its shard's read lock shows, without
@@ -494,7 +523,7 @@ impl Store for MemoryStore {
                 // at its quota minus one both get in.
                 if let Some(quota) = &self.shared.scope_quota {
                     if !quota.admit(scope) {
-                        return Err(StoreError::ScopeQuotaExceeded);
+                        return Err(StoreError::QuotaExceeded);
                     }
                 }
                 let (record, token) = self.new_claim(key, request, now);
@@ -514,7 +543,7 @@ impl Store for MemoryStore {
                     let other_scope = record.scope() != scope;
                     if let Some(quota) = self.shared.scope_quota.as_ref().filter(|_| other_scope) {
                         if !quota.admit(scope) {
-                            return Err(StoreError::ScopeQuotaExceeded);
+                            return Err(StoreError::QuotaExceeded);
                         }
                     }
                     let (fresh, token) = self.new_claim(key, request, now);
@@ -544,25 +573,19 @@ impl Store for MemoryStore {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        response: StoredResponse,
+        completion: Completion,
     ) -> Result<(), StoreError> {
-        self.finish(key, token, |claim| record::completed(claim, response))
+        match completion {
+            Completion::Response(response) => {
+                self.finish(key, token, |claim| record::completed(claim, response))
+            }
+            Completion::Unavailable => self.finish(key, token, record::unavailable),
+        }
     }
 
-    async fn complete_unavailable(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        self.finish(key, token, record::unavailable)
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        self.shared.config.lock_timeout
-    }
-
-    fn retention(&self) -> Option<Duration> {
-        Some(self.shared.config.retention)
+    fn timings(&self) -> Timings {
+        let config = &self.shared.config;
+        Timings::new(config.lock_timeout).with_retention(config.retention)
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
@@ -622,7 +645,10 @@ impl Store for MemoryStore {
         let _ = tokio::time::timeout_at(until, notified).await;
         Ok(())
     }
+}
 
+#[async_trait]
+impl Maintenance for MemoryStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let now = self.now();
         Ok(self.remove_all(|r| r.deadline <= now) as u64)
@@ -636,6 +662,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::{Completion, StoredResponse};
     use crate::IdempotencyKey;
     use bytes::Bytes;
     use http::{HeaderValue, Method, StatusCode};
@@ -689,10 +716,15 @@ mod tests {
         );
         // This thread remembers the old store's claim of `x` with this token.
         assert!(matches!(
-            store.complete(&x, token, response()).await,
+            store
+                .complete(&x, token, Completion::Response(response()))
+                .await,
             Err(StoreError::ClaimLost)
         ));
-        store.complete(&y, token, response()).await.unwrap();
+        store
+            .complete(&y, token, Completion::Response(response()))
+            .await
+            .unwrap();
         assert!(matches!(store.begin(&y, &fp).await, Ok(Begin::Replay(_))));
 
         // Claimed here, then completed with the token but another key.
@@ -701,10 +733,15 @@ mod tests {
         };
         let z = RecordKey::for_test("s", "key-z-0001");
         assert!(matches!(
-            store.complete(&z, token, response()).await,
+            store
+                .complete(&z, token, Completion::Response(response()))
+                .await,
             Err(StoreError::ClaimLost)
         ));
-        store.complete(&x, token, response()).await.unwrap();
+        store
+            .complete(&x, token, Completion::Response(response()))
+            .await
+            .unwrap();
         assert!(matches!(store.begin(&x, &fp).await, Ok(Begin::Replay(_))));
     }
 
@@ -732,7 +769,10 @@ mod tests {
             headers: Vec::new(),
             body: Bytes::from_static(b"done"),
         };
-        store.complete(&record, token, response).await.unwrap();
+        store
+            .complete(&record, token, Completion::Response(response))
+            .await
+            .unwrap();
 
         let retry = request(br#"{"a":1,"b":2}"#);
         assert!(matches!(

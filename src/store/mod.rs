@@ -20,7 +20,7 @@ mod redis;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod waiters;
 
-pub use memory::MemoryStore;
+pub use memory::{MemoryStore, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
 #[cfg(feature = "postgres")]
@@ -110,20 +110,19 @@ pub enum Begin {
 }
 
 /// A store failure. The layer never runs the request: it answers `503`, or `429`
-/// for [`ScopeQuotaExceeded`](Self::ScopeQuotaExceeded).
+/// for [`QuotaExceeded`](Self::QuotaExceeded).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The claim was taken over, released, or (its lock having expired) evicted:
     /// its token no longer owns the record.
     ClaimLost,
-    /// The store is at its configured capacity and nothing has expired.
-    CapacityExceeded,
-    /// The request's scope holds as many records as the store's per-scope
-    /// quota allows (`MemoryStore::with_scope_quota`); other scopes are not
-    /// affected. The layer answers `429 idempotency_quota_exceeded`.
-    ScopeQuotaExceeded,
-    /// The backend failed (connection, timeout, query error).
+    /// The request's scope may not claim another key now (a per-scope quota,
+    /// such as `MemoryStore`'s); other scopes are not affected. The layer
+    /// answers `429 idempotency_quota_exceeded`.
+    QuotaExceeded,
+    /// The backend failed (connection, timeout, query error, or a condition of
+    /// the store's own, in its own error type: `MemoryStore`'s capacity).
     Backend(BoxError),
 }
 
@@ -131,12 +130,62 @@ impl fmt::Display for StoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ClaimLost => f.write_str("the claim's fencing token no longer owns the record"),
-            Self::CapacityExceeded => f.write_str("the idempotency store is full"),
-            Self::ScopeQuotaExceeded => {
+            Self::QuotaExceeded => {
                 f.write_str("the scope holds as many idempotency records as its quota allows")
             }
             Self::Backend(e) => write!(f, "idempotency store backend error: {e}"),
         }
+    }
+}
+
+/// How a claim ended when its request ran: what [`Store::complete`] records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// The response to replay to retries of the same request.
+    Response(StoredResponse),
+    /// The request ran (its effects happened) but its response cannot be
+    /// replayed: its body failed, or was larger than the record limit. Until
+    /// the retention expires, `begin` answers [`Begin::ResponseUnavailable`]
+    /// to the same request and [`Begin::Mismatch`] to another.
+    Unavailable,
+}
+
+/// A store's durations, measured on its own clock.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::store::Timings;
+///
+/// let timings = Timings::new(Duration::from_secs(10)).with_retention(Duration::from_secs(86_400));
+/// assert_eq!(timings.lock_timeout, Duration::from_secs(10));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Timings {
+    /// How long a claim holds its key unless it is extended: the longest a
+    /// dead owner blocks its key. The layer extends live claims every
+    /// twentieth of it, and a store stall of up to 9/10 of it does not lose them.
+    pub lock_timeout: Duration,
+    /// How long a completed record is kept, from its completion: for that long
+    /// a retry of the same request replays it. The layer advertises it
+    /// (`Idempotency-Key-Retention`) on the answers it records and replays;
+    /// `None` (for stores that do not say) advertises nothing.
+    pub retention: Option<Duration>,
+}
+
+impl Timings {
+    /// Claims held for `lock_timeout`; the retention not said.
+    pub fn new(lock_timeout: Duration) -> Self {
+        Self {
+            lock_timeout,
+            retention: None,
+        }
+    }
+
+    /// Completed records kept for `retention`.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
+        self
     }
 }
 
@@ -177,47 +226,22 @@ pub trait Store: Send + Sync + 'static {
         request: &RequestFingerprint<'_>,
     ) -> Result<Begin, StoreError>;
 
-    /// Records the response of a claimed request, if `token` still owns the claim;
+    /// Records how a claimed request ended, if `token` still owns the claim;
     /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing.
     ///
-    /// Declared as `async fn complete(&self, key: &RecordKey, token: FencingToken, response: StoredResponse) -> Result<(), StoreError>`.
+    /// Declared as `async fn complete(&self, key: &RecordKey, token: FencingToken, completion: Completion) -> Result<(), StoreError>`.
     async fn complete(
         &self,
         key: &RecordKey,
         token: FencingToken,
-        response: StoredResponse,
+        completion: Completion,
     ) -> Result<(), StoreError>;
 
-    /// Completes a claim without a replayable response, if `token` still owns
-    /// it (otherwise [`StoreError::ClaimLost`]): the request ran, its effects
-    /// happened, and its answer cannot be replayed. Until the retention
-    /// expires, `begin` answers [`Begin::ResponseUnavailable`] to the same
-    /// request and [`Begin::Mismatch`] to another.
-    ///
-    /// Declared as `async fn complete_unavailable(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>`.
-    async fn complete_unavailable(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError>;
-
-    /// How long a claim holds its key unless it is extended: the longest a dead
-    /// owner blocks its key. The layer extends live claims every twentieth of
-    /// it, and a store stall of up to 9/10 of it does not lose them.
-    fn lock_timeout(&self) -> Duration;
-
-    /// How long a completed record is kept, from its completion: for that
-    /// long a retry of the same request replays it. The layer advertises it
-    /// (`Idempotency-Key-Retention`) on the answers it records and replays.
-    /// `None` (the default, for stores that do not say) advertises nothing.
-    fn retention(&self) -> Option<Duration> {
-        None
-    }
-
-    /// Extends a claim's lock to [`lock_timeout`](Store::lock_timeout) from now
-    /// (on the store's clock), if `token` still owns the claim; otherwise fails
-    /// with [`StoreError::ClaimLost`] and changes nothing. The layer calls it
-    /// while the handler runs, so a healthy slow handler is never taken over.
+    /// Extends a claim's lock to its [`lock_timeout`](Timings::lock_timeout)
+    /// from now (on the store's clock), if `token` still owns the claim;
+    /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing. The
+    /// layer calls it while the handler runs, so a healthy slow handler is
+    /// never taken over.
     ///
     /// Declared as `async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>`.
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
@@ -235,6 +259,14 @@ pub trait Store: Send + Sync + 'static {
     /// Declared as `async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError>`.
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError>;
 
+    /// The store's lock timeout and retention.
+    fn timings(&self) -> Timings;
+}
+
+/// Deleting records, called by the application (a periodic task, an erasure
+/// request) rather than by the layer; after tower-sessions' `ExpiredDeletion`.
+#[async_trait]
+pub trait Maintenance: Send + Sync + 'static {
     /// Deletes expired records; returns how many were deleted.
     ///
     /// Declared as `async fn purge_expired(&self) -> Result<u64, StoreError>`.
@@ -296,19 +328,13 @@ pub trait RecordTransaction: Send {
         false
     }
 
-    /// Records `response` (fenced by the claim's token) and commits it with
+    /// Records `completion` (fenced by the claim's token) and commits it with
     /// everything the handler wrote. On error nothing of it is committed, unless
     /// the connection was lost during the commit itself, when the outcome is
     /// unknown: either both are committed or neither.
     ///
-    /// Declared as `async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError>`.
-    async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError>;
-
-    /// Commits everything the handler wrote with a completion that has no
-    /// replayable response (see [`Store::complete_unavailable`]).
-    ///
-    /// Declared as `async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError>`.
-    async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError>;
+    /// Declared as `async fn commit(self: Box<Self>, completion: Completion) -> Result<(), StoreError>`.
+    async fn commit(self: Box<Self>, completion: Completion) -> Result<(), StoreError>;
 
     /// Discards everything the handler wrote.
     ///
@@ -319,11 +345,11 @@ pub trait RecordTransaction: Send {
 /// The future of a store method, as `async_trait` declares it.
 type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
-/// Shares one store between layers (or keeps a handle for `purge_expired`).
+/// Shares one store between layers (or keeps a handle for its maintenance).
 ///
-/// The methods every request calls hand on the shared store's own future
-/// rather than boxing a second one around it: written out as `async_trait`
-/// declares them.
+/// `begin` and `complete`, called on every request, hand on the shared store's
+/// own future rather than boxing a second one around it: written out as
+/// `async_trait` declares them.
 #[async_trait]
 impl<T: Store + ?Sized> Store for Arc<T> {
     fn begin<'s, 'k, 'r, 'f, 'a>(
@@ -345,35 +371,14 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         &'s self,
         key: &'k RecordKey,
         token: FencingToken,
-        response: StoredResponse,
+        completion: Completion,
     ) -> StoreFuture<'a, ()>
     where
         's: 'a,
         'k: 'a,
         Self: 'a,
     {
-        (**self).complete(key, token, response)
-    }
-
-    fn complete_unavailable<'s, 'k, 'a>(
-        &'s self,
-        key: &'k RecordKey,
-        token: FencingToken,
-    ) -> StoreFuture<'a, ()>
-    where
-        's: 'a,
-        'k: 'a,
-        Self: 'a,
-    {
-        (**self).complete_unavailable(key, token)
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        (**self).lock_timeout()
-    }
-
-    fn retention(&self) -> Option<Duration> {
-        (**self).retention()
+        (**self).complete(key, token, completion)
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
@@ -388,6 +393,13 @@ impl<T: Store + ?Sized> Store for Arc<T> {
         (**self).wait(key, timeout).await
     }
 
+    fn timings(&self) -> Timings {
+        (**self).timings()
+    }
+}
+
+#[async_trait]
+impl<T: Maintenance + ?Sized> Maintenance for Arc<T> {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         (**self).purge_expired().await
     }

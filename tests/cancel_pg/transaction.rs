@@ -6,6 +6,7 @@ use super::cases::{done, fresh_key, Probe};
 use super::driver::at_every_poll;
 use super::{postgres, PgProbe};
 use tower_idempotency::store::conformance::fingerprint;
+use tower_idempotency::store::Completion;
 use tower_idempotency::store::{RecordTransaction, TransactionalStore};
 use tower_idempotency::{Begin, PostgresStore, PostgresTransaction, RecordKey, Store};
 
@@ -45,7 +46,10 @@ async fn write_effect(probe: &PgProbe, key: &RecordKey, transaction: &dyn Record
 /// Completes `key`'s claim, with a write, through the transaction it opened.
 async fn commit_through(h: &Harness, key: &RecordKey, transaction: Box<dyn RecordTransaction>) {
     write_effect(&h.probe, key, &*transaction).await;
-    transaction.commit(done(b"done")).await.unwrap();
+    transaction
+        .commit(Completion::Response(done(b"done")))
+        .await
+        .unwrap();
     h.replays("the transaction's commit", key, b"done").await;
     assert_eq!(h.probe.effects(key.scope().as_str()).await, 1);
 }
@@ -136,8 +140,12 @@ async fn end_cut_at_every_poll(end: End) {
             let (key, transaction) = open_with_effect(h).await;
             let future = async move {
                 match end {
-                    End::Commit => transaction.commit(done(b"done")).await,
-                    End::CommitUnavailable => transaction.commit_unavailable().await,
+                    End::Commit => {
+                        transaction
+                            .commit(Completion::Response(done(b"done")))
+                            .await
+                    }
+                    End::CommitUnavailable => transaction.commit(Completion::Unavailable).await,
                     End::Rollback => {
                         transaction.rollback().await;
                         Ok(())

@@ -1,6 +1,8 @@
 //! `len()` accounting and capacity, and identity and `purge_scope` on the id-keyed map.
 
 use super::*;
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 
 /// Counts every insertion and removal path against a model.
 #[tokio::test(start_paused = true)]
@@ -28,7 +30,7 @@ async fn len_never_drifts_across_every_path() {
             Bytes::from(vec![b'L'; 2048])
         };
         store
-            .complete(&a(i), token, body_response(body))
+            .complete(&a(i), token, Completion::Response(body_response(body)))
             .await
             .unwrap();
     }
@@ -43,7 +45,11 @@ async fn len_never_drifts_across_every_path() {
         8,
         "two releases; repeated and no-op ones count nothing"
     );
-    claim_lost(store.complete(&a(5), tokens[5], body_response("x")).await);
+    claim_lost(
+        store
+            .complete(&a(5), tokens[5], Completion::Response(body_response("x")))
+            .await,
+    );
     assert_eq!(store.len(), 8);
 
     // Claims 7..10 are abandoned; records 0..5 completed. Let the claims expire.
@@ -65,7 +71,10 @@ async fn len_never_drifts_across_every_path() {
         2,
         "5 expired completions evicted; 7 and 0 claimed"
     );
-    store.complete(&a(7), t7, body_response("7")).await.unwrap();
+    store
+        .complete(&a(7), t7, Completion::Response(body_response("7")))
+        .await
+        .unwrap();
     store.release(&a(0), t0).await.unwrap();
     assert_eq!(store.len(), 1);
 
@@ -78,7 +87,7 @@ async fn len_never_drifts_across_every_path() {
     for i in 100..110 {
         assert!(matches!(
             store.begin(&b(i), &fp("x")).await,
-            Err(StoreError::CapacityExceeded)
+            Err(StoreError::Backend(e)) if e.downcast_ref::<tower_idempotency::store::MemoryStoreError>().is_some()
         ));
     }
     assert_eq!(store.len(), 20);
@@ -101,17 +110,25 @@ async fn capacity_is_exact_and_freed_by_every_removal() {
     for i in 0..5 {
         tokens.push(claim(&store, &k(i), &fp("x")).await);
     }
-    let full = |r: Result<Begin, StoreError>| matches!(r, Err(StoreError::CapacityExceeded));
+    let full = |r: Result<Begin, StoreError>| matches!(r, Err(StoreError::Backend(e)) if e.downcast_ref::<tower_idempotency::store::MemoryStoreError>().is_some());
     assert!(full(store.begin(&k(5), &fp("x")).await));
     store.release(&k(4), tokens[4]).await.unwrap();
     tokens[4] = claim(&store, &k(5), &fp("x")).await;
     assert!(full(store.begin(&k(4), &fp("x")).await));
     store
-        .complete(&k(0), tokens[0], body_response("small"))
+        .complete(
+            &k(0),
+            tokens[0],
+            Completion::Response(body_response("small")),
+        )
         .await
         .unwrap();
     store
-        .complete(&k(1), tokens[1], body_response(vec![0u8; 4096]))
+        .complete(
+            &k(1),
+            tokens[1],
+            Completion::Response(body_response(vec![0u8; 4096])),
+        )
         .await
         .unwrap();
     assert!(full(store.begin(&k(6), &fp("x")).await));
@@ -154,14 +171,14 @@ async fn purge_scope_removes_exactly_one_scope() {
                 0 => {
                     let body = format!("{scope}/{key}");
                     store
-                        .complete(&rk, token, body_response(body))
+                        .complete(&rk, token, Completion::Response(body_response(body)))
                         .await
                         .unwrap();
                 }
                 1 => {
                     let body = format!("{scope}/{key}").repeat(200);
                     store
-                        .complete(&rk, token, body_response(body))
+                        .complete(&rk, token, Completion::Response(body_response(body)))
                         .await
                         .unwrap();
                 }
@@ -196,7 +213,11 @@ async fn purge_scope_removes_exactly_one_scope() {
             if scope == "acme" {
                 if i >= 2 {
                     let token = tokens[&(scope, *key)];
-                    claim_lost(store.complete(&rk, token, body_response("late")).await);
+                    claim_lost(
+                        store
+                            .complete(&rk, token, Completion::Response(body_response("late")))
+                            .await,
+                    );
                 }
                 // Gone: the same request runs anew.
                 claim(&store, &rk, &fp("x")).await;
@@ -234,7 +255,11 @@ async fn the_same_key_in_many_scopes_never_crosses() {
         let rk = record(&format!("tenant-{s}"), key);
         let token = claim(&store, &rk, &fp("x")).await;
         store
-            .complete(&rk, token, body_response(format!("tenant-{s}")))
+            .complete(
+                &rk,
+                token,
+                Completion::Response(body_response(format!("tenant-{s}"))),
+            )
             .await
             .unwrap();
     }

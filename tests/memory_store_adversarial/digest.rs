@@ -1,6 +1,7 @@
 //! Exact digest versus canonical fingerprint.
 
 use super::*;
+use tower_idempotency::store::Completion;
 
 /// A request whose fingerprint was computed elsewhere (no exact bytes, and a
 /// local digest of the fingerprint rather than of the canonical form).
@@ -74,7 +75,7 @@ async fn canonically_equal_bytes_match_and_other_content_mismatches() {
     mismatch(&store, &key, &pre(*r.json(others[0]).fingerprint())).await;
 
     store
-        .complete(&key, token, body_response("created"))
+        .complete(&key, token, Completion::Response(body_response("created")))
         .await
         .unwrap();
     for same in [r.json(first), r.json(reordered)] {
@@ -99,7 +100,11 @@ async fn a_claim_from_non_canonical_bytes_matches_canonical_retries() {
     in_progress(&store, &key, &r.json(r#"{"a":{},"b":[1,2]}"#)).await;
     mismatch(&store, &key, &r.json(r#"{"a":{},"b":[2,1]}"#)).await;
     store
-        .complete(&key, token, body_response(vec![b'z'; 1500]))
+        .complete(
+            &key,
+            token,
+            Completion::Response(body_response(vec![b'z'; 1500])),
+        )
         .await
         .unwrap();
     let replay = replayed(&store, &key, &r.json(r#"{"a":{},"b":[1,2]}"#)).await;
@@ -130,9 +135,13 @@ async fn a_new_claim_does_not_inherit_the_old_exact_digest() {
     let dead = token;
     let token = claim(&store, &key, &r.json(old)).await;
     mismatch(&store, &key, &r.json(new)).await;
-    claim_lost(store.complete(&key, dead, body_response("new")).await);
+    claim_lost(
+        store
+            .complete(&key, dead, Completion::Response(body_response("new")))
+            .await,
+    );
     store
-        .complete(&key, token, body_response("old"))
+        .complete(&key, token, Completion::Response(body_response("old")))
         .await
         .unwrap();
     mismatch(&store, &key, &r.json(new)).await;
@@ -142,7 +151,7 @@ async fn a_new_claim_does_not_inherit_the_old_exact_digest() {
     let token = claim(&store, &key, &r.json(new)).await;
     mismatch(&store, &key, &r.json(old)).await;
     store
-        .complete(&key, token, body_response("new"))
+        .complete(&key, token, Completion::Response(body_response("new")))
         .await
         .unwrap();
     mismatch(&store, &key, &r.json(old)).await;
@@ -166,7 +175,7 @@ async fn precomputed_fingerprints_match_each_other_by_fingerprint() {
     // A request given by its parts is compared by its own local digest.
     mismatch(&store, &key, &r.json(r#"{"sku":"A","qty":1}"#)).await;
     store
-        .complete(&key, token, body_response("created"))
+        .complete(&key, token, Completion::Response(body_response("created")))
         .await
         .unwrap();
     assert_eq!(

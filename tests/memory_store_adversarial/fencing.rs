@@ -1,6 +1,8 @@
 //! Fencing of stale and forged tokens, and stale entries of the expiry queue.
 
 use super::*;
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 
 /// A stale token can neither complete nor release the claim that replaced it,
 /// nor touch the record after the new owner completed it.
@@ -18,18 +20,30 @@ async fn a_stale_token_is_fenced_after_a_takeover() {
     assert!(fresh > dead);
     assert_eq!(store.len(), 1, "a takeover replaces, it does not add");
 
-    claim_lost(store.complete(&key, dead, body_response("stale")).await);
+    claim_lost(
+        store
+            .complete(&key, dead, Completion::Response(body_response("stale")))
+            .await,
+    );
     store.release(&key, dead).await.unwrap();
     // The stale release did not free the new claim.
     in_progress(&store, &key, &fp("b")).await;
     mismatch(&store, &key, &a).await;
 
     store
-        .complete(&key, fresh, body_response("fresh"))
+        .complete(&key, fresh, Completion::Response(body_response("fresh")))
         .await
         .unwrap();
-    claim_lost(store.complete(&key, dead, body_response("stale")).await);
-    claim_lost(store.complete(&key, fresh, body_response("again")).await);
+    claim_lost(
+        store
+            .complete(&key, dead, Completion::Response(body_response("stale")))
+            .await,
+    );
+    claim_lost(
+        store
+            .complete(&key, fresh, Completion::Response(body_response("again")))
+            .await,
+    );
     store.release(&key, dead).await.unwrap();
     // Releasing a completed record (even by its owner) changes nothing.
     store.release(&key, fresh).await.unwrap();
@@ -46,11 +60,19 @@ async fn complete_after_release_is_claim_lost() {
     let first = claim(&store, &key, &fp("a")).await;
     store.release(&key, first).await.unwrap();
     assert_eq!(store.len(), 0);
-    claim_lost(store.complete(&key, first, body_response("late")).await);
+    claim_lost(
+        store
+            .complete(&key, first, Completion::Response(body_response("late")))
+            .await,
+    );
     assert_eq!(store.len(), 0, "a refused completion inserts nothing");
     // The key is free: a fresh claim, not a replay of the refused completion.
     let second = claim(&store, &key, &fp("a")).await;
-    claim_lost(store.complete(&key, first, body_response("late")).await);
+    claim_lost(
+        store
+            .complete(&key, first, Completion::Response(body_response("late")))
+            .await,
+    );
     store.release(&key, first).await.unwrap();
     in_progress(&store, &key, &fp("a")).await;
     store.release(&key, second).await.unwrap();
@@ -59,15 +81,23 @@ async fn complete_after_release_is_claim_lost() {
     let other = record("acme", "fence-00000003");
     let other_token = claim(&store, &other, &fp("a")).await;
     let third = claim(&store, &key, &fp("a")).await;
-    claim_lost(store.complete(&key, other_token, body_response("x")).await);
+    claim_lost(
+        store
+            .complete(&key, other_token, Completion::Response(body_response("x")))
+            .await,
+    );
     store.release(&key, other_token).await.unwrap();
     in_progress(&store, &key, &fp("a")).await;
     store
-        .complete(&key, third, body_response("k"))
+        .complete(&key, third, Completion::Response(body_response("k")))
         .await
         .unwrap();
     store
-        .complete(&other, other_token, body_response("o"))
+        .complete(
+            &other,
+            other_token,
+            Completion::Response(body_response("o")),
+        )
         .await
         .unwrap();
     assert_eq!(replayed(&store, &key, &fp("a")).await.body, "k");
@@ -88,12 +118,16 @@ async fn forged_tokens_are_refused() {
         FencingToken(i64::MIN),
         FencingToken(i64::MAX),
     ] {
-        claim_lost(store.complete(&key, forged, body_response("forged")).await);
+        claim_lost(
+            store
+                .complete(&key, forged, Completion::Response(body_response("forged")))
+                .await,
+        );
         store.release(&key, forged).await.unwrap();
         in_progress(&store, &key, &fp("a")).await;
     }
     store
-        .complete(&key, token, body_response("real"))
+        .complete(&key, token, Completion::Response(body_response("real")))
         .await
         .unwrap();
     assert_eq!(replayed(&store, &key, &fp("a")).await.body, "real");
@@ -109,7 +143,7 @@ async fn complete_fillers(store: &MemoryStore, scope: &str, n: usize) {
         let key = record(scope, &format!("filler-{i:08}"));
         let token = claim(store, &key, &fp("f")).await;
         store
-            .complete(&key, token, body_response("filler"))
+            .complete(&key, token, Completion::Response(body_response("filler")))
             .await
             .unwrap();
     }
@@ -127,7 +161,7 @@ async fn a_stale_queue_entry_never_evicts_a_newer_record() {
     let key = record("acme", "queue-00000001");
     let old = claim(&store, &key, &fp("a")).await;
     store
-        .complete(&key, old, body_response("old"))
+        .complete(&key, old, Completion::Response(body_response("old")))
         .await
         .unwrap();
     assert_eq!(store.len(), 21);
@@ -147,7 +181,7 @@ async fn a_stale_queue_entry_never_evicts_a_newer_record() {
     in_progress(&store, &key, &fp("b")).await;
     mismatch(&store, &key, &fp("a")).await;
     store
-        .complete(&key, new, body_response("new"))
+        .complete(&key, new, Completion::Response(body_response("new")))
         .await
         .unwrap();
     assert_eq!(replayed(&store, &key, &fp("b")).await.body, "new");
@@ -164,14 +198,14 @@ async fn a_stale_queue_entry_never_evicts_a_newer_completion() {
     let key = record("acme", "queue-00000002");
     let old = claim(&store, &key, &fp("a")).await;
     store
-        .complete(&key, old, body_response("old"))
+        .complete(&key, old, Completion::Response(body_response("old")))
         .await
         .unwrap();
 
     tokio::time::advance(Duration::from_millis(150)).await;
     let new = claim(&store, &key, &fp("b")).await;
     store
-        .complete(&key, new, body_response("new"))
+        .complete(&key, new, Completion::Response(body_response("new")))
         .await
         .unwrap();
     tokio::time::advance(Duration::from_millis(10)).await;

@@ -20,6 +20,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_idempotency::store::Maintenance;
 use tower_idempotency::{
     Begin, FencingToken, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint,
     Scope, Store, StoreError, StoredResponse,

@@ -1,12 +1,17 @@
 //! The packed encoding of odd responses, and replays independent of the record.
 
 use super::*;
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 
 /// Replays `response` through a claim and completion, and checks it comes
 /// back byte for byte, sensitive flags included.
 async fn round_trip(store: &MemoryStore, key: &RecordKey, response: StoredResponse) {
     let token = claim(store, key, &fp("x")).await;
-    store.complete(key, token, response.clone()).await.unwrap();
+    store
+        .complete(key, token, Completion::Response(response.clone()))
+        .await
+        .unwrap();
     for _ in 0..2 {
         let replay = replayed(store, key, &fp("x")).await;
         assert_eq!(replay.status, response.status);
@@ -135,7 +140,11 @@ async fn replays_are_independent_of_the_record() {
     let key = record("outlive", "outlive-0001");
     let token = claim(&store, &key, &fp("x")).await;
     store
-        .complete(&key, token, body_response(&b"kept after purge"[..]))
+        .complete(
+            &key,
+            token,
+            Completion::Response(body_response(&b"kept after purge"[..])),
+        )
         .await
         .unwrap();
     let replay = replayed(&store, &key, &fp("x")).await;
@@ -143,7 +152,11 @@ async fn replays_are_independent_of_the_record() {
     // A new record of the same key does not disturb the earlier replay.
     let token = claim(&store, &key, &fp("x")).await;
     store
-        .complete(&key, token, body_response(&b"another response"[..]))
+        .complete(
+            &key,
+            token,
+            Completion::Response(body_response(&b"another response"[..])),
+        )
         .await
         .unwrap();
     drop(store);

@@ -3,10 +3,12 @@
 //! removal path, under concurrency too.
 
 use super::*;
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 
 fn over_quota(result: Result<Begin, StoreError>) {
     assert!(
-        matches!(result, Err(StoreError::ScopeQuotaExceeded)),
+        matches!(result, Err(StoreError::QuotaExceeded)),
         "expected ScopeQuotaExceeded, got {result:?}"
     );
 }
@@ -26,7 +28,11 @@ async fn one_scope_at_its_quota_cannot_lock_the_others_out() {
     }
     for (i, token) in tokens.iter().enumerate().take(2) {
         store
-            .complete(&key("noisy", i), *token, body_response("done"))
+            .complete(
+                &key("noisy", i),
+                *token,
+                Completion::Response(body_response("done")),
+            )
             .await
             .unwrap();
     }
@@ -50,7 +56,11 @@ async fn one_scope_at_its_quota_cannot_lock_the_others_out() {
     let t = claim(&store, &key("noisy", 3), &fp("x")).await;
     over_quota(store.begin(&key("noisy", 4), &fp("x")).await);
     store
-        .complete(&key("noisy", 3), t, body_response("done"))
+        .complete(
+            &key("noisy", 3),
+            t,
+            Completion::Response(body_response("done")),
+        )
         .await
         .unwrap();
     // ...and so does a purge of the scope, and nothing of the others.
@@ -88,7 +98,11 @@ async fn the_count_follows_every_removal_path() {
     assert_eq!(held(), 20);
     for (i, token) in tokens.iter().enumerate().take(10) {
         store
-            .complete(&key(i), *token, body_response(vec![b'x'; 100 * i]))
+            .complete(
+                &key(i),
+                *token,
+                Completion::Response(body_response(vec![b'x'; 100 * i])),
+            )
             .await
             .unwrap();
     }
@@ -145,7 +159,7 @@ async fn the_quota_is_exact_under_concurrency() {
                         assert!(store.scope_len(&Scope::new(scope)) <= 10);
                         if (t + i) % 7 == 0 && kept < 1 {
                             store
-                                .complete(&key, token, body_response("kept"))
+                                .complete(&key, token, Completion::Response(body_response("kept")))
                                 .await
                                 .unwrap();
                             kept += 1;
@@ -154,7 +168,7 @@ async fn the_quota_is_exact_under_concurrency() {
                             store.release(&key, token).await.unwrap();
                         }
                     }
-                    Err(StoreError::ScopeQuotaExceeded) => {
+                    Err(StoreError::QuotaExceeded) => {
                         over.fetch_add(1, Ordering::Relaxed);
                     }
                     other => panic!("unexpected {other:?}"),

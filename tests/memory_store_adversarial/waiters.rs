@@ -1,6 +1,8 @@
 //! Waiters: woken by purges, completions and releases, and bounded by the lock.
 
 use super::*;
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_wake_on_purge_scope() {
@@ -15,7 +17,11 @@ async fn waiters_wake_on_purge_scope() {
     for waiter in waiters {
         woken(waiter, "purge_scope").await;
     }
-    claim_lost(store.complete(&key, token, body_response("late")).await);
+    claim_lost(
+        store
+            .complete(&key, token, Completion::Response(body_response("late")))
+            .await,
+    );
     assert_eq!(store.len(), 0);
 }
 
@@ -28,7 +34,11 @@ async fn waiters_wake_on_a_large_completion_and_on_release() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     // A body too large to pack takes the other completion path.
     store
-        .complete(&key, token, body_response(vec![b'x'; 5000]))
+        .complete(
+            &key,
+            token,
+            Completion::Response(body_response(vec![b'x'; 5000])),
+        )
         .await
         .unwrap();
     woken(waiter, "a large completion").await;
@@ -69,11 +79,15 @@ async fn a_waiter_on_an_abandoned_claim_returns_at_lock_expiry() {
     // A waiter on the new claim is woken by its completion, not the old one's.
     let waiter = spawn_waiter(&store, &key, Duration::from_secs(30));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    claim_lost(store.complete(&key, dead, body_response("late")).await);
+    claim_lost(
+        store
+            .complete(&key, dead, Completion::Response(body_response("late")))
+            .await,
+    );
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert!(!waiter.is_finished(), "woken by a refused completion");
     store
-        .complete(&key, fresh, body_response("ok"))
+        .complete(&key, fresh, Completion::Response(body_response("ok")))
         .await
         .unwrap();
     woken(waiter, "the new claim's completion").await;
@@ -89,7 +103,7 @@ async fn wait_with_an_unbounded_timeout_does_not_overflow() {
     let waiter = spawn_waiter(&store, &key, Duration::MAX);
     tokio::time::sleep(Duration::from_millis(50)).await;
     store
-        .complete(&key, token, body_response("ok"))
+        .complete(&key, token, Completion::Response(body_response("ok")))
         .await
         .unwrap();
     woken(waiter, "the completion").await;
@@ -103,7 +117,7 @@ async fn wait_with_an_unbounded_timeout_does_not_overflow() {
     woken(waiter, "its own timeout").await;
     in_progress(&store, &key, &fp("a")).await;
     store
-        .complete(&key, token, body_response("ok"))
+        .complete(&key, token, Completion::Response(body_response("ok")))
         .await
         .unwrap();
     assert_eq!(replayed(&store, &key, &fp("a")).await.body, "ok");

@@ -1,6 +1,7 @@
 //! The layer end to end, and the round-trip budget.
 
 use super::*;
+use tower_idempotency::store::Completion;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer_runs_the_handler_once_for_200_concurrent_identical_requests() {
@@ -170,7 +171,7 @@ async fn replay_is_a_read_no_row_write_lock_or_token() {
     let (done, running) = (fresh_key(), fresh_key());
     let token = claim(&store, &done, "a").await;
     store
-        .complete(&done, token, response(b"body"))
+        .complete(&done, token, Completion::Response(response(b"body")))
         .await
         .unwrap();
     claim(&store, &running, "a").await;

@@ -3,6 +3,8 @@
 //! reaches every instance's cache.
 
 use super::*;
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 use tower_idempotency::store::NearCache;
 
 /// Two instances on one table, both listening.
@@ -30,7 +32,9 @@ async fn a_hot_keys_retries_reach_the_database_once_per_instance() {
     let (a, b) = two_instances(&url, Duration::from_secs(60)).await;
     let key = fresh_key();
     let token = claim(&a, &key, "order").await;
-    a.complete(&key, token, response(b"created")).await.unwrap();
+    a.complete(&key, token, Completion::Response(response(b"created")))
+        .await
+        .unwrap();
     // The instance that completed it: no round trip at all.
     let before = a.round_trips();
     for _ in 0..100 {
@@ -68,7 +72,9 @@ async fn a_purge_on_one_instance_reaches_the_near_cache_of_every_instance() {
     let (a, b) = two_instances(&url, Duration::from_secs(60)).await;
     let key = fresh_key();
     let token = claim(&a, &key, "order").await;
-    a.complete(&key, token, response(b"created")).await.unwrap();
+    a.complete(&key, token, Completion::Response(response(b"created")))
+        .await
+        .unwrap();
     assert!(matches!(
         b.begin(&key, &fingerprint("order")).await,
         Ok(Begin::Replay(_))
@@ -100,7 +106,9 @@ async fn a_near_record_never_outlives_its_retention() {
     let (a, _b) = two_instances(&url, Duration::from_millis(300)).await;
     let key = fresh_key();
     let token = claim(&a, &key, "order").await;
-    a.complete(&key, token, response(b"created")).await.unwrap();
+    a.complete(&key, token, Completion::Response(response(b"created")))
+        .await
+        .unwrap();
     assert!(matches!(
         a.begin(&key, &fingerprint("order")).await,
         Ok(Begin::Replay(_))
@@ -126,7 +134,7 @@ async fn without_a_listener_or_disabled_every_begin_asks_the_database() {
         let key = fresh_key();
         let token = claim(store, &key, "order").await;
         store
-            .complete(&key, token, response(b"created"))
+            .complete(&key, token, Completion::Response(response(b"created")))
             .await
             .unwrap();
         let before = store.round_trips();

@@ -1,6 +1,7 @@
 //! Outages: a store outage answers 503, and the service resumes when the database returns.
 
 use super::*;
+use tower_idempotency::store::Maintenance;
 
 type OrderService =
     BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;

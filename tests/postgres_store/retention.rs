@@ -1,6 +1,8 @@
 //! Retention: batched purges, and large binary bodies.
 
 use super::*;
+use tower_idempotency::store::Completion;
+use tower_idempotency::store::Maintenance;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purge_deletes_expired_records_in_batches_of_1000() {
@@ -14,7 +16,7 @@ async fn purge_deletes_expired_records_in_batches_of_1000() {
     let live = fresh_key();
     let token = claim(&store, &live, "a").await;
     store
-        .complete(&live, token, response(b"kept"))
+        .complete(&live, token, Completion::Response(response(b"kept")))
         .await
         .unwrap();
     assert_eq!(store.purge_expired().await.unwrap(), 0); // warms the statement cache
@@ -54,7 +56,10 @@ async fn large_binary_bodies_replay_byte_for_byte() {
     let mut stored = response(b"");
     stored.body = Bytes::from(body.clone());
     stored.status = StatusCode::ACCEPTED;
-    store.complete(&key, token, stored.clone()).await.unwrap();
+    store
+        .complete(&key, token, Completion::Response(stored.clone()))
+        .await
+        .unwrap();
     match store.begin(&key, &fingerprint("a")).await.unwrap() {
         Begin::Replay(replayed) => assert_eq!(*replayed, stored),
         other => panic!("expected a replay, got {other:?}"),

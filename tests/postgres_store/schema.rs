@@ -1,6 +1,7 @@
 //! Schema: concurrent migrations, and identifier validation.
 
 use super::*;
+use tower_idempotency::store::Completion;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
@@ -27,7 +28,10 @@ async fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
     assert_eq!(store.table(), format!("{schema}.{table}"));
     let key = fresh_key();
     let token = claim(&store, &key, "a").await;
-    store.complete(&key, token, response(b"ok")).await.unwrap();
+    store
+        .complete(&key, token, Completion::Response(response(b"ok")))
+        .await
+        .unwrap();
 }
 
 #[test]

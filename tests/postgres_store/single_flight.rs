@@ -1,6 +1,7 @@
 //! Single flight: concurrent identical begins share one query.
 
 use super::*;
+use tower_idempotency::store::Completion;
 
 /// Polls `done` until it holds (at most 10 s).
 async fn until(what: &str, done: impl Fn() -> bool) {
@@ -21,7 +22,10 @@ async fn one_connection_store(
     let store = PostgresStore::new(pool.clone()).with_table(&pg::unique_table("flight"));
     store.migrate().await.unwrap();
     let token = claim(&store, key, "a").await;
-    store.complete(key, token, response(b"done")).await.unwrap();
+    store
+        .complete(key, token, Completion::Response(response(b"done")))
+        .await
+        .unwrap();
     (store, pool)
 }
 
@@ -116,7 +120,7 @@ async fn concurrent_begins_through_a_pool_of_eight_issue_far_fewer_queries() {
     let key = fresh_key();
     let token = claim(&store, &key, "a").await;
     store
-        .complete(&key, token, response(b"done"))
+        .complete(&key, token, Completion::Response(response(b"done")))
         .await
         .unwrap();
     for round in 0..3 {
@@ -214,7 +218,7 @@ async fn a_failed_leader_shares_no_answer_and_strands_no_follower() {
     let key = fresh_key();
     let token = claim(&store, &key, "a").await;
     store
-        .complete(&key, token, response(b"done"))
+        .complete(&key, token, Completion::Response(response(b"done")))
         .await
         .unwrap();
     let (followed, shared) = (store.begins_followed(), store.begins_shared());

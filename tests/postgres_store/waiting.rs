@@ -1,6 +1,7 @@
 //! Waiting: `NOTIFY` across instances, rechecks, and the lock's expiry on the database's clock.
 
 use super::*;
+use tower_idempotency::store::Completion;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_are_woken_by_notify_from_another_instance() {
@@ -25,7 +26,7 @@ async fn waiters_are_woken_by_notify_from_another_instance() {
     tokio::time::sleep(Duration::from_millis(600)).await;
     let completed = Instant::now();
     completing
-        .complete(&key, token, response(b"done"))
+        .complete(&key, token, Completion::Response(response(b"done")))
         .await
         .unwrap();
     let woken = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -64,7 +65,7 @@ async fn waiters_without_a_listener_notice_completion_by_rechecking() {
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     store
-        .complete(&key, token, response(b"done"))
+        .complete(&key, token, Completion::Response(response(b"done")))
         .await
         .unwrap();
     // Re-checks back off to at most one second.

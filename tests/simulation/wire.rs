@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower_idempotency::store::{Completion, Maintenance, MemoryStoreError, Timings};
 use tower_idempotency::{
     Begin, FencingToken, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint,
     Scope, Store, StoreError, StoredResponse,
@@ -130,8 +131,8 @@ async fn serve_one(
 async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, Op)) -> Reply {
     let failed = |e: StoreError| match e {
         StoreError::ClaimLost => Reply::ClaimLost,
-        StoreError::CapacityExceeded => Reply::Full,
-        StoreError::ScopeQuotaExceeded => Reply::Quota,
+        StoreError::Backend(e) if e.downcast_ref::<MemoryStoreError>().is_some() => Reply::Full,
+        StoreError::QuotaExceeded => Reply::Quota,
         other => Reply::Failed(other.to_string()),
     };
     let fenced = |key: &Key,
@@ -183,7 +184,11 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
                 body: Bytes::from(r.body),
             };
             let done = store
-                .complete(&record(&key), FencingToken(token), stored)
+                .complete(
+                    &record(&key),
+                    FencingToken(token),
+                    Completion::Response(stored),
+                )
                 .await;
             fenced(
                 &key,
@@ -196,7 +201,7 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
         }
         Request::CompleteUnavailable(key, token) => {
             let done = store
-                .complete_unavailable(&record(&key), FencingToken(token))
+                .complete(&record(&key), FencingToken(token), Completion::Unavailable)
                 .await;
             let op = Op::CompletedUnavailable(token);
             fenced(&key, token, done, op, "complete_unavailable", &mut log)
@@ -273,8 +278,8 @@ impl RemoteStore {
             Ok(Err(e)) => Err(StoreError::Backend(e.into())),
             Ok(Ok(Reply::Failed(e))) => Err(StoreError::Backend(e.into())),
             Ok(Ok(Reply::ClaimLost)) => Err(StoreError::ClaimLost),
-            Ok(Ok(Reply::Full)) => Err(StoreError::CapacityExceeded),
-            Ok(Ok(Reply::Quota)) => Err(StoreError::ScopeQuotaExceeded),
+            Ok(Ok(Reply::Full)) => Err(StoreError::Backend(Box::new(MemoryStoreError::Full))),
+            Ok(Ok(Reply::Quota)) => Err(StoreError::QuotaExceeded),
             Ok(Ok(reply)) => Ok(reply),
         }
     }
@@ -338,24 +343,19 @@ impl Store for RemoteStore {
         &self,
         record: &RecordKey,
         token: FencingToken,
-        response: StoredResponse,
+        completion: Completion,
     ) -> Result<(), StoreError> {
-        let r = recorded(&response);
-        self.fenced(Request::Complete(key(record), token.0, r))
-            .await
+        let request = match completion {
+            Completion::Response(response) => {
+                Request::Complete(key(record), token.0, recorded(&response))
+            }
+            Completion::Unavailable => Request::CompleteUnavailable(key(record), token.0),
+        };
+        self.fenced(request).await
     }
 
-    async fn complete_unavailable(
-        &self,
-        record: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        self.fenced(Request::CompleteUnavailable(key(record), token.0))
-            .await
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        LOCK
+    fn timings(&self) -> Timings {
+        Timings::new(LOCK)
     }
 
     async fn extend(&self, record: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
@@ -373,7 +373,10 @@ impl Store for RemoteStore {
             other => Err(unexpected(other)),
         }
     }
+}
 
+#[async_trait]
+impl Maintenance for RemoteStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         match self.call(Request::PurgeExpired, OP_TIMEOUT).await? {
             Reply::Count(n) => Ok(n),

@@ -50,7 +50,7 @@ use self::wait::{listener_connect, ListenerConnect};
 use super::encoding::decode_headers;
 use super::near_cache::{Cache, Claims, Completed, NearCache};
 use super::waiters::Waits;
-use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use super::{Begin, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::body::BoxError;
 use crate::limits;
 use bytes::Bytes;
@@ -108,7 +108,8 @@ pub(super) const BEGIN_ATTEMPTS: usize = 8;
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
 /// #     -> Result<(), tower_idempotency::StoreError> {
 /// use std::time::Duration;
-/// use tower_idempotency::{PostgresStore, Store};
+/// use tower_idempotency::store::Maintenance;
+/// use tower_idempotency::PostgresStore;
 ///
 /// let store = PostgresStore::new(pool)
 ///     .with_schema("billing")

@@ -3,9 +3,12 @@
 use super::single_flight::{Join, Landed};
 use super::sql::PURGE_BATCH;
 use super::PostgresStore;
-use super::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
 use crate::store::encoding::{encode_headers, key_id};
 use crate::store::near_cache::Completed;
+use crate::store::{
+    Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
+    Timings,
+};
 use crate::RequestFingerprint;
 use async_trait::async_trait;
 use std::sync::atomic::Ordering;
@@ -60,6 +63,113 @@ impl Store for PostgresStore {
     }
 
     async fn complete(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        completion: Completion,
+    ) -> Result<(), StoreError> {
+        match completion {
+            Completion::Response(response) => self.complete_response(key, token, response).await,
+            Completion::Unavailable => self.complete_unavailable(key, token).await,
+        }
+    }
+
+    fn timings(&self) -> Timings {
+        let config = &self.inner.config;
+        Timings::new(config.lock_timeout).with_retention(config.retention)
+    }
+
+    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        inner
+            .timed(async {
+                let client = inner.client().await?;
+                let rows = inner
+                    .query(&client, &inner.sql.extend, &[&scope, &k, &token.0])
+                    .await?;
+                if rows.is_empty() {
+                    inner.claims.forget(key, token);
+                    return Err(StoreError::ClaimLost);
+                }
+                Ok(())
+            })
+            .await
+    }
+
+    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let id = key_id(key);
+        inner.claims.forget(key, token);
+        inner
+            .timed(async {
+                let client = inner.client().await?;
+                let params: [&(dyn ToSql + Sync); 3] = [&scope, &k, &token.0];
+                inner
+                    .query_then_notify(&client, &inner.sql.release, &params, &id)
+                    .await?;
+                Ok(())
+            })
+            .await
+    }
+
+    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
+        let inner = &self.inner;
+        inner.ensure_listener();
+        inner
+            .waits
+            .wait(key_id(key), timeout, || inner.lock_remaining(key))
+            .await
+    }
+}
+
+#[async_trait]
+impl Maintenance for PostgresStore {
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let client = inner.timed(inner.client()).await?;
+        let mut purged = 0;
+        // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
+        loop {
+            let deleted = inner
+                .timed(inner.execute(&client, &inner.sql.purge, &[]))
+                .await?;
+            purged += deleted;
+            if deleted < PURGE_BATCH {
+                return Ok(purged);
+            }
+        }
+    }
+
+    async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let client = inner.timed(inner.client()).await?;
+        let name = scope.as_str();
+        let mut purged = 0;
+        loop {
+            let deleted = inner
+                .timed(inner.execute(&client, &inner.sql.purge_scope, &[&name]))
+                .await?;
+            purged += deleted;
+            if deleted < PURGE_BATCH {
+                break;
+            }
+        }
+        // Here at once; on the other instances when the notification arrives
+        // (each forgets every record it keeps near: purges are rare).
+        if let Some(cache) = &inner.near_cache {
+            cache.purge_scope(scope);
+        }
+        inner
+            .timed(inner.execute(&client, &inner.sql.notify_purge, &[]))
+            .await?;
+        Ok(purged)
+    }
+}
+
+impl PostgresStore {
+    async fn complete_response(
         &self,
         key: &RecordKey,
         token: FencingToken,
@@ -127,98 +237,5 @@ impl Store for PostgresStore {
             Err(_) => {}
         }
         completed
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        self.inner.config.lock_timeout
-    }
-
-    fn retention(&self) -> Option<Duration> {
-        Some(self.inner.config.retention)
-    }
-
-    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        inner
-            .timed(async {
-                let client = inner.client().await?;
-                let rows = inner
-                    .query(&client, &inner.sql.extend, &[&scope, &k, &token.0])
-                    .await?;
-                if rows.is_empty() {
-                    inner.claims.forget(key, token);
-                    return Err(StoreError::ClaimLost);
-                }
-                Ok(())
-            })
-            .await
-    }
-
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        let id = key_id(key);
-        inner.claims.forget(key, token);
-        inner
-            .timed(async {
-                let client = inner.client().await?;
-                let params: [&(dyn ToSql + Sync); 3] = [&scope, &k, &token.0];
-                inner
-                    .query_then_notify(&client, &inner.sql.release, &params, &id)
-                    .await?;
-                Ok(())
-            })
-            .await
-    }
-
-    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
-        let inner = &self.inner;
-        inner.ensure_listener();
-        inner
-            .waits
-            .wait(key_id(key), timeout, || inner.lock_remaining(key))
-            .await
-    }
-
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let inner = &self.inner;
-        let client = inner.timed(inner.client()).await?;
-        let mut purged = 0;
-        // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
-        loop {
-            let deleted = inner
-                .timed(inner.execute(&client, &inner.sql.purge, &[]))
-                .await?;
-            purged += deleted;
-            if deleted < PURGE_BATCH {
-                return Ok(purged);
-            }
-        }
-    }
-
-    async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
-        let inner = &self.inner;
-        let client = inner.timed(inner.client()).await?;
-        let name = scope.as_str();
-        let mut purged = 0;
-        loop {
-            let deleted = inner
-                .timed(inner.execute(&client, &inner.sql.purge_scope, &[&name]))
-                .await?;
-            purged += deleted;
-            if deleted < PURGE_BATCH {
-                break;
-            }
-        }
-        // Here at once; on the other instances when the notification arrives
-        // (each forgets every record it keeps near: purges are rare).
-        if let Some(cache) = &inner.near_cache {
-            cache.purge_scope(scope);
-        }
-        inner
-            .timed(inner.execute(&client, &inner.sql.notify_purge, &[]))
-            .await?;
-        Ok(purged)
     }
 }

@@ -25,8 +25,7 @@ use super::single_flight::{Join, Landed, Leader};
 use super::{backend, pipelined, Inner, PostgresStore};
 use crate::store::near_cache::Completed;
 use crate::store::{
-    Begin, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
-    TransactionalStore,
+    Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
 };
 use crate::RequestFingerprint;
 use async_trait::async_trait;
@@ -391,10 +390,21 @@ impl RecordTransaction for PgRecordTransaction {
         self.holds_claim
     }
 
-    async fn commit(self: Box<Self>, response: StoredResponse) -> Result<(), StoreError> {
+    async fn commit(self: Box<Self>, completion: Completion) -> Result<(), StoreError> {
+        let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
+        let response = match completion {
+            Completion::Response(response) => response,
+            Completion::Unavailable => {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&scope, &k, &self.token.0];
+                let sql = &self.inner.sql.complete_locked_unavailable;
+                return self
+                    .complete_and_commit(sql, &params, || Completed::Unavailable)
+                    .await;
+            }
+        };
         // Shared with the near cache once committed: no copy of the response.
         let response = Arc::new(response);
-        let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
         let status = response.status.as_u16() as i16;
         let headers = crate::store::encoding::encode_headers(&response.headers);
         let body: &[u8] = &response.body;
@@ -402,14 +412,6 @@ impl RecordTransaction for PgRecordTransaction {
             [&scope, &k, &self.token.0, &status, &headers, &body];
         let stored = || Completed::Response(response.clone());
         self.complete_and_commit(&self.inner.sql.complete_locked, &params, stored)
-            .await
-    }
-
-    async fn commit_unavailable(self: Box<Self>) -> Result<(), StoreError> {
-        let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] = [&scope, &k, &self.token.0];
-        let sql = &self.inner.sql.complete_locked_unavailable;
-        self.complete_and_commit(sql, &params, || Completed::Unavailable)
             .await
     }
 

@@ -4,7 +4,10 @@ use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore};
 use crate::store::encoding::{decode_headers, encode_headers};
 use crate::store::near_cache::Completed;
-use crate::store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::store::{
+    Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
+    Timings,
+};
 use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -355,25 +358,18 @@ impl Store for RedisStore {
         &self,
         key: &RecordKey,
         token: FencingToken,
-        response: StoredResponse,
+        completion: Completion,
     ) -> Result<(), StoreError> {
-        self.inner.finish(key, token, Some(response)).await
+        let response = match completion {
+            Completion::Response(response) => Some(response),
+            Completion::Unavailable => None,
+        };
+        self.inner.finish(key, token, response).await
     }
 
-    async fn complete_unavailable(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-    ) -> Result<(), StoreError> {
-        self.inner.finish(key, token, None).await
-    }
-
-    fn lock_timeout(&self) -> Duration {
-        self.inner.config.lock_timeout
-    }
-
-    fn retention(&self) -> Option<Duration> {
-        Some(self.inner.config.retention)
+    fn timings(&self) -> Timings {
+        let config = &self.inner.config;
+        Timings::new(config.lock_timeout).with_retention(config.retention)
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
@@ -424,7 +420,10 @@ impl Store for RedisStore {
             })
             .await
     }
+}
 
+#[async_trait]
+impl Maintenance for RedisStore {
     /// Redis deletes expired records itself (key TTLs); this trims the
     /// entries of expired records from every scope index, and returns how
     /// many it removed. It scans the whole key space (of every primary on a
