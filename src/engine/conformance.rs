@@ -27,7 +27,7 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", crate::random::lanes()[0])
 }
 
-/// The [`Engine`](crate::Engine) over the store: of 20 concurrent calls with
+/// The [`Engine`] over the store: of 20 concurrent calls with
 /// one identity, one runs the operation and the others get its value;
 /// another identity under the key is refused; a failed operation frees its key.
 pub async fn the_engine_runs_an_operation_once_per_key<S: Store>(store: S) {

@@ -16,8 +16,8 @@ pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 /// Added to every recorded answer and its replays: how many seconds the
 /// store keeps a key's record after its first response was recorded
-/// ([`Store::retention`], whole seconds). See
-/// [`IdempotencyLayer::with_retention_header`].
+/// ([`Timings::retention`](crate::store::Timings::retention), whole seconds). See
+/// [`IdempotencyLayer::with_retention_header`](crate::IdempotencyLayer::with_retention_header).
 pub const IDEMPOTENCY_KEY_RETENTION: HeaderName =
     HeaderName::from_static("idempotency-key-retention");
 

@@ -266,7 +266,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// Whether recorded answers carry `Idempotency-Key-Retention: <seconds>`
     /// (default `true`): the first response the cache policy records and
     /// every replay of it say how long the store keeps the key's record after
-    /// that first response (the store's [`retention`](Store::retention), in
+    /// that first response (the store's [`retention`](crate::store::Timings::retention), in
     /// whole seconds; a store that does not say sends none). A client can
     /// retry under the same key within that time without agreeing with the
     /// server's clock. The value is the same on every answer, so a replay

@@ -38,7 +38,7 @@ thread_local! {
 /// taken over. Expired records are evicted in bounded steps on every claim, in
 /// expiry order, and memory is bounded by [`with_capacity`](Self::with_capacity):
 /// when the store is full of unexpired records, `begin` fails with
-/// [`StoreError::CapacityExceeded`] and the layer answers `503`, rather than
+/// [`MemoryStoreError::Full`] (inside [`StoreError::Backend`]) and the layer answers `503`, rather than
 /// forgetting a record it promised to keep.
 ///
 /// One tenant cannot lock the others out: with
@@ -190,7 +190,7 @@ impl MemoryStore {
 
     /// The most records held at once, in progress or completed (default 1 000 000).
     ///
-    /// A full store refuses new keys with [`StoreError::CapacityExceeded`]
+    /// A full store refuses new keys with [`MemoryStoreError::Full`] (inside [`StoreError::Backend`])
     /// (`503`) until records expire; see
     /// [`with_scope_quota`](Self::with_scope_quota) for keeping one scope from
     /// filling it.

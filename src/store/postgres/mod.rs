@@ -72,7 +72,7 @@ use tokio_postgres::{Row, Socket, Statement};
 /// committing a live row after the statement's snapshot was taken.
 pub(super) const BEGIN_ATTEMPTS: usize = 8;
 
-/// A [`Store`] in a PostgreSQL table, shared by every instance of an application.
+/// A [`Store`](crate::Store) in a PostgreSQL table, shared by every instance of an application.
 ///
 /// - **Atomic, one round trip**: `begin` is a single statement that claims a free
 ///   or expired key (upsert), or reads the live record (replay, mismatch, in
@@ -98,7 +98,7 @@ pub(super) const BEGIN_ATTEMPTS: usize = 8;
 ///   fails fast.
 ///
 /// Call [`migrate`](Self::migrate) once at startup (any number of instances may
-/// run it at once), and [`purge_expired`](Store::purge_expired) periodically.
+/// run it at once), and [`purge_expired`](crate::store::Maintenance::purge_expired) periodically.
 ///
 /// Clones share the pool, the listener and the waiters. Configure a store
 /// before cloning or using it: a `with_*` call on one that has clones panics
@@ -316,7 +316,7 @@ impl PostgresStore {
     /// A retry of a record this instance completed or already read is then
     /// answered from memory, with no round trip. It is used only while the
     /// [listener](Self::with_listener) is connected, because that is how a
-    /// [`purge_scope`](Store::purge_scope) on another instance reaches this
+    /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another instance reaches this
     /// one: without a listener every `begin` asks the database.
     pub fn with_near_cache(self, near_cache: NearCache) -> Self {
         self.reconfigure(|c| c.near_cache = near_cache)

@@ -78,7 +78,7 @@ use std::time::Duration;
 /// - **Cluster**: a record and its scope's index share a hash tag derived from
 ///   the scope, so every script is single-slot and a scope's records live on
 ///   one shard (many scopes spread over all of them; one very busy scope
-///   cannot be spread). [`purge_scope`](crate::Store::purge_scope) reads the
+///   cannot be spread). [`purge_scope`](crate::store::Maintenance::purge_scope) reads the
 ///   scope's index.
 /// - **Waiting**: duplicates waiting for a request in progress are woken by a
 ///   pub/sub message from `complete`/`release` (one subscribed connection per
@@ -383,7 +383,7 @@ impl RedisStore {
     /// A retry of a record this instance completed or already read is then
     /// answered from memory, with no round trip. It is used only while the
     /// store's subscriber is connected, because that is how a
-    /// [`purge_scope`](crate::Store::purge_scope) on another instance reaches
+    /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another instance reaches
     /// this one: while it is not, every `begin` asks Redis.
     pub fn with_near_cache(self, near_cache: NearCache) -> Self {
         self.reconfigure(|c| c.near_cache = near_cache)
