@@ -243,6 +243,7 @@ mod limits;
 #[cfg(feature = "utoipa")]
 #[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
 pub mod openapi;
+mod options;
 mod policy;
 mod random;
 mod response;

@@ -159,10 +159,10 @@ impl IdempotencyDoc {
         if config.header != IDEMPOTENCY_KEY {
             self.header = config.header.as_str().to_owned();
         }
-        self.methods = config.methods.clone();
+        self.methods = config.options.methods.clone();
         self.responder = Responder {
             hook: None,
-            ..config.responder.clone()
+            ..config.options.responder.clone()
         };
         self.retention = config
             .retention_header

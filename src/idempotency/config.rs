@@ -2,9 +2,9 @@
 //! headers it reads and writes.
 
 use crate::engine::in_flight::InFlight;
-use crate::response::Responder;
+use crate::options::Options;
 use crate::store::{Store, TransactionalStore};
-use http::{HeaderName, HeaderValue, Method};
+use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,26 +23,44 @@ pub const IDEMPOTENCY_KEY_RETENTION: HeaderName =
 
 #[derive(Clone)]
 pub(crate) struct Config<E, P> {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) header: HeaderName,
-    pub(crate) methods: Vec<Method>,
     pub(crate) scope: E,
     pub(crate) policy: P,
-    pub(crate) body_limit: usize,
+    /// Everything else: what changing the scope or the policy's type keeps.
+    pub(crate) settings: Settings,
+}
+
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) header: HeaderName,
+    pub(crate) options: Options,
     pub(crate) record_limit: usize,
-    pub(crate) body_timeout: Option<Duration>,
     pub(crate) wait_timeout: Duration,
     pub(crate) replayed_headers: Vec<HeaderName>,
-    pub(crate) responder: Responder,
     /// `Idempotency-Key-Retention`'s value, if it is sent.
     pub(crate) retention_header: Option<HeaderValue>,
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
     pub(crate) max_in_flight: Option<usize>,
-    /// Set by [`IdempotencyLayer::transactional`]: the same store as `store`.
+    /// Set by [`IdempotencyLayer::transactional`](super::IdempotencyLayer::transactional):
+    /// the same store as `store`.
     pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
     /// The setup mistakes already warned about, per route.
     pub(crate) warned: WarnOnce,
+}
+
+impl<E, P> std::ops::Deref for Config<E, P> {
+    type Target = Settings;
+
+    fn deref(&self) -> &Settings {
+        &self.settings
+    }
+}
+
+impl<E, P> std::ops::DerefMut for Config<E, P> {
+    fn deref_mut(&mut self) -> &mut Settings {
+        &mut self.settings
+    }
 }
 
 impl<E, P> std::fmt::Debug for Config<E, P> {

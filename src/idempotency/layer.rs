@@ -1,10 +1,11 @@
-use super::config::{Config, IDEMPOTENCY_KEY};
+use super::config::{Config, Settings, IDEMPOTENCY_KEY};
 use super::service::IdempotencyService;
 use super::warn_once::WarnOnce;
 use crate::engine::in_flight::InFlight;
 use crate::limits;
+use crate::options::Options;
 use crate::policy::{CacheCreated, CachePolicy};
-use crate::response::{ErrorFormat, RefusalResponse, Responder};
+use crate::response::{ErrorFormat, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::{Store, TransactionalStore};
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
@@ -13,8 +14,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
-/// The default [`IdempotencyLayer::with_body_limit`]: 1 MiB.
-const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 /// The default [`IdempotencyLayer::with_record_limit`]: 1 MiB.
 const DEFAULT_RECORD_LIMIT: usize = 1024 * 1024;
 
@@ -59,26 +58,22 @@ impl IdempotencyLayer {
     ) -> Self {
         Self {
             config: Arc::new(Config {
-                retention_header: retention_header(&*store),
-                store,
-                header: IDEMPOTENCY_KEY,
-                methods: vec![Method::POST, Method::PATCH],
                 scope: FromExtension::new(),
                 policy: CacheCreated,
-                body_limit: DEFAULT_BODY_LIMIT,
-                record_limit: DEFAULT_RECORD_LIMIT,
-                body_timeout: None,
-                wait_timeout: Duration::from_secs(5),
-                replayed_headers: vec![CONTENT_TYPE, LOCATION, ETAG, LINK],
-                responder: Responder {
-                    body_limit: Some(DEFAULT_BODY_LIMIT),
-                    ..Responder::default()
+                settings: Settings {
+                    retention_header: retention_header(&*store),
+                    store,
+                    header: IDEMPOTENCY_KEY,
+                    options: Options::new(vec![Method::POST, Method::PATCH]),
+                    record_limit: DEFAULT_RECORD_LIMIT,
+                    wait_timeout: Duration::from_secs(5),
+                    replayed_headers: vec![CONTENT_TYPE, LOCATION, ETAG, LINK],
+                    cancel_on_drop: false,
+                    in_flight: InFlight::new(),
+                    max_in_flight: None,
+                    transactions,
+                    warned: WarnOnce::default(),
                 },
-                cancel_on_drop: false,
-                in_flight: InFlight::new(),
-                max_in_flight: None,
-                transactions,
-                warned: WarnOnce::default(),
             }),
         }
     }
@@ -106,7 +101,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
 
     /// The methods the layer applies to (default POST and PATCH); others pass through.
     pub fn with_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.config_mut().methods = methods.into_iter().collect();
+        self.config_mut().options.set_methods(methods);
         self
     }
 
@@ -122,54 +117,19 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
 
     fn replace_parts<E2, P2>(self, f: impl FnOnce(E, P) -> (E2, P2)) -> IdempotencyLayer<E2, P2> {
         let config = Arc::try_unwrap(self.config).unwrap_or_else(|shared| (*shared).clone());
-        let Config {
-            store,
-            header,
-            methods,
-            scope,
-            policy,
-            body_limit,
-            record_limit,
-            body_timeout,
-            wait_timeout,
-            replayed_headers,
-            responder,
-            retention_header,
-            cancel_on_drop,
-            in_flight,
-            max_in_flight,
-            transactions,
-            warned,
-        } = config;
-        let (scope, policy) = f(scope, policy);
+        let (scope, policy) = f(config.scope, config.policy);
         IdempotencyLayer {
             config: Arc::new(Config {
-                store,
-                header,
-                methods,
                 scope,
                 policy,
-                body_limit,
-                record_limit,
-                body_timeout,
-                wait_timeout,
-                replayed_headers,
-                responder,
-                retention_header,
-                cancel_on_drop,
-                in_flight,
-                max_in_flight,
-                transactions,
-                warned,
+                settings: config.settings,
             }),
         }
     }
 
     /// The largest request body buffered, in bytes (default 1 MiB); larger ones get `413`.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
-        let config = self.config_mut();
-        config.body_limit = bytes;
-        config.responder.body_limit = Some(bytes);
+        self.config_mut().options.set_body_limit(bytes);
         self
     }
 
@@ -188,7 +148,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// How long the whole request body may take to arrive (default: no limit);
     /// slower ones get `408 request_timeout`.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
-        self.config_mut().body_timeout = Some(limits::clamp(timeout, Duration::ZERO));
+        self.config_mut().options.set_body_timeout(timeout);
         self
     }
 
@@ -283,7 +243,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
 
     /// Plain JSON refusals (default) or RFC 9457 `application/problem+json`.
     pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
-        self.config_mut().responder.format = format;
+        self.config_mut().options.set_error_format(format);
         self
     }
 
@@ -323,14 +283,14 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// # }
     /// ```
     pub fn with_refusal_response(mut self, respond: impl RefusalResponse) -> Self {
-        self.config_mut().responder.hook = Some(Arc::new(respond));
+        self.config_mut().options.set_refusal_response(respond);
         self
     }
 
     /// The status for a key reused with another request: `409` (default) or
     /// `422`, as the IETF `Idempotency-Key` draft specifies.
     pub fn with_key_reuse_status(mut self, status: StatusCode) -> Self {
-        self.config_mut().responder.reuse_status = status;
+        self.config_mut().options.responder.reuse_status = status;
         self
     }
 
@@ -338,7 +298,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// `idempotency_store_unavailable` and `overloaded` (default 1 s, rounded
     /// up to whole seconds).
     pub fn with_retry_after(mut self, after: Duration) -> Self {
-        self.config_mut().responder.retry_after = limits::clamp(after, Duration::ZERO);
+        self.config_mut().options.responder.retry_after = limits::clamp(after, Duration::ZERO);
         self
     }
 }
@@ -355,8 +315,8 @@ impl<E, P> std::fmt::Debug for IdempotencyLayer<E, P> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IdempotencyLayer")
             .field("header", &self.config.header)
-            .field("methods", &self.config.methods)
-            .field("body_limit", &self.config.body_limit)
+            .field("methods", &self.config.options.methods)
+            .field("body_limit", &self.config.options.body_limit)
             .field("wait_timeout", &self.config.wait_timeout)
             .finish_non_exhaustive()
     }

@@ -98,7 +98,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        if !self.config.methods.contains(req.method()) {
+        if !self.config.options.methods.contains(req.method()) {
             return ResponseFuture::passthrough(self.inner.call(req));
         }
         // The clone is not ready; keep it and run the instance that was polled ready.
@@ -145,7 +145,8 @@ where
     ResBody::Error: Into<BoxError>,
 {
     async move {
-        let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
+        let refuse =
+            |refusal: Refusal| (Ok(config.options.responder.refuse(refusal)), refusal.into());
 
         // Authentication comes first, so an anonymous caller learns nothing about keys.
         let Some(scope) = config.scope.extract(&parts) else {
@@ -156,11 +157,17 @@ where
             Ok(key) => key,
             Err(problem) => return refuse(problem.into()),
         };
-        let bytes =
-            match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
-                Ok(bytes) => bytes,
-                Err(refusal) => return refuse(refusal),
-            };
+        let bytes = match buffer_body(
+            body,
+            &parts.headers,
+            config.options.body_limit,
+            config.options.body_timeout,
+        )
+        .await
+        {
+            Ok(bytes) => bytes,
+            Err(refusal) => return refuse(refusal),
+        };
         let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let record = RecordKey::new(scope, key);
         // Computed by the store only as far as it needs: a replay of the same bytes
@@ -302,7 +309,8 @@ where
     async move {
         // Moved in, so that it is counted until this future completes.
         let _running = running;
-        let refuse = |refusal: Refusal| (Ok(config.responder.refuse(refusal)), refusal.into());
+        let refuse =
+            |refusal: Refusal| (Ok(config.options.responder.refuse(refusal)), refusal.into());
         let claim = ClaimGuard::new(config.store.clone(), record, token);
         let (claim, transaction) =
             match open_transaction(&*transactions, claim, token, opened).await {

@@ -2,24 +2,39 @@
 
 use super::key::JobCost;
 use crate::lease::store::{Budget, JobStore};
-use crate::response::Responder;
-use http::Method;
+use crate::options::Options;
 use std::sync::Arc;
-use std::time::Duration;
 
 /// What a [`LeaseLayer`](super::LeaseLayer) was configured with.
 #[derive(Clone)]
 pub(crate) struct LeaseConfig<K, E> {
-    pub(crate) store: Arc<dyn JobStore>,
-    pub(crate) kind: Arc<str>,
-    pub(crate) methods: Vec<Method>,
     pub(crate) key: K,
     pub(crate) scope: E,
+    /// Everything else: what changing the scope's type keeps.
+    pub(crate) settings: LeaseSettings,
+}
+
+#[derive(Clone)]
+pub(crate) struct LeaseSettings {
+    pub(crate) store: Arc<dyn JobStore>,
+    pub(crate) kind: Arc<str>,
     pub(crate) owner: Arc<str>,
     pub(crate) budget: Option<Budget>,
     pub(crate) cost: Option<Arc<dyn JobCost>>,
-    pub(crate) body_limit: usize,
-    pub(crate) body_timeout: Option<Duration>,
     pub(crate) location_prefix: Arc<str>,
-    pub(crate) responder: Responder,
+    pub(crate) options: Options,
+}
+
+impl<K, E> std::ops::Deref for LeaseConfig<K, E> {
+    type Target = LeaseSettings;
+
+    fn deref(&self) -> &LeaseSettings {
+        &self.settings
+    }
+}
+
+impl<K, E> std::ops::DerefMut for LeaseConfig<K, E> {
+    fn deref_mut(&mut self) -> &mut LeaseSettings {
+        &mut self.settings
+    }
 }

@@ -1,8 +1,9 @@
-use super::config::LeaseConfig;
+use super::config::{LeaseConfig, LeaseSettings};
 use super::key::{JobCost, JobKeyExtractor};
 use super::service::LeaseService;
 use crate::lease::store::{Budget, JobStore};
-use crate::response::{ErrorFormat, Responder};
+use crate::options::Options;
+use crate::response::ErrorFormat;
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use http::Method;
 use std::sync::Arc;
@@ -36,21 +37,27 @@ impl<K: JobKeyExtractor> LeaseLayer<K> {
         assert!(!kind.is_empty(), "a LeaseLayer needs a non-empty job kind");
         Self {
             config: LeaseConfig {
-                store: Arc::new(store),
-                kind,
-                methods: vec![Method::POST],
                 key,
                 scope: FromExtension::new(),
-                owner: default_owner().into(),
-                budget: None,
-                cost: None,
-                body_limit: 64 * 1024,
-                body_timeout: None,
-                location_prefix: "/jobs/".into(),
-                responder: Responder::default(),
+                settings: LeaseSettings {
+                    store: Arc::new(store),
+                    kind,
+                    owner: default_owner().into(),
+                    budget: None,
+                    cost: None,
+                    location_prefix: "/jobs/".into(),
+                    options: lease_options(),
+                },
             },
         }
     }
+}
+
+/// POST, and start bodies of at most 64 KiB.
+fn lease_options() -> Options {
+    let mut options = Options::new(vec![Method::POST]);
+    options.set_body_limit(64 * 1024);
+    options
 }
 
 fn default_owner() -> String {
@@ -61,21 +68,12 @@ fn default_owner() -> String {
 impl<K, E> LeaseLayer<K, E> {
     /// Where the tenant comes from (default: a [`Scope`] request extension).
     pub fn with_scope<E2: ScopeExtractor>(self, scope: E2) -> LeaseLayer<K, E2> {
-        let c = self.config;
+        let LeaseConfig { key, settings, .. } = self.config;
         LeaseLayer {
             config: LeaseConfig {
-                store: c.store,
-                kind: c.kind,
-                methods: c.methods,
-                key: c.key,
+                key,
                 scope,
-                owner: c.owner,
-                budget: c.budget,
-                cost: c.cost,
-                body_limit: c.body_limit,
-                body_timeout: c.body_timeout,
-                location_prefix: c.location_prefix,
-                responder: c.responder,
+                settings,
             },
         }
     }
@@ -84,7 +82,7 @@ impl<K, E> LeaseLayer<K, E> {
     /// inner service untouched, so `get(read).post(start).layer(lease)` never
     /// starts a job from a `GET` or `HEAD`.
     pub fn with_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.config.methods = methods.into_iter().collect();
+        self.config.options.set_methods(methods);
         self
     }
 
@@ -131,13 +129,13 @@ impl<K, E> LeaseLayer<K, E> {
 
     /// The largest start body buffered (default 64 KiB) → else `413`.
     pub fn with_body_limit(mut self, bytes: usize) -> Self {
-        self.config.body_limit = bytes;
+        self.config.options.set_body_limit(bytes);
         self
     }
 
     /// How long the start body may take to arrive (default: no limit) → else `408`.
     pub fn with_body_timeout(mut self, timeout: Duration) -> Self {
-        self.config.body_timeout = Some(crate::limits::clamp(timeout, Duration::ZERO));
+        self.config.options.set_body_timeout(timeout);
         self
     }
 
@@ -150,7 +148,7 @@ impl<K, E> LeaseLayer<K, E> {
 
     /// Plain JSON refusals (default) or RFC 9457 problem details.
     pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
-        self.config.responder.format = format;
+        self.config.options.set_error_format(format);
         self
     }
 }

@@ -88,7 +88,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
-        if !self.config.methods.contains(req.method()) {
+        if !self.config.options.methods.contains(req.method()) {
             return ResponseFuture::passthrough(self.inner.call(req));
         }
         let clone = self.inner.clone();
@@ -119,21 +119,32 @@ where
     ReqBody: Body + From<Bytes>,
     ReqBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal: JobRefusal| (Ok(refusal.respond(&config.responder)), refusal.into());
+    let refuse = |refusal: JobRefusal| {
+        (
+            Ok(refusal.respond(&config.options.responder)),
+            refusal.into(),
+        )
+    };
     let (mut parts, body) = req.into_parts();
     let Some(scope) = config.scope.extract(&parts) else {
         telemetry::no_scope("lease");
         return refuse(JobRefusal::Unauthorized);
     };
-    let bytes =
-        match buffer_body(body, &parts.headers, config.body_limit, config.body_timeout).await {
-            Ok(bytes) => bytes,
-            Err(refusal) => return refuse(JobRefusal::of_body(refusal)),
-        };
+    let bytes = match buffer_body(
+        body,
+        &parts.headers,
+        config.options.body_limit,
+        config.options.body_timeout,
+    )
+    .await
+    {
+        Ok(bytes) => bytes,
+        Err(refusal) => return refuse(JobRefusal::of_body(refusal)),
+    };
     let key = match config.key.job_key(&scope, &parts, &bytes) {
         Ok(key) => key,
         Err(rejection) => {
-            let responder = &config.responder;
+            let responder = &config.options.responder;
             let answer = responder.error(rejection.status, &rejection.code, &rejection.message);
             return (Ok(answer), JobOutcome::Rejected);
         }
@@ -170,7 +181,7 @@ where
             return (Ok(answer), JobOutcome::Completed);
         }
         Ok(StartOutcome::BudgetExhausted(reset)) => {
-            let answer = JobRefusal::budget_exhausted(&config.responder, &reset);
+            let answer = JobRefusal::budget_exhausted(&config.options.responder, &reset);
             return (Ok(answer), JobOutcome::BudgetExhausted);
         }
         Err(_) => return refuse(JobRefusal::StoreUnavailable),
