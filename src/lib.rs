@@ -232,6 +232,7 @@
 pub mod body;
 mod buffer;
 pub mod client;
+pub mod downstream;
 pub mod engine;
 pub mod fingerprint;
 mod future;
@@ -251,6 +252,7 @@ pub mod store;
 pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
+pub use downstream::{DownstreamKey, DownstreamKeys, DownstreamSecret};
 pub use engine::Engine;
 pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency::{IdempotencyLayer, IdempotencyService, InFlight};

@@ -1,6 +1,7 @@
 use super::claimed::InFlight;
 use super::service::IdempotencyService;
 use super::warn_once::WarnOnce;
+use crate::downstream::DownstreamSecret;
 use crate::limits;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, RefusalResponse, Responder};
@@ -61,6 +62,8 @@ pub(crate) struct Config<E, P> {
     pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
     /// The setup mistakes already warned about, per route.
     pub(crate) warned: WarnOnce,
+    /// Keys the derivation of each claimed request's `DownstreamKeys`.
+    pub(crate) downstream_secret: Option<DownstreamSecret>,
 }
 
 impl IdempotencyLayer {
@@ -113,6 +116,7 @@ impl IdempotencyLayer {
                 max_in_flight: None,
                 transactions,
                 warned: WarnOnce::default(),
+                downstream_secret: None,
             }),
         }
     }
@@ -173,6 +177,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
             max_in_flight,
             transactions,
             warned,
+            downstream_secret,
         } = config;
         let (scope, policy) = f(scope, policy);
         IdempotencyLayer {
@@ -194,6 +199,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
                 max_in_flight,
                 transactions,
                 warned,
+                downstream_secret,
             }),
         }
     }
@@ -311,6 +317,17 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
             true => retention_header(&*config.store),
             false => None,
         };
+        self
+    }
+
+    /// Derives the [`DownstreamKeys`](crate::DownstreamKeys) that every
+    /// claimed request finds in its extensions with HMAC-SHA-256 keyed by
+    /// `secret` (default: SHA-256, no secret). Every instance, and every
+    /// [`Engine`](crate::Engine) whose keys must agree with this layer's,
+    /// needs the same secret; changing it changes every downstream key (see
+    /// [`DownstreamSecret`]).
+    pub fn with_downstream_secret(mut self, secret: DownstreamSecret) -> Self {
+        self.config_mut().downstream_secret = Some(secret);
         self
     }
 
