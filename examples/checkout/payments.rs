@@ -2,6 +2,7 @@
 //! with the request's downstream key as the processor's `Idempotency-Key`:
 //! a run of the handler after a crash sends the same key, and the processor
 //! answers with the charge it made the first time instead of a second one.
+//! (The queue consumer, `examples/consumer.rs`, charges through it too.)
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -19,6 +20,13 @@ pub const CARD_PROCESSOR: &str = "card-processor";
 pub struct Processor {
     base: String,
     client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// A charge the processor answered with.
+pub struct Charged {
+    pub id: String,
+    /// Made before, under the same key: nothing was charged now.
+    pub replayed: bool,
 }
 
 /// Why a charge failed: the handler answers `502`, records nothing, and a
@@ -48,6 +56,20 @@ impl Processor {
         amount: u64,
         description: &str,
     ) -> Result<String, PaymentError> {
+        self.charge_once(key, merchant, amount, description)
+            .await
+            .map(|charged| charged.id)
+    }
+
+    /// [`charge`](Self::charge), saying whether the processor made the
+    /// charge now or answered with the one it made before under `key`.
+    pub async fn charge_once(
+        &self,
+        key: &DownstreamKey,
+        merchant: &str,
+        amount: u64,
+        description: &str,
+    ) -> Result<Charged, PaymentError> {
         let body = json!({
             "amount": amount, "currency": "USD",
             "merchant": merchant, "description": description,
@@ -57,11 +79,12 @@ impl Processor {
             .header("idempotency-key", key.to_header_value())
             .body(Full::new(Bytes::from(body.to_string())))
             .expect("a valid request");
-        let reply = self.send(request).await?;
-        reply["id"]
+        let (reply, replayed) = self.send(request).await?;
+        let id = reply["id"]
             .as_str()
             .map(str::to_owned)
-            .ok_or_else(|| PaymentError(format!("no charge id in {reply}")))
+            .ok_or_else(|| PaymentError(format!("no charge id in {reply}")))?;
+        Ok(Charged { id, replayed })
     }
 
     /// The merchant's charges, as the processor lists them.
@@ -70,12 +93,16 @@ impl Processor {
         let request = http::Request::get(uri)
             .body(Full::new(Bytes::new()))
             .map_err(|e| PaymentError(e.to_string()))?;
-        let reply = self.send(request).await?;
+        let (reply, _) = self.send(request).await?;
         Ok(reply["charges"].as_array().cloned().unwrap_or_default())
     }
 
-    /// Sends, bounded in time, so the handler always ends with an answer.
-    async fn send(&self, request: http::Request<Full<Bytes>>) -> Result<Value, PaymentError> {
+    /// Sends, bounded in time, so the handler always ends with an answer;
+    /// returns the body and whether the processor says it is a replay.
+    async fn send(
+        &self,
+        request: http::Request<Full<Bytes>>,
+    ) -> Result<(Value, bool), PaymentError> {
         let call = async {
             let response = self
                 .client
@@ -83,6 +110,7 @@ impl Processor {
                 .await
                 .map_err(|e| PaymentError(e.to_string()))?;
             let status = response.status();
+            let replayed = response.headers().contains_key("idempotent-replayed");
             let body = response
                 .into_body()
                 .collect()
@@ -92,7 +120,7 @@ impl Processor {
             let value: Value =
                 serde_json::from_slice(&body).map_err(|e| PaymentError(e.to_string()))?;
             match status.is_success() {
-                true => Ok(value),
+                true => Ok((value, replayed)),
                 false => Err(PaymentError(format!("{status}: {value}"))),
             }
         };
