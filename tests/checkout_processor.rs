@@ -12,12 +12,16 @@
 //! processor the request's downstream key, and the processor replays.
 
 use crate::http::{HttpClient, RunningExample};
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use serde_json::Value;
-use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 use tower_idempotency::{DownstreamKeys, IdempotencyKey, Scope};
+// The kill tests' (they need PostgreSQL).
+#[cfg(feature = "postgres")]
+use {
+    bytes::Bytes,
+    http_body_util::{BodyExt, Full},
+    std::net::SocketAddr,
+    std::time::{Duration, Instant},
+};
 
 const BODY: &str = r#"{"sku":"SKU-1","qty":2,"currency":"USD"}"#;
 
@@ -34,6 +38,7 @@ fn start_processor(ledger: Option<&str>) -> RunningExample {
 }
 
 /// One POST of the order; `None` when the connection failed (killed).
+#[cfg(feature = "postgres")]
 async fn try_order(addr: SocketAddr, merchant: &str, key: &str) -> Option<(u16, Value)> {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<Full<Bytes>>();
@@ -50,6 +55,7 @@ async fn try_order(addr: SocketAddr, merchant: &str, key: &str) -> Option<(u16, 
 }
 
 /// Retries on `addr` until a `201`; anything else must be "in progress".
+#[cfg(feature = "postgres")]
 async fn retry_until_created(addr: SocketAddr, merchant: &str, key: &str) -> Value {
     let start = Instant::now();
     loop {
@@ -74,6 +80,7 @@ async fn processor_charges(processor: &HttpClient, query: &str) -> Vec<Value> {
 /// step of the first request, the retry answered by the second. After each,
 /// the processor holds exactly one charge under the key's downstream key and
 /// no other for the merchant, and the merchant has one order, paid by it.
+#[cfg(feature = "postgres")]
 async fn killed_at_every_step_charges_once(store: &str, env: &[(&str, Option<&str>)]) {
     let processor = start_processor(None);
     let processor_url = format!("http://{}", processor.addr);
@@ -143,6 +150,7 @@ async fn killed_at_every_step_charges_once(store: &str, env: &[(&str, Option<&st
     }
 }
 
+#[cfg(feature = "postgres")]
 fn database_url(what: &str) -> Option<String> {
     let url = std::env::var("DATABASE_URL").ok();
     if url.is_none() {
