@@ -170,7 +170,7 @@ async fn create_charge(State(ledger): State<Shared>, headers: HeaderMap, body: S
         idempotency_key: key,
         params: params.clone(),
     };
-    let public = charge.public();
+    let (public, id) = (charge.public(), charge.id.clone());
     if ledger.append(charge).is_err() {
         return error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -178,7 +178,7 @@ async fn create_charge(State(ledger): State<Shared>, headers: HeaderMap, body: S
             "nothing was charged",
         );
     }
-    println!("charged {} for {merchant}", public["id"]);
+    println!("charged {id} for {merchant}");
     (StatusCode::CREATED, Json(public)).into_response()
 }
 
