@@ -23,10 +23,25 @@
 //! `CONSUMER_SLOW_MS` (default 0) pauses after each effect is written and
 //! before it commits: the moment a crash test kills the process.
 //!
-//! Prints `effect written for message N` as it goes, and at the end
-//! `messages M, deliveries D, effects E`.
+//! `PROCESSOR_URL` (where `cargo run --example processor` listens) makes each
+//! message charge its amount at that card processor before its effect is
+//! written, under the run's downstream key as the processor's
+//! `Idempotency-Key`: a message redelivered after a crash between the charge
+//! and the record runs again and sends the same key, and the processor
+//! answers with the first charge. That holds even on the memory store, whose
+//! records a restart forgets: the key is derived from the scope and the
+//! message's key alone.
+//!
+//! Prints `charged message N` (`charged message N: replayed by the
+//! processor` for a charge made before) and `effect written for message N`
+//! as it goes, and at the end `messages M, deliveries D, effects E`.
+
+#[allow(dead_code)] // the checkout demo's client: only charges are used here
+#[path = "checkout/payments.rs"]
+mod payments;
 
 use bytes::Bytes;
+use payments::Processor;
 use std::time::Duration;
 use tower_idempotency::engine::{Context, Engine, Identity, Outcome};
 use tower_idempotency::{IdempotencyKey, MemoryStore, Scope};
@@ -130,6 +145,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let messages = env("CONSUMER_MESSAGES", 20)?;
     let slow = Duration::from_millis(env("CONSUMER_SLOW_MS", 0)?);
+    let processor = std::env::var("PROCESSOR_URL")
+        .ok()
+        .map(|url| Processor::new(&url));
     let (engine, ledger, store) = from_env().await?;
     println!("idempotency store: {store}");
     let scope = Scope::new("consumer");
@@ -140,8 +158,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .ok_or("a valid key")?;
         let body: serde_json::Value = serde_json::from_str(&delivery.body)?;
         let amount = body["amount"].as_i64().ok_or("an amount")?;
-        let (ledger, id) = (ledger.clone(), delivery.id);
+        let account = body["account"].as_str().ok_or("an account")?.to_owned();
+        let (ledger, id, processor) = (ledger.clone(), delivery.id, processor.clone());
         let operation = move |context: Context| async move {
+            if let Some(processor) = processor {
+                // The same key on every run of this message, whichever store.
+                let key = context.downstream_keys().key_for(payments::CARD_PROCESSOR);
+                let description = format!("message {id}");
+                let charged = processor
+                    .charge_once(&key, &account, amount as u64, &description)
+                    .await
+                    .map_err(|e| format!("the processor: {e:?}"))?;
+                match charged.replayed {
+                    true => println!("charged message {id}: replayed by the processor"),
+                    false => println!("charged message {id}"),
+                }
+            }
             ledger.write(&context, id, amount).await?;
             println!("effect written for message {id}");
             tokio::time::sleep(slow).await;

@@ -232,6 +232,7 @@
 pub mod body;
 mod buffer;
 pub mod client;
+pub mod downstream;
 pub mod engine;
 pub mod fingerprint;
 mod future;
@@ -252,6 +253,7 @@ pub mod store;
 pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
+pub use downstream::{DownstreamKey, DownstreamKeys, DownstreamSecret};
 pub use engine::in_flight::InFlight;
 pub use engine::Engine;
 pub use fingerprint::{Fingerprint, RequestFingerprint};

@@ -1,5 +1,6 @@
 //! The examples, driven over loopback HTTP (and the checkout demo as a
-//! process): checkout's contract and binary, per-route axum, plain hyper,
+//! process): checkout's contract and binary, checkout charging the card
+//! processor and killed mid-charge, per-route axum, plain hyper,
 //! gRPC-Web, layer order, the queue consumer (as processes), and the client
 //! helpers. One test binary; each
 //! module is the file of the same name.
@@ -11,6 +12,8 @@ mod http;
 mod checkout_binary;
 #[path = "checkout_contract.rs"]
 mod checkout_contract;
+#[path = "checkout_processor.rs"]
+mod checkout_processor;
 #[path = "examples_axum_per_route.rs"]
 mod examples_axum_per_route;
 #[cfg(feature = "client")]

@@ -1,5 +1,5 @@
 //! `IdempotencyLayer` and `MemoryStore`: the layer's answers, failures and
-//! recording, hostile input, exactly-once effects (with PostgreSQL and child
+//! recording, the downstream keys it hands to handlers, hostile input, exactly-once effects (with PostgreSQL and child
 //! processes when the features allow), the store's conformance suite and its
 //! adversarial checks, and the fingerprint's properties. One test binary, so
 //! CI links the dependency graph once for all of them; each module is the
@@ -15,6 +15,8 @@ mod support;
 
 #[path = "axum_routing.rs"]
 mod axum_routing;
+#[path = "downstream_keys.rs"]
+mod downstream_keys;
 #[path = "engine.rs"]
 mod engine;
 #[path = "exactly_once.rs"]

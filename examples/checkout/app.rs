@@ -3,21 +3,32 @@
 //! what was created. Shared by `main.rs` and the tests, which mount the same
 //! router.
 //!
-//! The handler first charges the customer (the simulated payment network),
-//! waits `delay` (the network being slow), then writes the order. Both are
-//! effects a retry must never repeat: the layer runs the handler to completion
-//! even if the client hangs up, and on PostgreSQL both rows are written inside
-//! the layer's transaction, so they commit with the recorded response or not
-//! at all.
+//! The handler first charges the customer (the simulated payment network,
+//! or with a [`Processor`] the card processor over HTTP), waits `delay` (the
+//! network being slow), then writes the order. Both are effects a retry must
+//! never repeat: the layer runs the handler to completion even if the client
+//! hangs up, and on PostgreSQL both rows are written inside the layer's
+//! transaction, so they commit with the recorded response or not at all.
+//!
+//! What no record can cover, a process killed after the charge and before
+//! the record (in plain mode, and always for a processor outside the
+//! database), the downstream keys do: the charge carries the request's
+//! `card-processor` key and the order its `order` key, both the same on
+//! every run of the handler, so a run after a crash gets the first charge
+//! back from the processor and writes no second order.
 
 // `main.rs` and the tests each use part of it.
 #[allow(dead_code)]
 #[path = "ledger.rs"]
 mod ledger;
+#[allow(dead_code)]
+#[path = "payments.rs"]
+mod payments;
 
 use axum::body::Body;
 use axum::extract::{Extension, Request, State};
 use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::middleware::Next;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -25,16 +36,36 @@ pub use ledger::Ledger;
 #[allow(unused_imports)] // the tests count rows with it
 pub use ledger::MemoryLedger;
 use ledger::Writer;
+pub use payments::Processor;
+use payments::CARD_PROCESSOR;
 use serde_json::{json, Value};
 use std::future::{ready, Ready};
 use std::time::Duration;
 use tower_http::auth::{AsyncAuthorizeRequest, AsyncRequireAuthorizationLayer};
-use tower_idempotency::{IdempotencyLayer, Scope, Store};
+use tower_idempotency::{DownstreamKeys, IdempotencyLayer, Scope, Store};
+
+/// The cents one unit costs.
+const UNIT_PRICE: u64 = 1250;
 
 #[derive(Clone)]
 struct AppState {
     ledger: Ledger,
-    delay: Duration,
+    options: Options,
+}
+
+/// How the service charges and how slowly.
+#[derive(Clone, Default)]
+pub struct Options {
+    /// Between the charge and the order: a slow payment network.
+    pub delay: Duration,
+    /// Charges go to this processor over HTTP (else to the ledger's
+    /// simulated payment network).
+    pub processor: Option<Processor>,
+    /// Nonzero: at each checkpoint (`before-charge`, `charged`, `ordered`,
+    /// and `answered`, once the layer recorded the answer and before it is
+    /// sent), print `checkpoint NAME KEY` and pause this long: the points
+    /// where a crash test kills the process.
+    pub pause: Duration,
 }
 
 /// The whole service on the memory store and an in-process ledger.
@@ -45,14 +76,54 @@ pub fn router(store: impl Store, ledger: Ledger, delay: Duration) -> Router {
 
 /// The whole service: auth outside, idempotency on `POST /v1/orders` only.
 pub fn router_with(idempotency: IdempotencyLayer, ledger: Ledger, delay: Duration) -> Router {
+    let options = Options {
+        delay,
+        ..Options::default()
+    };
+    router_with_options(idempotency, ledger, options)
+}
+
+/// [`router_with`], with every option.
+pub fn router_with_options(
+    idempotency: IdempotencyLayer,
+    ledger: Ledger,
+    options: Options,
+) -> Router {
+    let pause = options.pause;
+    // Outside the layer: it has recorded the answer by the time it returns.
+    let answered = axum::middleware::from_fn(move |request: Request, next: Next| async move {
+        let key = key_of(&request);
+        let response = next.run(request).await;
+        checkpoint(pause, "answered", &key).await;
+        response
+    });
     Router::new()
         .route(
             "/v1/orders",
-            post(create_order).layer(idempotency).get(list_orders),
+            post(create_order)
+                .layer(idempotency)
+                .layer(answered)
+                .get(list_orders),
         )
         .route("/v1/charges", get(list_charges))
-        .with_state(AppState { ledger, delay })
+        .with_state(AppState { ledger, options })
         .layer(AsyncRequireAuthorizationLayer::new(BearerMerchant))
+}
+
+fn key_of(request: &Request) -> String {
+    request
+        .headers()
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+async fn checkpoint(pause: Duration, name: &str, key: &str) {
+    if !pause.is_zero() {
+        println!("checkpoint {name} {key}");
+        tokio::time::sleep(pause).await;
+    }
 }
 
 /// Demo auth: `Authorization: Bearer <token>`, where a token of 1 to 64
@@ -95,6 +166,7 @@ fn error(status: StatusCode, code: &str) -> (StatusCode, Json<Value>) {
     let message = match code {
         "unauthorized" => "send Authorization: Bearer <merchant token>",
         "ledger_unavailable" => "the order could not be written; nothing was charged",
+        "payment_failed" => "the processor did not charge; retry with the same key",
         _ => "send {sku: non-empty string, qty: integer 1..99, currency: \"USD\"}",
     };
     (status, Json(json!({ "code": code, "message": message })))
@@ -102,8 +174,9 @@ fn error(status: StatusCode, code: &str) -> (StatusCode, Json<Value>) {
 
 async fn create_order(State(state): State<AppState>, request: Request) -> axum::response::Response {
     let (parts, body) = request.into_parts();
-    let (Some(merchant), Some(writer)) = (
+    let (Some(merchant), Some(keys), Some(writer)) = (
         parts.extensions.get::<Scope>().cloned(),
+        parts.extensions.get::<DownstreamKeys>().cloned(),
         Writer::of(&state.ledger, &parts.extensions),
     ) else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable").into_response();
@@ -114,18 +187,47 @@ async fn create_order(State(state): State<AppState>, request: Request) -> axum::
     let Some((sku, qty)) = validate(&body) else {
         return error(StatusCode::BAD_REQUEST, "invalid_body").into_response();
     };
-    let ledger = &state.ledger;
+    let (ledger, options) = (&state.ledger, &state.options);
     let merchant = merchant.as_str();
-    let Ok(charge) = ledger.charge(&writer, merchant, &sku, qty).await else {
-        return error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable").into_response();
+    let key = keys.idempotency_key().as_str();
+    checkpoint(options.pause, "before-charge", key).await;
+    // The same key on every run of this handler for this request.
+    let charge_key = keys.key_for(CARD_PROCESSOR);
+    let charge = match &options.processor {
+        Some(processor) => {
+            let description = format!("{qty} x {sku}");
+            let charged = processor
+                .charge(&charge_key, merchant, qty * UNIT_PRICE, &description)
+                .await;
+            match charged {
+                Ok(charge) => charge,
+                Err(_) => return error(StatusCode::BAD_GATEWAY, "payment_failed").into_response(),
+            }
+        }
+        None => match ledger
+            .charge(&writer, charge_key.as_str(), merchant, &sku, qty)
+            .await
+        {
+            Ok(charge) => charge,
+            Err(_) => {
+                return error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable")
+                    .into_response()
+            }
+        },
     };
+    checkpoint(options.pause, "charged", key).await;
     // A slow payment network: the window in which clients hang up and retry.
-    if !state.delay.is_zero() {
-        tokio::time::sleep(state.delay).await;
+    if !options.delay.is_zero() {
+        tokio::time::sleep(options.delay).await;
     }
-    let Ok(order) = ledger.order(&writer, merchant, &charge, &sku, qty).await else {
+    let order_key = keys.key_for("order");
+    let ordered = ledger
+        .order(&writer, order_key.as_str(), merchant, &charge, &sku, qty)
+        .await;
+    let Ok(order) = ordered else {
         return error(StatusCode::INTERNAL_SERVER_ERROR, "ledger_unavailable").into_response();
     };
+    checkpoint(options.pause, "ordered", key).await;
     let id = order["id"].as_str().unwrap_or_default();
     let location = HeaderValue::try_from(format!("/v1/orders/{id}")).expect("ids are ASCII");
     (
@@ -161,8 +263,16 @@ async fn list_charges(
     State(state): State<AppState>,
     Extension(merchant): Extension<Scope>,
 ) -> axum::response::Response {
-    match state.ledger.charges(merchant.as_str()).await {
+    let charges = match &state.options.processor {
+        Some(processor) => processor.charges(merchant.as_str()).await.map_err(|_| ()),
+        None => state
+            .ledger
+            .charges(merchant.as_str())
+            .await
+            .map_err(|_| ()),
+    };
+    match charges {
         Ok(charges) => Json(json!({ "charges": charges })).into_response(),
-        Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "ledger_unavailable").into_response(),
+        Err(()) => error(StatusCode::SERVICE_UNAVAILABLE, "ledger_unavailable").into_response(),
     }
 }

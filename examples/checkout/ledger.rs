@@ -2,6 +2,12 @@
 //! the memory store, in PostgreSQL (written inside the idempotency layer's
 //! transaction) with the PostgreSQL store, so that every instance, and a
 //! restarted one, sees the same rows.
+//!
+//! Written outside that transaction (plain mode, or records kept in Redis),
+//! each row commits on its own, before the record: a handler run again after
+//! a crash must not write it twice. So each row carries the request's
+//! downstream key for it, under a unique index, and a second write of it
+//! returns the first row (`ON CONFLICT ... DO UPDATE ... RETURNING`).
 
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -12,9 +18,13 @@ use std::sync::{Arc, Mutex};
 pub enum Ledger {
     /// In this process only.
     Memory(Arc<MemoryLedger>),
-    /// In PostgreSQL tables `checkout_charges` and `checkout_orders`.
+    /// In PostgreSQL tables `checkout_charges` and `checkout_orders`,
+    /// written in the layer's transaction.
     #[cfg(feature = "postgres")]
     Postgres(deadpool_postgres::Pool),
+    /// The same tables, each write committed on its own.
+    #[cfg(feature = "postgres")]
+    PostgresOwnCommits(deadpool_postgres::Pool),
 }
 
 /// Why a write failed (the handler answers `500`; nothing is recorded).
@@ -22,11 +32,35 @@ pub enum Ledger {
 pub struct LedgerError(#[allow(dead_code)] String);
 
 /// Where a handler writes: nowhere special in memory, the request's
-/// transaction on PostgreSQL.
+/// transaction on PostgreSQL, or the pool (a commit per write).
 pub enum Writer {
     Memory,
     #[cfg(feature = "postgres")]
     Transaction(tower_idempotency::PostgresTransaction),
+    #[cfg(feature = "postgres")]
+    Pool(deadpool_postgres::Pool),
+}
+
+#[cfg(feature = "postgres")]
+impl Writer {
+    async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, LedgerError> {
+        let failed = |e: &dyn std::fmt::Display| LedgerError(e.to_string());
+        match self {
+            Self::Transaction(tx) => {
+                let client = tx.client().await.map_err(|e| failed(&e))?;
+                client.query_one(sql, params).await.map_err(|e| failed(&e))
+            }
+            Self::Pool(pool) => {
+                let client = pool.get().await.map_err(|e| failed(&e))?;
+                client.query_one(sql, params).await.map_err(|e| failed(&e))
+            }
+            Self::Memory => Err(LedgerError("writer and ledger disagree".into())),
+        }
+    }
 }
 
 impl Writer {
@@ -40,6 +74,8 @@ impl Writer {
                 .get::<tower_idempotency::PostgresTransaction>()
                 .cloned()
                 .map(Self::Transaction),
+            #[cfg(feature = "postgres")]
+            Ledger::PostgresOwnCommits(pool) => Some(Self::Pool(pool.clone())),
         }
     }
 }
@@ -50,14 +86,18 @@ impl Ledger {
         Self::Memory(Arc::default())
     }
 
-    /// Records a charge of the payment network; returns its id.
+    /// Records a charge of the simulated payment network under `key` (its
+    /// downstream key); returns its id, the first one's for a key charged
+    /// before.
     pub async fn charge(
         &self,
         writer: &Writer,
+        key: &str,
         merchant: &str,
         sku: &str,
         qty: u64,
     ) -> Result<String, LedgerError> {
+        let _ = key;
         match (self, writer) {
             (Self::Memory(ledger), Writer::Memory) => Ok(ledger.push(
                 Table::Charges,
@@ -65,32 +105,35 @@ impl Ledger {
                 |id| json!({ "id": format!("ch_{id:06}"), "sku": sku, "qty": qty }),
             )),
             #[cfg(feature = "postgres")]
-            (Self::Postgres(_), Writer::Transaction(tx)) => {
-                let client = tx.client().await.map_err(|e| LedgerError(e.to_string()))?;
-                let row = client
+            (Self::Memory(_), _) => Err(LedgerError("writer and ledger disagree".into())),
+            #[cfg(feature = "postgres")]
+            _ => {
+                let row = writer
                     .query_one(
-                        "INSERT INTO checkout_charges (merchant, sku, qty) VALUES ($1, $2, $3) \
+                        "INSERT INTO checkout_charges (merchant, sku, qty, charge_key) \
+                         VALUES ($1, $2, $3, $4) \
+                         ON CONFLICT (charge_key) DO UPDATE SET charge_key = EXCLUDED.charge_key \
                          RETURNING 'ch_' || lpad(id::text, 6, '0')",
-                        &[&merchant, &sku, &(qty as i32)],
+                        &[&merchant, &sku, &(qty as i32), &key],
                     )
-                    .await
-                    .map_err(|e| LedgerError(e.to_string()))?;
+                    .await?;
                 Ok(row.get(0))
             }
-            #[cfg(feature = "postgres")]
-            _ => Err(LedgerError("writer and ledger disagree".into())),
         }
     }
 
-    /// Writes the order paid by `charge`; returns it as JSON.
+    /// Writes the order paid by `charge` under `key` (its downstream key);
+    /// returns it as JSON, the first one for a key written before.
     pub async fn order(
         &self,
         writer: &Writer,
+        key: &str,
         merchant: &str,
         charge: &str,
         sku: &str,
         qty: u64,
     ) -> Result<Value, LedgerError> {
+        let _ = key;
         match (self, writer) {
             (Self::Memory(ledger), Writer::Memory) => {
                 let mut order = Value::Null;
@@ -104,23 +147,28 @@ impl Ledger {
                 Ok(order)
             }
             #[cfg(feature = "postgres")]
-            (Self::Postgres(_), Writer::Transaction(tx)) => {
-                let client = tx.client().await.map_err(|e| LedgerError(e.to_string()))?;
-                let row = client
+            (Self::Memory(_), _) => Err(LedgerError("writer and ledger disagree".into())),
+            #[cfg(feature = "postgres")]
+            _ => {
+                let row = writer
                     .query_one(
-                        "INSERT INTO checkout_orders (merchant, charge, sku, qty) \
-                         VALUES ($1, $2, $3, $4) RETURNING 'ord_' || lpad(id::text, 6, '0')",
-                        &[&merchant, &charge, &sku, &(qty as i32)],
+                        "INSERT INTO checkout_orders (merchant, charge, sku, qty, order_key) \
+                         VALUES ($1, $2, $3, $4, $5) \
+                         ON CONFLICT (order_key) DO UPDATE SET order_key = EXCLUDED.order_key \
+                         RETURNING 'ord_' || lpad(id::text, 6, '0'), charge, sku, qty",
+                        &[&merchant, &charge, &sku, &(qty as i32), &key],
                     )
-                    .await
-                    .map_err(|e| LedgerError(e.to_string()))?;
-                let id: String = row.get(0);
+                    .await?;
+                let (id, charge, sku, qty) = (
+                    row.get::<_, String>(0),
+                    row.get::<_, String>(1),
+                    row.get::<_, String>(2),
+                    row.get::<_, i32>(3),
+                );
                 Ok(json!({
                     "id": id, "charge": charge, "sku": sku, "qty": qty, "currency": "USD",
                 }))
             }
-            #[cfg(feature = "postgres")]
-            _ => Err(LedgerError("writer and ledger disagree".into())),
         }
     }
 
@@ -138,7 +186,7 @@ impl Ledger {
         match self {
             Self::Memory(ledger) => Ok(ledger.list(table, merchant)),
             #[cfg(feature = "postgres")]
-            Self::Postgres(pool) => {
+            Self::Postgres(pool) | Self::PostgresOwnCommits(pool) => {
                 let client = pool.get().await.map_err(|e| LedgerError(e.to_string()))?;
                 let sql = match table {
                     Table::Charges => {
@@ -179,7 +227,11 @@ impl Ledger {
                  sku text NOT NULL, qty integer NOT NULL, \
                  created_at timestamptz NOT NULL DEFAULT now()); \
              CREATE INDEX IF NOT EXISTS checkout_charges_merchant ON checkout_charges (merchant); \
-             CREATE INDEX IF NOT EXISTS checkout_orders_merchant ON checkout_orders (merchant);",
+             CREATE INDEX IF NOT EXISTS checkout_orders_merchant ON checkout_orders (merchant); \
+             ALTER TABLE checkout_charges ADD COLUMN IF NOT EXISTS charge_key text; \
+             ALTER TABLE checkout_orders ADD COLUMN IF NOT EXISTS order_key text; \
+             CREATE UNIQUE INDEX IF NOT EXISTS checkout_charges_key ON checkout_charges (charge_key); \
+             CREATE UNIQUE INDEX IF NOT EXISTS checkout_orders_key ON checkout_orders (order_key);",
         )
         .await?;
         tx.commit().await?;

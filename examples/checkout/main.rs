@@ -17,30 +17,59 @@
 //! Redis (a Cluster when it lists several node URLs, comma-separated), so that
 //! several instances replay each other's answers.
 //!
+//! `CHECKOUT_STORE` chooses instead of those defaults: `memory`, `postgres`
+//! (transactional mode), `postgres-plain` (plain mode: each row commits on its
+//! own, before the record) or `redis` (with `DATABASE_URL` too, charges and
+//! orders in PostgreSQL, each committed on its own).
+//!
+//! `PROCESSOR_URL` (say `http://127.0.0.1:3001`, where `cargo run --example
+//! processor` listens) sends each charge to that card processor over HTTP,
+//! with the request's downstream key as the processor's `Idempotency-Key`;
+//! without it the charge is a row of the demo's own ledger.
+//!
+//! `CHECKOUT_PAUSE_MS` (default 0): at each step of the handler (before the
+//! charge, after it, after the order, and once the answer is recorded),
+//! print `checkpoint STEP KEY` and pause: where a crash test kills the
+//! process.
+//!
 //! On ctrl-c or SIGTERM the server stops accepting connections, then waits
 //! for claimed handlers still running (a client may have hung up on them)
 //! before it exits.
 
 mod app;
 
-use app::Ledger;
+use app::{Ledger, Options, Processor};
 use std::time::Duration;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3000".into());
-    let delay_ms: u64 = match std::env::var("CHECKOUT_DELAY_MS") {
-        Ok(v) => v
-            .parse()
-            .map_err(|_| "CHECKOUT_DELAY_MS must be milliseconds")?,
-        Err(_) => 0,
+    let millis = |name: &str| -> Result<Duration, String> {
+        match std::env::var(name) {
+            Ok(v) => v
+                .parse()
+                .map(Duration::from_millis)
+                .map_err(|_| format!("{name} must be milliseconds")),
+            Err(_) => Ok(Duration::ZERO),
+        }
+    };
+    let options = Options {
+        delay: millis("CHECKOUT_DELAY_MS")?,
+        pause: millis("CHECKOUT_PAUSE_MS")?,
+        processor: std::env::var("PROCESSOR_URL")
+            .ok()
+            .map(|url| Processor::new(&url)),
     };
     let (layer, ledger, store_name) = from_env().await?;
     let in_flight = layer.in_flight();
-    let app = app::router_with(layer, ledger, Duration::from_millis(delay_ms));
-    let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("idempotency store: {store_name}");
+    match &options.processor {
+        Some(processor) => println!("charges: processor at {}", processor.url()),
+        None => println!("charges: the demo's ledger"),
+    }
+    let app = app::router_with_options(layer, ledger, options);
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
@@ -77,35 +106,91 @@ async fn shutdown_signal() {
 /// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set
 /// (records, charges and orders in one transaction); else Redis when built
 /// with `--features redis` and `REDIS_URL` is set (records only); memory
-/// otherwise.
+/// otherwise. `CHECKOUT_STORE` chooses instead.
 async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn std::error::Error>>
 {
-    #[cfg(feature = "postgres")]
-    if let Ok(url) = std::env::var("DATABASE_URL") {
-        let (store, pool) = postgres_store(&url).await?;
-        Ledger::migrate(&pool).await?;
-        let layer = IdempotencyLayer::transactional(store);
-        return Ok((layer, Ledger::Postgres(pool), "postgres"));
+    let set = |name: &str| std::env::var(name).is_ok();
+    let choice = match std::env::var("CHECKOUT_STORE") {
+        Ok(choice) => choice,
+        Err(_) if cfg!(feature = "postgres") && set("DATABASE_URL") => "postgres".into(),
+        Err(_) if cfg!(feature = "redis") && set("REDIS_URL") => "redis".into(),
+        Err(_) => "memory".into(),
+    };
+    let needs = |what: &str| format!("CHECKOUT_STORE={choice} needs {what}");
+    match choice.as_str() {
+        "memory" => Ok((
+            IdempotencyLayer::new(MemoryStore::new()),
+            Ledger::memory(),
+            "memory",
+        )),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgres-plain" => {
+            let url = std::env::var("DATABASE_URL").map_err(|_| needs("DATABASE_URL"))?;
+            let (store, pool) = postgres_store(&url).await?;
+            Ledger::migrate(&pool).await?;
+            Ok(match choice.as_str() {
+                "postgres" => (
+                    IdempotencyLayer::transactional(store),
+                    Ledger::Postgres(pool),
+                    "postgres",
+                ),
+                _ => (
+                    IdempotencyLayer::new(store),
+                    Ledger::PostgresOwnCommits(pool),
+                    "postgres-plain",
+                ),
+            })
+        }
+        #[cfg(feature = "redis")]
+        "redis" => {
+            let url = std::env::var("REDIS_URL").map_err(|_| needs("REDIS_URL"))?;
+            let nodes: Vec<&str> = url.split(',').collect();
+            let store = match nodes.len() {
+                1 => tower_idempotency::RedisStore::connect(&url).await?,
+                _ => tower_idempotency::RedisStore::connect_cluster(&nodes).await?,
+            };
+            // As on PostgreSQL: how soon a crashed instance's key is free.
+            let layer = IdempotencyLayer::new(store.with_lock_timeout(Duration::from_secs(2)));
+            Ok((layer, redis_ledger().await?, "redis"))
+        }
+        _ => Err(needs("one of memory, postgres, postgres-plain, redis (with its feature)").into()),
     }
-    #[cfg(feature = "redis")]
-    if let Ok(url) = std::env::var("REDIS_URL") {
-        let nodes: Vec<&str> = url.split(',').collect();
-        let store = match nodes.len() {
-            1 => tower_idempotency::RedisStore::connect(&url).await?,
-            _ => tower_idempotency::RedisStore::connect_cluster(&nodes).await?,
-        };
-        return Ok((IdempotencyLayer::new(store), Ledger::memory(), "redis"));
-    }
-    let layer = IdempotencyLayer::new(MemoryStore::new());
-    Ok((layer, Ledger::memory(), "memory"))
 }
 
-/// A migrated PostgreSQL store whose pool fails fast when the database is down.
+/// With Redis keeping the records, charges and orders are in PostgreSQL when
+/// it is there too (each row committed on its own), in memory otherwise.
+#[cfg(feature = "redis")]
+async fn redis_ledger() -> Result<Ledger, Box<dyn std::error::Error>> {
+    #[cfg(feature = "postgres")]
+    if let Ok(url) = std::env::var("DATABASE_URL") {
+        let (pool, _) = postgres_pool(&url)?;
+        Ledger::migrate(&pool).await?;
+        return Ok(Ledger::PostgresOwnCommits(pool));
+    }
+    Ok(Ledger::memory())
+}
+
+/// A migrated PostgreSQL store and its pool.
 #[cfg(feature = "postgres")]
 async fn postgres_store(
     url: &str,
 ) -> Result<(tower_idempotency::PostgresStore, deadpool_postgres::Pool), Box<dyn std::error::Error>>
 {
+    let (pool, config) = postgres_pool(url)?;
+    // In transactional mode the row lock keeps a live handler's claim, so the
+    // lock timeout only decides how soon a crashed instance's key is free.
+    let store = tower_idempotency::PostgresStore::new(pool.clone())
+        .with_lock_timeout(Duration::from_secs(2))
+        .with_listener(config);
+    store.migrate().await?;
+    Ok((store, pool))
+}
+
+/// A pool that fails fast when the database is down, and its configuration.
+#[cfg(feature = "postgres")]
+fn postgres_pool(
+    url: &str,
+) -> Result<(deadpool_postgres::Pool, tokio_postgres::Config), Box<dyn std::error::Error>> {
     use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
     let mut config: tokio_postgres::Config = url.parse()?;
     config.connect_timeout(Duration::from_secs(3));
@@ -122,11 +207,5 @@ async fn postgres_store(
         .wait_timeout(Some(Duration::from_secs(2)))
         .create_timeout(Some(Duration::from_secs(3)))
         .build()?;
-    // In transactional mode the row lock keeps a live handler's claim, so the
-    // lock timeout only decides how soon a crashed instance's key is free.
-    let store = tower_idempotency::PostgresStore::new(pool.clone())
-        .with_lock_timeout(Duration::from_secs(2))
-        .with_listener(config);
-    store.migrate().await?;
-    Ok((store, pool))
+    Ok((pool, config))
 }

@@ -60,6 +60,7 @@ mod run;
 pub use self::run::Context;
 
 use self::in_flight::InFlight;
+use crate::downstream::DownstreamSecret;
 use crate::store::{Store, StoreError, TransactionalStore};
 use std::fmt;
 use std::sync::Arc;
@@ -76,6 +77,7 @@ pub struct Engine {
     wait_timeout: Duration,
     in_flight: InFlight,
     on_failure: OnFailure,
+    downstream_secret: Option<DownstreamSecret>,
 }
 
 /// What an operation's error does to its key.
@@ -186,6 +188,7 @@ impl Engine {
             wait_timeout: Duration::from_secs(5),
             in_flight: InFlight::new(),
             on_failure: OnFailure::Release,
+            downstream_secret: None,
         }
     }
 
@@ -206,6 +209,15 @@ impl Engine {
     /// instance, with an [`IdempotencyLayer`](crate::IdempotencyLayer)).
     pub fn with_in_flight(mut self, in_flight: InFlight) -> Self {
         self.in_flight = in_flight;
+        self
+    }
+
+    /// Derives each operation's [`Context::downstream_keys`] with
+    /// HMAC-SHA-256 keyed by `secret` (default: SHA-256, no secret), as
+    /// [`IdempotencyLayer::with_downstream_secret`](crate::IdempotencyLayer::with_downstream_secret)
+    /// does: give both the same secret for their keys to agree.
+    pub fn with_downstream_secret(mut self, secret: DownstreamSecret) -> Self {
+        self.downstream_secret = Some(secret);
         self
     }
 

@@ -5,6 +5,7 @@
 use super::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
 use super::decide::{decide, Decision};
 use super::{Engine, EngineError, Identity, OnFailure, Outcome};
+use crate::downstream::DownstreamKeys;
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::Recorder;
 use crate::store::{
@@ -20,6 +21,7 @@ use std::future::Future;
 pub struct Context {
     token: FencingToken,
     extensions: http::Extensions,
+    downstream_keys: DownstreamKeys,
 }
 
 impl Context {
@@ -33,6 +35,27 @@ impl Context {
     /// `PostgresStore`, `get::<PostgresTransaction>()`.
     pub fn get<T: Clone + Send + Sync + 'static>(&self) -> Option<T> {
         self.extensions.get::<T>().cloned()
+    }
+
+    /// The idempotency keys to send down the chain (a processor's
+    /// `Idempotency-Key`): the same on every run of this `(scope, key)`, on
+    /// every instance and every store. See [`DownstreamKeys::key_for`].
+    pub fn downstream_keys(&self) -> &DownstreamKeys {
+        &self.downstream_keys
+    }
+}
+
+impl Engine {
+    fn context(&self, record: &RecordKey, token: FencingToken) -> Context {
+        Context {
+            token,
+            extensions: http::Extensions::new(),
+            downstream_keys: DownstreamKeys::derived(
+                record.scope(),
+                record.key(),
+                self.downstream_secret.as_ref(),
+            ),
+        }
     }
 }
 
@@ -200,11 +223,8 @@ impl Engine {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
+        let context = self.context(&record, token);
         let claim = ClaimGuard::new(self.store.clone(), record, token);
-        let context = Context {
-            token,
-            extensions: http::Extensions::new(),
-        };
         match operation(context).await {
             Ok((bytes, value)) => {
                 let (record, token) = claim.keep();
@@ -229,6 +249,7 @@ impl Engine {
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
         let transactions = self.transactions.as_ref().expect("transactional");
+        let mut context = self.context(&record, token);
         let claim = ClaimGuard::new(self.store.clone(), record, token);
         let (claim, transaction) =
             match open_transaction(&**transactions, claim, token, opened).await {
@@ -237,10 +258,6 @@ impl Engine {
                 Err(NotOpened::TakenOver) => return Ok(Outcome::InProgress),
                 Err(NotOpened::Failed(error)) => return Err(EngineError::Store(error)),
             };
-        let mut context = Context {
-            token,
-            extensions: http::Extensions::new(),
-        };
         transaction.share(&mut context.extensions);
         // Until the commit nothing the operation wrote exists for anyone else:
         // a failure, a panic or a dropped future rolls it back and frees the key.

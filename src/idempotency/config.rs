@@ -1,6 +1,7 @@
 //! The layer's configuration, shared by its services, and the names of the
 //! headers it reads and writes.
 
+use crate::downstream::DownstreamSecret;
 use crate::engine::in_flight::InFlight;
 use crate::options::Options;
 use crate::store::{Store, TransactionalStore};
@@ -47,6 +48,8 @@ pub(crate) struct Settings {
     pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
     /// The setup mistakes already warned about, per route.
     pub(crate) warned: WarnOnce,
+    /// Keys the derivation of each claimed request's `DownstreamKeys`.
+    pub(crate) downstream_secret: Option<DownstreamSecret>,
 }
 
 impl<E, P> std::ops::Deref for Config<E, P> {

@@ -1,6 +1,7 @@
 use super::config::{Config, Settings, IDEMPOTENCY_KEY};
 use super::service::IdempotencyService;
 use super::warn_once::WarnOnce;
+use crate::downstream::DownstreamSecret;
 use crate::engine::in_flight::InFlight;
 use crate::limits;
 use crate::options::Options;
@@ -73,6 +74,7 @@ impl IdempotencyLayer {
                     max_in_flight: None,
                     transactions,
                     warned: WarnOnce::default(),
+                    downstream_secret: None,
                 },
             }),
         }
@@ -238,6 +240,17 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
             true => retention_header(&*config.store),
             false => None,
         };
+        self
+    }
+
+    /// Derives the [`DownstreamKeys`](crate::DownstreamKeys) that every
+    /// claimed request finds in its extensions with HMAC-SHA-256 keyed by
+    /// `secret` (default: SHA-256, no secret). Every instance, and every
+    /// [`Engine`](crate::Engine) whose keys must agree with this layer's,
+    /// needs the same secret; changing it changes every downstream key (see
+    /// [`DownstreamSecret`]).
+    pub fn with_downstream_secret(mut self, secret: DownstreamSecret) -> Self {
+        self.config_mut().downstream_secret = Some(secret);
         self
     }
 

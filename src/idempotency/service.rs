@@ -5,6 +5,7 @@ use super::run_claimed::RunClaimed;
 use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
+use crate::downstream::DownstreamKeys;
 use crate::engine::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
 use crate::engine::decide::{decide, Decision};
 use crate::engine::in_flight::Running;
@@ -129,7 +130,7 @@ where
 fn handle<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
     inner: S,
-    parts: http::request::Parts,
+    mut parts: http::request::Parts,
     body: ReqBody,
 ) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
 where
@@ -219,6 +220,12 @@ where
                 .await;
             return refuse(Refusal::Overloaded);
         };
+        // The same in plain and transactional mode, on every attempt of the key.
+        parts.extensions.insert(DownstreamKeys::derived(
+            record.scope(),
+            record.key(),
+            config.downstream_secret.as_ref(),
+        ));
         let claimed = claimed_handler(
             config.clone(),
             inner,

@@ -7,6 +7,11 @@
 //! writes the order, printing a marker at each point so the parent kills it
 //! exactly there; an outer middleware marks the moment after the record
 //! committed and before the answer leaves.
+//!
+//! The charge stands for a processor that honours idempotency keys: a row
+//! under a unique downstream key (the request's `DownstreamKeys`), which a
+//! second charge under the same key returns instead of adding. The order is
+//! a plain insert, as a write that carries no such key.
 
 use super::support::child::ChildServer;
 use super::support::pg;
@@ -18,7 +23,7 @@ use axum::Router;
 use http::StatusCode;
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
-use tower_idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction};
+use tower_idempotency::{DownstreamKeys, IdempotencyLayer, PostgresStore, PostgresTransaction};
 
 const CHILD_ENV: &str = "TOWER_IDEMPOTENCY_EXACTLY_ONCE_CHILD";
 /// The lock timeout of both instances: how long a dead owner's key is blocked.
@@ -95,13 +100,20 @@ fn idempotency_key(req: &Request) -> String {
 async fn charge_then_order(State(shop): State<Shop>, req: Request) -> (StatusCode, String) {
     let key = idempotency_key(&req);
     let tx = req.extensions().get::<PostgresTransaction>().cloned();
-    let insert = |table: String, returning: &'static str| {
-        let (shop, tx, key) = (shop.clone(), tx.clone(), key.clone());
+    let charge_key = req
+        .extensions()
+        .get::<DownstreamKeys>()
+        .expect("the layer gives every claimed request its downstream keys")
+        .key_for("card-processor")
+        .to_string();
+    let query = |sql: String, params: Vec<String>| {
+        let (shop, tx) = (shop.clone(), tx.clone());
         async move {
-            let sql = format!("INSERT INTO {table} (key) VALUES ($1) RETURNING {returning}");
+            let params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+                params.iter().map(|p| p as _).collect();
             let row = match (&tx, &shop.pool) {
-                (Some(tx), _) => tx.client().await.unwrap().query_one(&sql, &[&key]).await,
-                (None, Some(pool)) => pool.get().await.unwrap().query_one(&sql, &[&key]).await,
+                (Some(tx), _) => tx.client().await.unwrap().query_one(&sql, &params).await,
+                (None, Some(pool)) => pool.get().await.unwrap().query_one(&sql, &params).await,
                 (None, None) => panic!("transactional mode without a transaction"),
             };
             row.expect("insert").get::<_, String>(0)
@@ -109,10 +121,29 @@ async fn charge_then_order(State(shop): State<Shop>, req: Request) -> (StatusCod
     };
     mark("before-charge", &key);
     sleep(PAUSE).await;
-    let charge = insert(format!("{}_charges", shop.table), "'ch_' || id").await;
+    // As a processor does with its idempotency key: the first charge again.
+    let charge = query(
+        format!(
+            "INSERT INTO {}_charges (key, downstream_key) VALUES ($1, $2) \
+             ON CONFLICT (downstream_key) DO UPDATE SET key = EXCLUDED.key \
+             RETURNING 'ch_' || id",
+            shop.table
+        ),
+        vec![key.clone(), charge_key],
+    )
+    .await;
     mark("charged", &key);
     sleep(PAUSE).await;
-    let order = insert(format!("{}_orders", shop.table), "'ord_' || id").await;
+    let order = query(
+        format!(
+            "INSERT INTO {}_orders (key) VALUES ($1) RETURNING 'ord_' || id",
+            shop.table
+        ),
+        vec![key.clone()],
+    )
+    .await;
+    mark("ordered", &key);
+    sleep(PAUSE).await;
     (
         StatusCode::CREATED,
         format!(r#"{{"order":"{order}","charge":"{charge}"}}"#),
@@ -137,7 +168,8 @@ impl Shops {
         pg::connect(url)
             .await
             .batch_execute(&format!(
-                "CREATE TABLE {table}_charges (id bigserial PRIMARY KEY, key text NOT NULL);
+                "CREATE TABLE {table}_charges (id bigserial PRIMARY KEY, key text NOT NULL,
+                     downstream_key text NOT NULL UNIQUE);
                  CREATE TABLE {table}_orders (id bigserial PRIMARY KEY, key text NOT NULL);"
             ))
             .await
@@ -254,15 +286,16 @@ fn database() -> Option<String> {
     pg::database_url("processes killed with SIGKILL")
 }
 
-/// Transactional mode: killed before the charge, after it (uncommitted), or
-/// after the commit: one charge, one order, the answer names them, and the
-/// key is free within the lock timeout of the kill (the killed connection's
-/// transaction is rolled back as soon as PostgreSQL sees it close).
+/// Transactional mode: killed before the charge, after it or after the order
+/// (uncommitted), or after the commit: one charge, one order, the answer
+/// names them, and the key is free within the lock timeout of the kill (the
+/// killed connection's transaction is rolled back as soon as PostgreSQL sees
+/// it close).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn transactional_killed_anywhere_charges_once() {
     let Some(url) = database() else { return };
     let shops = Shops::new(&url, "transactional").await;
-    for point in ["before-charge", "charged", "answered"] {
+    for point in ["before-charge", "charged", "ordered", "answered"] {
         let key = format!("order-kill-{point}");
         let (body, started) = kill_at(&shops, point, &key).await;
         let (charges, orders) = shops.rows(&key).await;
@@ -284,20 +317,31 @@ async fn transactional_killed_anywhere_charges_once() {
     }
 }
 
-/// Plain mode covers a kill before the effect and after the record; a kill
-/// after a committed effect and before the record is the window it cannot
-/// cover (the retry after the lock runs again): transactional mode closes it.
+/// Plain mode: nothing records that a killed handler ran, so after a kill
+/// past the charge the retry (after the lock) runs the handler again. The
+/// charge, sent under the request's downstream key, is made once wherever
+/// the kill: the run again gets the first charge back. The order, a write
+/// of its own without such a key, is written again after a kill between it
+/// and the record: every effect outside the store's transaction needs its
+/// downstream key (transactional mode covers the writes to its database).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn plain_mode_covers_a_kill_before_the_effect_and_after_the_record_only() {
+async fn plain_mode_charges_once_under_its_downstream_key_and_an_unkeyed_write_may_repeat() {
     let Some(url) = database() else { return };
     let shops = Shops::new(&url, "plain").await;
-    for (point, charges_expected) in [("before-charge", 1), ("answered", 1), ("charged", 2)] {
+    let points = [
+        ("before-charge", 1),
+        ("charged", 1),
+        ("ordered", 2),
+        ("answered", 1),
+    ];
+    for (point, orders_expected) in points {
         let key = format!("order-plain-{point}");
         let (body, _) = kill_at(&shops, point, &key).await;
         let (charges, orders) = shops.rows(&key).await;
-        assert_eq!(charges.len(), charges_expected, "killed at {point}");
-        assert_eq!(orders.len(), 1, "killed at {point}");
-        assert!(body.contains(&orders[0]), "{body}");
+        assert_eq!(charges.len(), 1, "killed at {point}");
+        assert!(body.contains(&charges[0]), "{body}");
+        assert_eq!(orders.len(), orders_expected, "killed at {point}");
+        assert!(body.contains(orders.last().unwrap()), "{body}");
     }
 }
 

@@ -202,6 +202,12 @@ impl RunningExample {
         }
     }
 
+    /// `kill -9`: no destructor, no release, no completion runs.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Sends SIGTERM, as a process manager does to stop a service.
     pub fn terminate(&self) {
         let status = std::process::Command::new("kill")
