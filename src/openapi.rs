@@ -101,6 +101,8 @@ const fn position(refusal: Refusal) -> usize {
         Refusal::QuotaExceeded => 12,
         Refusal::Overloaded => 13,
         Refusal::HandlerFailed => 14,
+        // The lease layer's: not answered by the routes documented here.
+        Refusal::JobStoreUnavailable | Refusal::BudgetExhausted => usize::MAX,
     }
 }
 

@@ -57,6 +57,13 @@ pub enum Refusal {
     /// `500 internal_error`: the handler panicked (or its runtime shut down)
     /// before it answered; its claim was released, so a retry runs it again.
     HandlerFailed,
+    /// `503 job_store_unavailable` with `Retry-After` (`LeaseLayer`): the job
+    /// store failed; nothing was started.
+    JobStoreUnavailable,
+    /// `429 budget_exhausted` with `Retry-After` until the budget resets
+    /// (`LeaseLayer`): the tenant's job allowance for this period is spent;
+    /// the body also says when (`resets_at`, `retry_after`).
+    BudgetExhausted,
 }
 
 impl Refusal {
@@ -78,6 +85,8 @@ impl Refusal {
             Self::QuotaExceeded => "idempotency_quota_exceeded",
             Self::Overloaded => "overloaded",
             Self::HandlerFailed => "internal_error",
+            Self::JobStoreUnavailable => "job_store_unavailable",
+            Self::BudgetExhausted => "budget_exhausted",
         }
     }
 
@@ -123,6 +132,8 @@ impl Refusal {
             }
             Self::Overloaded => "the server is busy; the request was not processed, retry later",
             Self::HandlerFailed => "the request failed before it completed; it was not recorded",
+            Self::JobStoreUnavailable => "the job store is unavailable; nothing was started",
+            Self::BudgetExhausted => "the job allowance for this period is spent",
         }
     }
 
@@ -130,7 +141,12 @@ impl Refusal {
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            Self::InProgress | Self::StoreUnavailable | Self::OutcomeUnknown | Self::Overloaded
+            Self::InProgress
+                | Self::StoreUnavailable
+                | Self::OutcomeUnknown
+                | Self::Overloaded
+                | Self::JobStoreUnavailable
+                | Self::BudgetExhausted
         )
     }
 
@@ -146,10 +162,11 @@ impl Refusal {
             // Not 409: clients following the IETF draft retry a 409 later,
             // and this answer never changes while the record is retained.
             Self::ResponseUnavailable => StatusCode::GONE,
-            Self::StoreUnavailable | Self::OutcomeUnknown | Self::Overloaded => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            Self::QuotaExceeded => StatusCode::TOO_MANY_REQUESTS,
+            Self::StoreUnavailable
+            | Self::OutcomeUnknown
+            | Self::Overloaded
+            | Self::JobStoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            Self::QuotaExceeded | Self::BudgetExhausted => StatusCode::TOO_MANY_REQUESTS,
             Self::HandlerFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -278,13 +295,26 @@ impl Responder {
     }
 
     pub(crate) fn refuse<B>(&self, refusal: Refusal) -> Response<ResponseBody<B>> {
+        let retry_after = refusal
+            .is_retryable()
+            .then(|| Duration::from_secs(self.retry_after_secs()));
+        self.refuse_with(refusal, retry_after, serde_json::Map::new())
+    }
+
+    /// [`refuse`](Self::refuse), with its own `Retry-After` (whole seconds, at
+    /// least one) and more members in its body.
+    pub(crate) fn refuse_with<B>(
+        &self,
+        refusal: Refusal,
+        retry_after: Option<Duration>,
+        extra: serde_json::Map<String, serde_json::Value>,
+    ) -> Response<ResponseBody<B>> {
         let status = self.status(refusal);
+        let seconds = retry_after.map(|after| after.as_secs_f64().ceil().max(1.0) as u64);
         let refused = Refused {
             refusal,
             status,
-            retry_after: refusal
-                .is_retryable()
-                .then(|| Duration::from_secs(self.retry_after_secs())),
+            retry_after: seconds.map(Duration::from_secs),
         };
         let message = match (refusal, self.body_limit) {
             // Which limit: the client (or its developer) cannot know it otherwise.
@@ -293,22 +323,17 @@ impl Responder {
             }
             _ => std::borrow::Cow::Borrowed(refusal.message()),
         };
-        let mut response = self.error_bytes(status, refusal.code(), &message, Default::default());
-        if refused.retry_after.is_some() {
-            self.retry_after(&mut response);
+        let mut response = self.error_bytes(status, refusal.code(), &message, extra);
+        if let Some(seconds) = seconds {
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(seconds));
         }
         if let Some(hook) = &self.hook {
             response = hook.respond(&refused, response);
         }
         response.extensions_mut().insert(refused);
         response.map(ResponseBody::full)
-    }
-
-    /// Adds the configured `Retry-After` (whole seconds, at least one).
-    pub(crate) fn retry_after<B>(&self, response: &mut Response<B>) {
-        response
-            .headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(self.retry_after_secs()));
     }
 
     /// Any error answer, in the configured format.
@@ -404,7 +429,9 @@ impl From<Refusal> for Outcome {
         match refusal {
             Refusal::KeyReuse => Self::Reused,
             Refusal::InProgress => Self::InProgress,
-            Refusal::StoreUnavailable | Refusal::OutcomeUnknown => Self::StoreError,
+            Refusal::StoreUnavailable | Refusal::OutcomeUnknown | Refusal::JobStoreUnavailable => {
+                Self::StoreError
+            }
             Refusal::HandlerFailed => Self::Released,
             Refusal::ResponseUnavailable => Self::Unavailable,
             Refusal::QuotaExceeded => Self::OverQuota,

@@ -151,6 +151,86 @@ async fn refusals_before_any_job_is_touched() {
     }
 }
 
+/// The lease layer's refusals pass through the application's hook, typed,
+/// budget exhaustion with its own `Retry-After`; the default body names the
+/// body limit.
+#[tokio::test]
+async fn refusals_are_shaped_by_the_hook_with_what_was_refused() {
+    use tower_idempotency::lease::store::Budget;
+    use tower_idempotency::{Refusal, Refused};
+    let store = MemoryJobStore::new();
+    let hooked = layer(&store)
+        .with_body_limit(64)
+        .with_budget(Budget::per_day(1))
+        .with_refusal_response(|refused: &Refused, default: Response<Bytes>| {
+            let (mut parts, _) = default.into_parts();
+            parts
+                .headers
+                .insert("x-refused", refused.refusal.code().parse().unwrap());
+            Response::from_parts(parts, Bytes::from_static(b"refused"))
+        });
+    let svc = hooked.layer(service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::empty()))
+    }));
+    let res = svc
+        .clone()
+        .oneshot(start_request(None, AUGUST))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(res.headers()["x-refused"], "unauthorized");
+    assert_eq!(
+        res.extensions().get::<Refused>().unwrap().refusal,
+        Refusal::Unauthorized
+    );
+    assert_eq!(
+        &res.into_body().collect().await.unwrap().to_bytes()[..],
+        b"refused"
+    );
+
+    svc.clone()
+        .oneshot(start_request(Some("acme"), AUGUST))
+        .await
+        .unwrap();
+    let september = r#"{"report_type":"customer_health","period":"2026-09"}"#;
+    let res = svc
+        .clone()
+        .oneshot(start_request(Some("acme"), september))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["x-refused"], "budget_exhausted");
+    let refused = *res.extensions().get::<Refused>().unwrap();
+    assert_eq!(refused.refusal, Refusal::BudgetExhausted);
+    let after = refused.retry_after.expect("until the budget resets");
+    assert_eq!(
+        res.headers()["retry-after"],
+        after.as_secs().to_string().as_str()
+    );
+
+    let plain = layer(&store)
+        .with_body_limit(64)
+        .layer(service_fn(|_req: Request<Body>| async {
+            Ok::<_, Infallible>(Response::new(Body::empty()))
+        }));
+    let big = format!(
+        r#"{{"report_type":"{}","period":"2026-08"}}"#,
+        "x".repeat(80)
+    );
+    let (status, json) = answer(
+        plain
+            .oneshot(start_request(Some("acme"), &big))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert!(
+        json["message"].as_str().unwrap().contains("64 bytes"),
+        "{json}"
+    );
+}
+
 #[tokio::test]
 async fn a_body_claiming_another_tenant_is_403_and_tenants_never_share_a_job() {
     let store = MemoryJobStore::new();

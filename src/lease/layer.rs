@@ -3,7 +3,7 @@ use super::key::{JobCost, JobKeyExtractor};
 use super::service::LeaseService;
 use crate::lease::store::{Budget, JobStore};
 use crate::options::Options;
-use crate::response::ErrorFormat;
+use crate::response::{ErrorFormat, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use http::Method;
 use std::sync::Arc;
@@ -149,6 +149,15 @@ impl<K, E> LeaseLayer<K, E> {
     /// Plain JSON refusals (default) or RFC 9457 problem details.
     pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
         self.config.options.set_error_format(format);
+        self
+    }
+
+    /// Builds refusals the application's way, as
+    /// [`IdempotencyLayer::with_refusal_response`](crate::IdempotencyLayer::with_refusal_response)
+    /// does: every refusal of this layer (`401`, `408`, `413`, `400`,
+    /// `429 budget_exhausted`, `503 job_store_unavailable`) passes through it.
+    pub fn with_refusal_response(mut self, respond: impl RefusalResponse) -> Self {
+        self.config.options.set_refusal_response(respond);
         self
     }
 }

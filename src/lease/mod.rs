@@ -57,7 +57,6 @@ mod handle;
 mod key;
 mod layer;
 mod outcome;
-mod refusal;
 mod service;
 pub mod store;
 
@@ -65,5 +64,4 @@ pub use future::ResponseFuture;
 pub use handle::Lease;
 pub use key::{JobCost, JobKeyExtractor, JobKeyRejection, JsonJobKey};
 pub use layer::LeaseLayer;
-pub(crate) use refusal::JobRefusal;
 pub use service::LeaseService;

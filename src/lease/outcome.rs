@@ -48,12 +48,12 @@ impl Label for JobOutcome {
     }
 }
 
-impl From<super::JobRefusal> for JobOutcome {
-    fn from(refusal: super::JobRefusal) -> Self {
-        use super::JobRefusal;
+impl From<crate::response::Refusal> for JobOutcome {
+    fn from(refusal: crate::response::Refusal) -> Self {
+        use crate::response::Refusal;
         match refusal {
-            JobRefusal::StoreUnavailable => Self::StoreError,
-            JobRefusal::BudgetExhausted => Self::BudgetExhausted,
+            Refusal::JobStoreUnavailable => Self::StoreError,
+            Refusal::BudgetExhausted => Self::BudgetExhausted,
             _ => Self::Rejected,
         }
     }

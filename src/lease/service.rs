@@ -3,11 +3,11 @@ use super::future::ResponseFuture;
 use super::handle::Lease;
 use super::key::JobKeyExtractor;
 use super::outcome::JobOutcome;
-use super::refusal::JobRefusal;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
+use crate::lease::store::BudgetReset;
 use crate::lease::store::{Job, StartJob, StartOutcome};
-use crate::response::json_response;
+use crate::response::{json_response, Refusal, Responder};
 use crate::scope::ScopeExtractor;
 use crate::telemetry;
 use bytes::Bytes;
@@ -119,16 +119,11 @@ where
     ReqBody: Body + From<Bytes>,
     ReqBody::Error: Into<BoxError>,
 {
-    let refuse = |refusal: JobRefusal| {
-        (
-            Ok(refusal.respond(&config.options.responder)),
-            refusal.into(),
-        )
-    };
+    let refuse = |refusal: Refusal| (Ok(config.options.responder.refuse(refusal)), refusal.into());
     let (mut parts, body) = req.into_parts();
     let Some(scope) = config.scope.extract(&parts) else {
         telemetry::no_scope("lease");
-        return refuse(JobRefusal::Unauthorized);
+        return refuse(Refusal::Unauthorized);
     };
     let bytes = match buffer_body(
         body,
@@ -139,7 +134,7 @@ where
     .await
     {
         Ok(bytes) => bytes,
-        Err(refusal) => return refuse(JobRefusal::of_body(refusal)),
+        Err(refusal) => return refuse(refusal),
     };
     let key = match config.key.job_key(&scope, &parts, &bytes) {
         Ok(key) => key,
@@ -181,10 +176,10 @@ where
             return (Ok(answer), JobOutcome::Completed);
         }
         Ok(StartOutcome::BudgetExhausted(reset)) => {
-            let answer = JobRefusal::budget_exhausted(&config.options.responder, &reset);
+            let answer = budget_exhausted(&config.options.responder, &reset);
             return (Ok(answer), JobOutcome::BudgetExhausted);
         }
-        Err(_) => return refuse(JobRefusal::StoreUnavailable),
+        Err(_) => return refuse(Refusal::JobStoreUnavailable),
     };
 
     tracing::Span::current().record("job_id", job.id.as_str());
@@ -259,4 +254,17 @@ impl Drop for FailOnPanic {
             });
         }
     }
+}
+
+/// `429 budget_exhausted`, its `Retry-After` and body saying when the budget resets.
+fn budget_exhausted<B>(responder: &Responder, reset: &BudgetReset) -> Response<ResponseBody<B>> {
+    let seconds = (reset.after.as_secs() + u64::from(reset.after.subsec_nanos() > 0)).max(1);
+    let mut extra = serde_json::Map::new();
+    extra.insert("resets_at".into(), reset.at.clone().into());
+    extra.insert("retry_after".into(), seconds.into());
+    responder.refuse_with(
+        Refusal::BudgetExhausted,
+        Some(std::time::Duration::from_secs(seconds)),
+        extra,
+    )
 }
