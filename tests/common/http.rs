@@ -95,8 +95,8 @@ pub async fn serve(app: axum::Router) -> SocketAddr {
     addr
 }
 
-/// The features this test binary was built with, so an example built from a
-/// test reuses the same compiled library instead of building another variant.
+/// The features this test binary was built with (the library's, of the same
+/// names), so an example built from a test has them too.
 pub fn enabled_features() -> Vec<&'static str> {
     let mut features = Vec::new();
     if cfg!(feature = "postgres") {
@@ -121,23 +121,45 @@ pub fn enabled_features() -> Vec<&'static str> {
 }
 
 /// Builds example `name` with this test's features (a no-op when fresh) and
-/// returns the path of its binary.
+/// returns the path of its binary, as cargo reports it (wherever the target
+/// directory is). The examples are the library's, but for `grpc_web`: a
+/// package of its own (`examples/grpc_web/`), so that tonic is not a
+/// dependency of the library.
 pub fn example_binary(name: &str) -> std::path::PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = std::process::Command::new(&cargo);
-    build.args(["build", "--quiet", "--example", name]);
+    build.args([
+        "build",
+        "--quiet",
+        "--message-format=json-render-diagnostics",
+    ]);
     let features = enabled_features();
-    if !features.is_empty() {
-        build.args(["--features", &features.join(",")]);
+    if name == "grpc_web" {
+        build.args(["-p", "tower-idempotency-grpc-web", "--bin", name]);
+        let features: Vec<String> = features
+            .iter()
+            .map(|f| format!("tower-idempotency/{f}"))
+            .collect();
+        if !features.is_empty() {
+            build.args(["--features", &features.join(",")]);
+        }
+    } else {
+        build.args(["-p", "tower-idempotency", "--example", name]);
+        if !features.is_empty() {
+            build.args(["--features", &features.join(",")]);
+        }
     }
-    assert!(
-        build.status().expect("run cargo").success(),
-        "example {name} builds"
-    );
-    let target = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
-    std::path::Path::new(&target)
-        .join("debug/examples")
-        .join(name)
+    let output = build
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .expect("run cargo");
+    assert!(output.status.success(), "example {name} builds");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|message| message["target"]["name"] == name)
+        .find_map(|message| message["executable"].as_str().map(Into::into))
+        .unwrap_or_else(|| panic!("cargo names no executable for example {name}"))
 }
 
 /// An example process started on a loopback port, killed (and reaped) on drop;

@@ -21,7 +21,6 @@
 //! acknowledged completion is overwritten or lost, and every replay is the
 //! same).
 
-#[path = "verdict.rs"]
 mod verdict;
 
 use crate::support::proxy::Proxy;

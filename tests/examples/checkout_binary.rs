@@ -1,7 +1,7 @@
 //! `cargo run --example checkout` as users run it: a separate process on a
 //! loopback port, driven with a real client.
 
-use crate::http;
+use tower_idempotency_tests::http;
 
 use http::{HttpClient, RunningExample};
 

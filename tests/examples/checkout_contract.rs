@@ -2,9 +2,11 @@
 //! against the checkout demo: its four tests and every row of its status
 //! mapping, over a real loopback HTTP server, plus races and disconnects.
 
-#[path = "../examples/checkout/app.rs"]
+// The example's own source (an example is no crate to depend on): what
+// users run is what these tests drive.
+#[path = "../../examples/checkout/app.rs"]
 mod app;
-use crate::http;
+use tower_idempotency_tests::http;
 
 use app::{Ledger, MemoryLedger};
 use http::{serve, HttpClient, Reply};

@@ -2,10 +2,12 @@
 //! loopback HTTP, and the example binary itself, whose stdout carries the
 //! tracing output (and, with `metrics`, whose `/metrics` carries the counters).
 
+// The example's own source (an example is no crate to depend on): what
+// users run is what these tests drive.
 #[allow(dead_code)]
-#[path = "../examples/axum_per_route.rs"]
+#[path = "../../examples/axum_per_route.rs"]
 mod example;
-use crate::http;
+use tower_idempotency_tests::http;
 
 use example::Ledger;
 use http::{serve, HttpClient};

@@ -2,7 +2,7 @@
 //! real server over loopback: a hyper client behind `IdempotencyKeyLayer` and
 //! `RetryLayer<IdempotentRetry>`.
 
-use crate::http;
+use tower_idempotency_tests::http;
 
 use axum::extract::{Request, State};
 use axum::middleware::{from_fn, from_fn_with_state, Next};

@@ -3,8 +3,8 @@
 //! PostgreSQL a consumer killed (SIGKILL) in the middle of a message, then
 //! started again: every message's effect is written exactly once.
 
-use crate::http::example_binary;
 use std::process::Command;
+use tower_idempotency_tests::http::example_binary;
 
 /// Runs the consumer to its end with `env`; returns its output lines.
 fn run_to_end(env: &[(&str, Option<&str>)]) -> Vec<String> {

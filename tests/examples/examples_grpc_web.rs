@@ -1,10 +1,12 @@
-//! `examples/grpc_web.rs`: the tonic-web service behind the layer, driven with
+//! `examples/grpc_web/`: the tonic-web service behind the layer, driven with
 //! hand-built gRPC-Web frames over loopback HTTP/1.1, in-process and as a process.
 
+// The example's own source (an example is no crate to depend on): what
+// users run is what these tests drive.
 #[allow(dead_code)]
-#[path = "../examples/grpc_web.rs"]
+#[path = "../../examples/grpc_web/src/main.rs"]
 mod example;
-use crate::http;
+use tower_idempotency_tests::http;
 
 use bytes::Bytes;
 use example::{frame, unframe, CreateOrderRequest, Order, CREATE_ORDER};

@@ -2,10 +2,12 @@
 //! example's own hyper accept loop, and the example binary, both driven over
 //! loopback HTTP.
 
+// The example's own source (an example is no crate to depend on): what
+// users run is what these tests drive.
 #[allow(dead_code)]
-#[path = "../examples/hyper_service_fn.rs"]
+#[path = "../../examples/hyper_service_fn.rs"]
 mod example;
-use crate::http;
+use tower_idempotency_tests::http;
 
 use http::HttpClient;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -3,10 +3,12 @@
 //! outside (refused before anything is buffered or claimed), the timeout
 //! outside (the handler finishes, the retry replays), over loopback HTTP; and the binary.
 
+// The example's own source (an example is no crate to depend on): what
+// users run is what these tests drive.
 #[allow(dead_code)]
-#[path = "../examples/layer_order.rs"]
+#[path = "../../examples/layer_order.rs"]
 mod example;
-use crate::http;
+use tower_idempotency_tests::http;
 
 use example::Limits;
 use http::{serve, HttpClient, Reply};

@@ -1,7 +1,7 @@
 //! Per-route opt-in with axum: `Router::route_layer`, `MethodRouter::layer`,
 //! and a merged sub-router, each behind a tower-http auth layer that sets the scope.
 
-use crate::http;
+use tower_idempotency_tests::http;
 
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode};

@@ -1,20 +1,11 @@
 //! Cancel at every poll on `MemoryStore`: every `Store` method, the layer's
 //! claimed path and the engine, each future dropped after every number of
-//! polls (tests/support/cancel.rs), with the invariants checked after each
-//! cut (tests/cancel_store.rs, tests/cancel_layer.rs).
+//! polls (tests/common/cancel/driver.rs), with the invariants checked after
+//! each cut (tests/common/cancel/store.rs, tests/common/cancel/claimed.rs).
 #![cfg(feature = "test-util")]
 
-#[path = "support/cancel.rs"]
-mod driver;
-
-#[path = "cancel_store.rs"]
-mod cases;
-
-#[path = "cancel_layer.rs"]
-mod claimed;
-
 use bytes::Bytes;
-use cases::{store_cut_tests, Harness, NoProbe};
+use cases::{Harness, NoProbe};
 use claimed::{App, Effects, Operation};
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -26,6 +17,8 @@ use tower::util::BoxCloneService;
 use tower::{service_fn, Layer};
 use tower_idempotency::engine::Engine;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
+use tower_idempotency_tests::cancel::{claimed, store as cases};
+use tower_idempotency_tests::store_cut_tests;
 
 const LOCK: Duration = Duration::from_millis(500);
 
@@ -37,7 +30,7 @@ async fn memory() -> Option<Harness<MemoryStore, NoProbe>> {
     })
 }
 
-store_cut_tests!(cases, memory);
+store_cut_tests!(memory);
 
 /// Effects counted per key in this process; the handler yields around its
 /// effect, so the claimed path has many poll points.

@@ -6,16 +6,13 @@
 //! them; the tests cut the caller at each of those awaits.
 
 #[cfg(all(feature = "postgres", feature = "test-util"))]
-#[path = "exactly_once/postgres.rs"]
 mod postgres;
 #[cfg(all(feature = "postgres", feature = "test-util"))]
-#[path = "exactly_once/postgres_liveness.rs"]
 mod postgres_liveness;
 #[cfg(feature = "postgres")]
-#[path = "exactly_once/processes.rs"]
 mod processes;
 #[cfg(feature = "postgres")]
-use crate::support;
+use tower_idempotency_tests::support;
 
 use axum::body::Body;
 use axum::routing::post;

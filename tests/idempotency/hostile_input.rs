@@ -16,7 +16,7 @@
 //! the memory tests run on a current-thread runtime, so every allocation of the
 //! layer and the store under test is counted, and no other test's.
 
-use crate::oneshot;
+use tower_idempotency_tests::oneshot;
 
 use oneshot::*;
 

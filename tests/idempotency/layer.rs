@@ -7,7 +7,7 @@
 //! Every refusal is checked by `Reply::assert_refusal`: status, content type
 //! `application/json`, a `code` and a non-empty `message`.
 
-use crate::oneshot;
+use tower_idempotency_tests::oneshot;
 
 use oneshot::*;
 

@@ -5,7 +5,7 @@
 //! Test names state the rule they defend (docs/security.md lists them by threat).
 //! Time is only an upper bound for correctness here, never a speed assertion.
 
-use crate::oneshot;
+use tower_idempotency_tests::oneshot;
 
 use oneshot::*;
 

@@ -3,7 +3,7 @@
 //! response too large to record), never on refusals or responses the policy
 //! does not record, and never stored in the record itself.
 
-use crate::oneshot;
+use tower_idempotency_tests::oneshot;
 
 use oneshot::*;
 

@@ -7,7 +7,7 @@
 //!   equivalent spelling of a string (escapes) gives the same canonical bytes
 //!   and the same fingerprint.
 //! - A number is its literal: two bodies share a canonical form exactly when
-//!   their numbers are written alike (`tests/support/exact_json.rs` is the
+//!   their numbers are written alike (`tests/common/exact_json.rs` is the
 //!   independent model), so `2` is not `2.0`, `1.5` not `1.50`, `-0` not `0`,
 //!   `100` not `1e2`, whatever their doubles.
 //! - Changing any value, any key, the method, the path, the query, the
@@ -21,7 +21,7 @@
 //! The unit tests in `src/fingerprint/tests.rs` cover the RFC's section 3.2.2
 //! and 3.2.3 examples inside the crate; these go through the public API.
 
-use crate::exact_json;
+use tower_idempotency_tests::exact_json;
 
 use http::{HeaderValue, Method};
 use proptest::prelude::*;
@@ -527,7 +527,7 @@ proptest! {
 // ---------------------------------------------------------------------------
 
 fn vectors() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/rfc8785"))
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/data/rfc8785"))
 }
 
 #[test]

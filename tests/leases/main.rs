@@ -1,29 +1,21 @@
 //! `LeaseLayer` and its job stores: the layer, `MemoryJobStore`'s conformance
 //! suite, and the reports demo (budgets, readers, workers, the binary). One
-//! test binary; each module is the file of the same name.
+//! test binary; each module is the file (or folder) of the same name beside
+//! this one.
 
-// Helpers the modules below share, declared once.
-mod http;
-#[cfg(feature = "postgres")]
-mod support;
+// The helpers they share are the tests package's library
+// (`tower_idempotency_tests`, in tests/common/).
 
 /// The reports demo's test harness, shared by the `reports_*` modules.
 #[macro_use]
 mod reports;
 
-#[path = "lease_layer.rs"]
 mod lease_layer;
 // The job store conformance suite is behind `test-util`.
 #[cfg(feature = "test-util")]
-#[path = "memory_job_store.rs"]
 mod memory_job_store;
-#[path = "reports_binary.rs"]
 mod reports_binary;
-#[path = "reports_budget.rs"]
 mod reports_budget;
-#[path = "reports_demo.rs"]
 mod reports_demo;
-#[path = "reports_readers.rs"]
 mod reports_readers;
-#[path = "reports_workers.rs"]
 mod reports_workers;

@@ -4,9 +4,9 @@
 //! table per test via `REPORT_JOBS_TABLE`; skipped loudly without
 //! `DATABASE_URL`, failing under `REQUIRE_POSTGRES=1`).
 
-use crate::http;
+use tower_idempotency_tests::http;
 #[cfg(feature = "postgres")]
-use crate::support;
+use tower_idempotency_tests::support;
 
 use http::HttpClient;
 use std::io::{BufRead, BufReader, Read};

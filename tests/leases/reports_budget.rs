@@ -2,7 +2,7 @@
 //! store: what is one job and what is two; completed and live jobs count
 //! against the allowance, failed ones don't, joining is free, the operator
 //! reset makes room, concurrent starts cannot overshoot. The harness is
-//! `tests/reports/mod.rs`.
+//! `reports/mod.rs`.
 
 use crate::reports;
 

@@ -4,7 +4,7 @@
 //! Readers (cursor, SSE, attempts) are in `reports_readers.rs`, the worker
 //! side in `reports_workers.rs`, keys and budgets in `reports_budget.rs`, the
 //! example as a process in `reports_binary.rs`; the harness is
-//! `tests/reports/mod.rs`.
+//! `reports/mod.rs`.
 
 use crate::reports;
 

@@ -1,7 +1,7 @@
 //! The readers of the reports demo over loopback HTTP, against every job
 //! store: the cursor and server-sent events, resuming within an attempt, and
 //! a takeover's new attempt, which readers are told about and never splice
-//! into what they already had. The harness is `tests/reports/mod.rs`.
+//! into what they already had. The harness is `reports/mod.rs`.
 
 use crate::reports;
 

@@ -1,6 +1,6 @@
 //! The worker side of the reports demo over loopback HTTP, against every job
 //! store: numbered appends, the built-in worker, and the stale sweep that
-//! gives every abandoned job an ending. The harness is `tests/reports/mod.rs`.
+//! gives every abandoned job an ending. The harness is `reports/mod.rs`.
 
 use crate::reports;
 

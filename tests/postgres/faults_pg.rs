@@ -17,7 +17,7 @@
 //! them against the real database, reading the rows in SQL.
 #![cfg(feature = "postgres")]
 
-use crate::support;
+use tower_idempotency_tests::support;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -73,7 +73,7 @@ impl http_body::Body for TestBody {
 struct Handler {
     runs: Arc<Mutex<HashMap<String, usize>>>,
     /// Taken down by the `down-then-*` modes, after the handler's work.
-    proxy: Option<Arc<crate::support::proxy::Proxy>>,
+    proxy: Option<Arc<tower_idempotency_tests::support::proxy::Proxy>>,
 }
 
 impl Handler {
@@ -235,13 +235,15 @@ async fn setup_behind_proxy(
 ) -> (
     String,
     PostgresStore,
-    Arc<crate::support::proxy::Proxy>,
+    Arc<tower_idempotency_tests::support::proxy::Proxy>,
     tokio_postgres::Client,
 ) {
     let table = pg::unique_table(prefix);
     pg::store(url, &table, |s| s).await;
     let sql = pg::connect(url).await;
-    let proxy = Arc::new(crate::support::proxy::Proxy::start(pg::server_addr(url).await).await);
+    let proxy = Arc::new(
+        tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(url).await).await,
+    );
     let store = PostgresStore::new(pg::pool(pg::pg_config_at(url, proxy.port), 4))
         .with_table(&table)
         .with_lock_timeout(LOCK)

@@ -3,8 +3,6 @@
 //! lease, beginning as a heartbeat is sent, does not let another start steal
 //! the job.
 
-use crate::support::pg;
-use crate::support::proxy::{Proxy, StallState};
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +11,8 @@ use tokio::time::{sleep, Instant};
 use tower_idempotency::store::jobs::{JobReader, JobStatus, JobStore, StartJob, StartOutcome};
 use tower_idempotency::store::PostgresJobStore;
 use tower_idempotency::Lease;
+use tower_idempotency_tests::support::pg;
+use tower_idempotency_tests::support::proxy::{Proxy, StallState};
 
 const LEASE: Duration = Duration::from_secs(2);
 

@@ -2,13 +2,11 @@
 //! connections of up to nine tenths of its lock, beginning as an extension
 //! is sent, and a handler blocking its thread past the lock.
 
-use crate::support::pg;
-use crate::support::proxy::{Proxy, StallState};
 use std::time::Duration;
 use tower_idempotency::PostgresStore;
-
-#[path = "keep_alive_scenarios.rs"]
-mod scenarios;
+use tower_idempotency_tests::keep_alive;
+use tower_idempotency_tests::support::pg;
+use tower_idempotency_tests::support::proxy::{Proxy, StallState};
 
 const LOCK: Duration = Duration::from_secs(2);
 
@@ -24,7 +22,7 @@ async fn stall(fraction: f64, test: &str) {
     let owner = PostgresStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 2))
         .with_table(&table)
         .with_lock_timeout(LOCK);
-    scenarios::a_stall_of_the_owners_store_keeps_its_claim(
+    keep_alive::a_stall_of_the_owners_store_keeps_its_claim(
         owner,
         competitor,
         fraction,
@@ -64,5 +62,5 @@ async fn a_handler_blocking_its_thread_past_its_lock_is_not_taken_over() {
         s.with_lock_timeout(Duration::from_secs(1))
     })
     .await;
-    scenarios::a_handler_blocking_its_thread_keeps_its_claim(store).await;
+    keep_alive::a_handler_blocking_its_thread_keeps_its_claim(store).await;
 }

@@ -5,8 +5,8 @@
 //! (CI, `./scripts/test`) they fail instead.
 #![cfg(feature = "postgres")]
 
-use crate::support;
 use tower_idempotency::store::job_conformance;
+use tower_idempotency_tests::support;
 
 use bytes::Bytes;
 use std::io::{BufRead, BufReader};
@@ -507,7 +507,8 @@ async fn a_frozen_database_answers_503_within_the_operation_timeout_then_recover
     };
     let table = pg::unique_table("jobs_frozen");
     job_store(&url, &table, job_conformance::LONG).await; // migrated directly
-    let proxy = crate::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
+    let proxy =
+        tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
     let store = PostgresJobStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
         .with_table(&table)
         .with_operation_timeout(OPERATION);

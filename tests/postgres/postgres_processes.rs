@@ -8,7 +8,7 @@
 //! `listening on http://ADDR`.
 #![cfg(feature = "postgres")]
 
-use crate::support;
+use tower_idempotency_tests::support;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
@@ -52,7 +52,7 @@ fn child_server() {
             .map_or(Duration::from_millis(default), Duration::from_millis)
     };
     let (lock, wait) = (millis(LOCK_ENV, 60_000), millis(WAIT_ENV, 5_000));
-    crate::support::child::run_until_parent_exits(serve(url, table, lock, wait));
+    tower_idempotency_tests::support::child::run_until_parent_exits(serve(url, table, lock, wait));
 }
 
 #[derive(Clone)]

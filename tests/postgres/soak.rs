@@ -13,7 +13,7 @@
 //! at once in a normal run), as `postgres_processes.rs` does.
 #![cfg(feature = "postgres")]
 
-use crate::support;
+use tower_idempotency_tests::support;
 
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};

@@ -1,6 +1,6 @@
 //! `PostgresStore` stalled at every phase of a request, plain and
 //! transactional: instance A's pool and listener go through a proxy that
-//! freezes, instance B shares the table directly (see `harness.rs`).
+//! freezes, instance B shares the table directly (see tests/common/stalls.rs).
 //!
 //! Plain mode counts the handler's runs (its effect); transactional mode
 //! writes one row per run through the request's `PostgresTransaction` and
@@ -8,14 +8,13 @@
 //! transactional mode nothing commits without its record: exactly one effect
 //! must hold for every stall length.
 
-#[path = "harness.rs"]
-mod harness;
-
-use crate::support::pg;
-use crate::support::proxy::Proxy;
-use harness::{run_phase, Count, Mode, Phase, World, Write, LOCK, OPERATION};
 use std::sync::Arc;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction};
+use tower_idempotency_tests::stalls::{
+    run_phase, Count, Mode, Phase, World, Write, LOCK, OPERATION,
+};
+use tower_idempotency_tests::support::pg;
+use tower_idempotency_tests::support::proxy::Proxy;
 
 /// A migrated table of the case's own (so no other case's notifications
 /// reach its listener), and in transactional mode a table of effects.

@@ -21,8 +21,7 @@
 //!   not run again before that.
 #![cfg(feature = "postgres")]
 
-use crate::support;
-#[path = "faults_pg_restart/transactional.rs"]
+use tower_idempotency_tests::support;
 mod transactional;
 
 use async_trait::async_trait;

@@ -4,7 +4,4 @@
 //! when `REQUIRE_POSTGRES=1` (as `scripts/test` sets) and no server answers.
 #![cfg(feature = "postgres")]
 
-mod support;
-
-#[path = "faults_pg_restart.rs"]
 mod faults_pg_restart;

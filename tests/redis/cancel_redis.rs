@@ -1,20 +1,16 @@
 //! Cancel at every poll on `RedisStore` (standalone server): every `Store`
 //! method's future dropped after every number of polls
-//! (tests/support/cancel.rs), with the checks of tests/cancel_store.rs after
-//! each cut: on a multiplexed connection a dropped command must not leave its
-//! reply to the next caller, nor its key stuck past the lock.
+//! (tests/common/cancel/driver.rs), with the checks of
+//! tests/common/cancel/store.rs after each cut: on a multiplexed connection
+//! a dropped command must not leave its reply to the next caller, nor its key
+//! stuck past the lock.
 #![cfg(feature = "test-util")]
 
-#[path = "support/cancel.rs"]
-mod driver;
-
-#[path = "cancel_store.rs"]
-mod cases;
-
-use crate::support::redis;
-use cases::{store_cut_tests, Harness, NoProbe};
 use std::time::Duration;
 use tower_idempotency::RedisStore;
+use tower_idempotency_tests::cancel::store::{Harness, NoProbe};
+use tower_idempotency_tests::store_cut_tests;
+use tower_idempotency_tests::support::redis;
 
 const LOCK: Duration = Duration::from_millis(500);
 
@@ -28,4 +24,4 @@ async fn standalone() -> Option<Harness<RedisStore, NoProbe>> {
     })
 }
 
-store_cut_tests!(cases, standalone);
+store_cut_tests!(standalone);

@@ -2,13 +2,11 @@
 //! owner's connection of up to nine tenths of its lock, beginning as an
 //! extension is sent.
 
-use crate::support::proxy::{Proxy, StallState};
-use crate::support::redis as r;
 use std::time::Duration;
 use tower_idempotency::RedisStore;
-
-#[path = "keep_alive_scenarios.rs"]
-mod scenarios;
+use tower_idempotency_tests::keep_alive;
+use tower_idempotency_tests::support::proxy::{Proxy, StallState};
+use tower_idempotency_tests::support::redis as r;
 
 const LOCK: Duration = Duration::from_secs(2);
 
@@ -29,7 +27,7 @@ async fn stall(fraction: f64, test: &str) {
     };
     let owner = connect(format!("redis://127.0.0.1:{}", proxy.port)).await;
     let competitor = connect(url).await;
-    scenarios::a_stall_of_the_owners_store_keeps_its_claim(
+    keep_alive::a_stall_of_the_owners_store_keeps_its_claim(
         owner,
         competitor,
         fraction,

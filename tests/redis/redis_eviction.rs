@@ -6,13 +6,13 @@
 //! is skipped. Each test runs servers of its own: the shared ones keep their
 //! policy.
 
-use crate::support::redis as r;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tower_idempotency::store::conformance::{fingerprint, record, response};
 use tower_idempotency::{Begin, RedisStore, Store, StoreError};
+use tower_idempotency_tests::support::redis as r;
 
 async fn set_config(url: &str, name: &str, value: &str) {
     let mut conn = r::connection(url).await;
@@ -190,7 +190,9 @@ mod tempdir {
 
     impl Dir {
         pub fn new() -> Self {
-            let path = std::env::temp_dir().join(crate::support::redis::unique_prefix("cluster"));
+            let path = std::env::temp_dir().join(
+                tower_idempotency_tests::support::redis::unique_prefix("cluster"),
+            );
             std::fs::create_dir_all(&path).unwrap();
             Self(path)
         }

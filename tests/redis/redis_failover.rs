@@ -4,7 +4,6 @@
 //!
 //! Runs on the second Cluster `scripts/test` starts, which no other test uses.
 
-use crate::support::redis as r;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -15,6 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::{IdempotencyLayer, Scope};
+use tower_idempotency_tests::support::redis as r;
 
 /// The port of a primary of the Cluster `nodes` belong to, as any node that
 /// answers sees it.

@@ -4,12 +4,12 @@
 //! instance's cache, and without a subscriber (or disabled) every `begin`
 //! asks Redis.
 
-use crate::support::redis as r;
 use std::time::Duration;
 use tokio::time::Instant;
 use tower_idempotency::store::conformance::{fingerprint, record, response};
 use tower_idempotency::store::NearCache;
 use tower_idempotency::{Begin, FencingToken, RecordKey, RedisStore, Store};
+use tower_idempotency_tests::support::redis as r;
 
 /// How to reach one deployment: the standalone server or the Cluster.
 enum Deployment {

@@ -7,8 +7,6 @@
 //! handler counts its side effect with `INCR` on the standalone server (so the
 //! parent counts side effects where the store cannot touch them).
 
-use crate::support::child::ChildServer;
-use crate::support::redis as r;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
@@ -19,6 +17,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use std::time::Duration;
 use tower_idempotency::IdempotencyLayer;
+use tower_idempotency_tests::support::child::ChildServer;
+use tower_idempotency_tests::support::redis as r;
 
 const SERVER_ENV: &str = "TOWER_IDEMPOTENCY_TEST_REDIS_SERVER";
 
@@ -28,7 +28,7 @@ fn redis_child_server() {
     let Ok(prefix) = std::env::var(SERVER_ENV) else {
         return;
     };
-    crate::support::child::run_until_parent_exits(serve(prefix));
+    tower_idempotency_tests::support::child::run_until_parent_exits(serve(prefix));
 }
 
 #[derive(Clone)]
@@ -50,7 +50,7 @@ async fn serve(prefix: String) {
         .route("/orders", post(create_order))
         .route_layer(IdempotencyLayer::new(store).with_wait_timeout(Duration::from_secs(10)))
         .with_state(Effects(effects));
-    crate::support::child::serve(router).await;
+    tower_idempotency_tests::support::child::serve(router).await;
 }
 
 async fn create_order(

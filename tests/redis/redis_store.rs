@@ -3,8 +3,6 @@
 //! 1000 waiters on one key, and outages: a network cut, a hung server, a
 //! restarted server.
 
-use crate::support::proxy::Proxy;
-use crate::support::redis as r;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -16,6 +14,8 @@ use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::store::conformance::{fingerprint, record, response, Durations};
 use tower_idempotency::{Begin, IdempotencyLayer, RedisStore, Store, StoreError};
+use tower_idempotency_tests::support::proxy::Proxy;
+use tower_idempotency_tests::support::redis as r;
 
 mod standalone {
     use super::*;

@@ -1,16 +1,14 @@
 //! `RedisStore` (standalone) stalled at every phase of a request: instance
 //! A's connection and subscriber go through a proxy that freezes, instance B
-//! shares the keyspace (the same prefix) directly (see `harness.rs`). The
-//! effect is the handler's run, counted in the test.
+//! shares the keyspace (the same prefix) directly (see
+//! tests/common/stalls.rs). The effect is the handler's run, counted in the
+//! test.
 
-#[path = "harness.rs"]
-mod harness;
-
-use crate::support::proxy::Proxy;
-use crate::support::redis;
-use harness::{run_phase, Mode, Phase, World, LOCK, OPERATION};
 use std::sync::Arc;
 use tower_idempotency::{IdempotencyLayer, RedisStore};
+use tower_idempotency_tests::stalls::{run_phase, Mode, Phase, World, LOCK, OPERATION};
+use tower_idempotency_tests::support::proxy::Proxy;
+use tower_idempotency_tests::support::redis;
 
 /// A behind a proxy of its own, B direct, under one fresh prefix.
 async fn world(url: &str) -> World {

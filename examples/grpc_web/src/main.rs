@@ -38,7 +38,7 @@
 //! 3. `OrdersServer`: the gRPC service.
 //!
 //! ```sh
-//! cargo run --example grpc_web
+//! cargo run -p tower-idempotency-grpc-web
 //! # a CreateOrder call by hand: frame = 0x00, u32 length, protobuf bytes
 //! printf '\x00\x00\x00\x00\x07\x0a\x03A-1\x10\x02' > /tmp/req.bin   # sku "A-1", qty 2
 //! for i in 1 2; do curl -s -X POST localhost:3004/orders.v1.Orders/CreateOrder \

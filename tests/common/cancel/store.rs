@@ -1,8 +1,8 @@
 //! Every `Store` method cut at every poll, for any store: after each cut the
 //! key is free or owned (never stuck past its lock), an acknowledged
 //! completion replays, the store still serves other keys with completions
-//! that last, and the backend's own invariants hold (`Probe`). Included by
-//! each binary that has a store to run them on.
+//! that last, and the backend's own invariants hold (`Probe`). Each binary
+//! that has a store runs them on it with `store_cut_tests!`.
 #![allow(dead_code)]
 
 use super::driver::{at_every_poll, Cut};
@@ -436,20 +436,21 @@ pub async fn purge_scope<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
     .await;
 }
 
-/// One test per `Store` method, on the store `$harness().await` builds
-/// (`None` skips), with the functions of module `$cases` (this file).
+/// One test per `Store` method, in the module that invokes it, on the store
+/// `$harness().await` builds (`None` skips), with the functions of this module.
+#[macro_export]
 macro_rules! store_cut_tests {
-    ($cases:ident, $harness:ident) => {
-        store_cut_tests!(@one $cases, $harness, begin_cut_at_every_poll, |h| $cases::begin(h));
-        store_cut_tests!(@one $cases, $harness, complete_cut_at_every_poll, |h| $cases::complete(h, false));
-        store_cut_tests!(@one $cases, $harness, complete_unavailable_cut_at_every_poll, |h| $cases::complete(h, true));
-        store_cut_tests!(@one $cases, $harness, extend_cut_at_every_poll, |h| $cases::extend_or_release(h, false));
-        store_cut_tests!(@one $cases, $harness, release_cut_at_every_poll, |h| $cases::extend_or_release(h, true));
-        store_cut_tests!(@one $cases, $harness, wait_cut_at_every_poll, |h| $cases::wait(h));
-        store_cut_tests!(@one $cases, $harness, purge_expired_cut_at_every_poll, |h| $cases::purge_expired(h));
-        store_cut_tests!(@one $cases, $harness, purge_scope_cut_at_every_poll, |h| $cases::purge_scope(h));
+    ($harness:ident) => {
+        $crate::store_cut_tests!(@one $harness, begin_cut_at_every_poll, |h| $crate::cancel::store::begin(h));
+        $crate::store_cut_tests!(@one $harness, complete_cut_at_every_poll, |h| $crate::cancel::store::complete(h, false));
+        $crate::store_cut_tests!(@one $harness, complete_unavailable_cut_at_every_poll, |h| $crate::cancel::store::complete(h, true));
+        $crate::store_cut_tests!(@one $harness, extend_cut_at_every_poll, |h| $crate::cancel::store::extend_or_release(h, false));
+        $crate::store_cut_tests!(@one $harness, release_cut_at_every_poll, |h| $crate::cancel::store::extend_or_release(h, true));
+        $crate::store_cut_tests!(@one $harness, wait_cut_at_every_poll, |h| $crate::cancel::store::wait(h));
+        $crate::store_cut_tests!(@one $harness, purge_expired_cut_at_every_poll, |h| $crate::cancel::store::purge_expired(h));
+        $crate::store_cut_tests!(@one $harness, purge_scope_cut_at_every_poll, |h| $crate::cancel::store::purge_scope(h));
     };
-    (@one $cases:ident, $harness:ident, $name:ident, |$h:ident| $run:expr) => {
+    (@one $harness:ident, $name:ident, |$h:ident| $run:expr) => {
         #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
         async fn $name() {
             let Some(harness) = $harness().await else {
@@ -460,4 +461,3 @@ macro_rules! store_cut_tests {
         }
     };
 }
-pub(crate) use store_cut_tests;

@@ -41,7 +41,7 @@ fn child_server() {
     let (mode, table) = config.split_once(' ').expect("mode and table");
     let (mode, table) = (mode.to_owned(), table.to_owned());
     let url = std::env::var("DATABASE_URL").expect("the server needs DATABASE_URL");
-    crate::support::child::run_until_parent_exits(serve(url, mode, table));
+    tower_idempotency_tests::support::child::run_until_parent_exits(serve(url, mode, table));
 }
 
 #[derive(Clone)]

@@ -1,6 +1,7 @@
-//! The harness of the reports demo tests (`tests/reports_*.rs`): the app that
-//! `cargo run --example reports` serves, mounted on a real loopback HTTP
-//! server over a job store that counts `start` calls, for every store.
+//! The harness of the reports demo tests (`reports_*.rs` beside this
+//! folder): the app that `cargo run --example reports` serves, mounted on a
+//! real loopback HTTP server over a job store that counts `start` calls, for
+//! every store.
 //!
 //! Scenarios are `async fn name(backend: Backend)`; [`for_each_store!`] turns
 //! them into `memory::name` (always) and `postgres::name` (with
@@ -8,12 +9,14 @@
 //! `DATABASE_URL`, failing under `REQUIRE_POSTGRES=1`).
 #![allow(dead_code)]
 
-#[path = "../../examples/reports/app.rs"]
+// The example's own source (an example is no crate to depend on): what
+// users run is what these tests drive.
+#[path = "../../../examples/reports/app.rs"]
 pub mod app;
-pub(crate) use crate::http as client;
+pub(crate) use tower_idempotency_tests::http as client;
 pub mod script;
 #[cfg(feature = "postgres")]
-pub(crate) use crate::support;
+pub(crate) use tower_idempotency_tests::support;
 
 use app::{Config, Worker};
 use async_trait::async_trait;

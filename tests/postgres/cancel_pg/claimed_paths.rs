@@ -4,7 +4,6 @@
 
 use super::claimed::{self, App, Effects, Operation};
 use super::{postgres, PgProbe, LOCK};
-use crate::support::pg;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Full;
@@ -15,6 +14,7 @@ use tower::util::BoxCloneService;
 use tower::{service_fn, Layer};
 use tower_idempotency::engine::Engine;
 use tower_idempotency::{IdempotencyLayer, PostgresTransaction};
+use tower_idempotency_tests::support::pg;
 
 /// Sweeps of the transactional paths, whose cut points move with timing.
 const ROUNDS: usize = 3;

@@ -1,10 +1,10 @@
 //! Cancel at every poll on PostgreSQL: every `Store` method of a plain
 //! `PostgresStore`, every `TransactionalStore`/`RecordTransaction` method,
 //! the layer (plain and transactional) and the engine, each future dropped
-//! after every number of polls (tests/support/cancel.rs). After each cut,
-//! besides the checks of tests/cancel_store.rs: no connection of the store's
-//! pool (told apart by its `application_name`) stays idle inside a
-//! transaction, every pooled connection starts a fresh transaction (its
+//! after every number of polls (tests/common/cancel/driver.rs). After each
+//! cut, besides the checks of tests/common/cancel/store.rs: no connection of
+//! the store's pool (told apart by its `application_name`) stays idle inside
+//! a transaction, every pooled connection starts a fresh transaction (its
 //! `now()` is not frozen), and completions acknowledged through the pool are
 //! committed. The pool has two connections, so a leaked one is reused at once.
 //!
@@ -15,24 +15,17 @@
 //! inside the open transaction.
 #![cfg(feature = "test-util")]
 
-#[path = "../support/cancel.rs"]
-mod driver;
-
-#[path = "../cancel_store.rs"]
-mod cases;
-
-#[path = "../cancel_layer.rs"]
-mod claimed;
-
 mod claimed_paths;
 mod transaction;
 
-use crate::support::pg;
-use cases::{store_cut_tests, Harness, Probe};
+use cases::{Harness, Probe};
 use deadpool_postgres::Pool;
 use driver::eventually;
 use std::time::Duration;
 use tower_idempotency::{PostgresStore, RecordKey};
+use tower_idempotency_tests::cancel::{claimed, driver, store as cases};
+use tower_idempotency_tests::store_cut_tests;
+use tower_idempotency_tests::support::pg;
 
 const LOCK: Duration = Duration::from_millis(500);
 const POOL_SIZE: usize = 2;
@@ -201,4 +194,4 @@ pub async fn postgres() -> Option<Harness<PostgresStore, PgProbe>> {
     })
 }
 
-store_cut_tests!(cases, postgres);
+store_cut_tests!(postgres);

@@ -6,8 +6,8 @@
 //! `REQUIRE_POSTGRES=1` (CI, `./scripts/test`) they fail instead.
 #![cfg(feature = "postgres")]
 
-use crate::support;
 use tower_idempotency::store::conformance;
+use tower_idempotency_tests::support;
 
 mod claims;
 mod layer;

@@ -208,7 +208,8 @@ async fn a_failed_leader_shares_no_answer_and_strands_no_follower() {
     };
     let table = pg::unique_table("flight_outage");
     pg::store(&url, &table, |s| s).await; // migrated directly
-    let proxy = crate::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
+    let proxy =
+        tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
     let pool = pg::pool(pg::pg_config_at(&url, proxy.port), 1);
     let store = PostgresStore::new(pool.clone()).with_table(&table);
     let key = fresh_key();

@@ -1,8 +1,8 @@
 //! The layer's and the engine's claimed paths cut at every poll, over any
 //! store: once the cut's background work settles, the handler's effect
 //! exists at most once, and a retry replays it or runs it, so that it
-//! happened exactly once in all. Included by each binary that has a store to
-//! run them on; the caller supplies the service (or operation), how to count
+//! happened exactly once in all, for each binary that has a store to run
+//! them on; the caller supplies the service (or operation), how to count
 //! a key's effects, and the backend's own invariants.
 #![allow(dead_code)]
 
@@ -29,12 +29,12 @@ pub type Operation = Box<dyn FnOnce(Context) -> BoxFuture<Result<Bytes, std::io:
 pub trait Effects {
     /// How many times the effect of `key` happened (committed).
     fn count(&self, key: &str) -> impl Future<Output = usize>;
-    /// The backend's own invariants broken (see `cancel_store::Probe`).
+    /// The backend's own invariants broken (see `store::Probe`).
     fn violations(&self) -> impl Future<Output = Vec<String>>;
 }
 
 pub fn fresh_key() -> String {
-    let scope = super::cases::fresh_scope();
+    let scope = super::store::fresh_scope();
     format!("order-{}", scope.trim_start_matches("cut-"))
 }
 
