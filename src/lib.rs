@@ -181,8 +181,9 @@
 //! - `examples/layer_order.rs` — with tower-http's trace, body limit,
 //!   compression and timeout layers: compression *outside* (stored bytes stay
 //!   identity), the body limit outside, the timeout inside;
-//! - `examples/axum_per_route.rs` — per-route opt-in three ways, tracing
-//!   output and metrics.
+//! - `examples/axum_per_route/` — per-route opt-in three ways, tracing
+//!   output and metrics, a package of its own
+//!   (`cargo run -p tower-idempotency-axum-per-route`).
 //!
 //! # Observability
 //!

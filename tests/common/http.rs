@@ -120,11 +120,22 @@ pub fn enabled_features() -> Vec<&'static str> {
     features
 }
 
+/// The examples that are packages of their own (so that their dependencies
+/// are not the library's), each with its package and the features it has.
+const EXAMPLE_PACKAGES: &[(&str, &str, &[&str])] = &[
+    ("grpc_web", "tower-idempotency-grpc-web", &[]),
+    (
+        "axum_per_route",
+        "tower-idempotency-axum-per-route",
+        &["metrics", "utoipa"],
+    ),
+];
+
 /// Builds example `name` with this test's features (a no-op when fresh) and
 /// returns the path of its binary, as cargo reports it (wherever the target
-/// directory is). The examples are the library's, but for `grpc_web`: a
-/// package of its own (`examples/grpc_web/`), so that tonic is not a
-/// dependency of the library.
+/// directory is). An example of the library is built as one; an example
+/// package (`examples/<name>/`) as its binary, with those of this test's
+/// features it has and the library's others.
 pub fn example_binary(name: &str) -> std::path::PathBuf {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut build = std::process::Command::new(&cargo);
@@ -133,21 +144,25 @@ pub fn example_binary(name: &str) -> std::path::PathBuf {
         "--quiet",
         "--message-format=json-render-diagnostics",
     ]);
-    let features = enabled_features();
-    if name == "grpc_web" {
-        build.args(["-p", "tower-idempotency-grpc-web", "--bin", name]);
-        let features: Vec<String> = features
-            .iter()
-            .map(|f| format!("tower-idempotency/{f}"))
-            .collect();
-        if !features.is_empty() {
-            build.args(["--features", &features.join(",")]);
+    let mut features: Vec<String> = enabled_features().iter().map(|f| f.to_string()).collect();
+    match EXAMPLE_PACKAGES
+        .iter()
+        .find(|(example, ..)| *example == name)
+    {
+        Some((_, package, own)) => {
+            build.args(["-p", package, "--bin", name]);
+            for feature in &mut features {
+                if !own.contains(&feature.as_str()) {
+                    *feature = format!("tower-idempotency/{feature}");
+                }
+            }
         }
-    } else {
-        build.args(["-p", "tower-idempotency", "--example", name]);
-        if !features.is_empty() {
-            build.args(["--features", &features.join(",")]);
+        None => {
+            build.args(["-p", "tower-idempotency", "--example", name]);
         }
+    }
+    if !features.is_empty() {
+        build.args(["--features", &features.join(",")]);
     }
     let output = build
         .stderr(std::process::Stdio::inherit())

@@ -1,11 +1,11 @@
-//! `examples/axum_per_route.rs`: its router mounted in-process and driven over
+//! `examples/axum_per_route/`: its router mounted in-process and driven over
 //! loopback HTTP, and the example binary itself, whose stdout carries the
 //! tracing output (and, with `metrics`, whose `/metrics` carries the counters).
 
 // The example's own source (an example is no crate to depend on): what
 // users run is what these tests drive.
 #[allow(dead_code)]
-#[path = "../../examples/axum_per_route.rs"]
+#[path = "../../examples/axum_per_route/src/main.rs"]
 mod example;
 use tower_idempotency_tests::http;
 

@@ -15,9 +15,9 @@
 //! The three layers share one store, so a tenant's key is one key across them.
 //!
 //! ```sh
-//! cargo run --example axum_per_route                      # tracing on stdout
-//! cargo run --example axum_per_route --features metrics   # + counters on GET /metrics
-//! cargo run --example axum_per_route --features utoipa    # + the spec on GET /openapi.json
+//! cargo run -p tower-idempotency-axum-per-route                      # tracing on stdout
+//! cargo run -p tower-idempotency-axum-per-route --features metrics   # + counters on GET /metrics
+//! cargo run -p tower-idempotency-axum-per-route --features utoipa    # + the spec on GET /openapi.json
 //! # another shell:
 //! for i in 1 2; do curl -s -X POST localhost:3002/v1/orders -H 'Authorization: Bearer acme' \
 //!   -H 'Idempotency-Key: order-0001' -H 'Content-Type: application/json' -d '{"sku":"A-1"}'; echo; done
