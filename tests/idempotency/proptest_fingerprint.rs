@@ -20,6 +20,10 @@
 //!
 //! The unit tests in `src/fingerprint/tests.rs` cover the RFC's section 3.2.2
 //! and 3.2.3 examples inside the crate; these go through the public API.
+//!
+//! The seeds of past failures, re-run before any new case, are in
+//! `tests/proptest-regressions/proptest_fingerprint.txt`: where proptest
+//! looks for this file's, beside the binary's folder (`idempotency/main.rs`).
 
 use tower_idempotency_tests::exact_json;
 
