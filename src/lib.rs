@@ -175,13 +175,15 @@
 //!
 //! - `examples/hyper_service_fn.rs` — hyper 1 with `service_fn` and hyper-util,
 //!   the scope from a closure (`.with_scope(...)`);
-//! - `examples/grpc_web.rs` — a tonic-web gRPC-Web service (protobuf bodies
-//!   are fingerprinted as bytes);
+//! - `examples/grpc_web/` — a tonic-web gRPC-Web service (protobuf bodies
+//!   are fingerprinted as bytes), a package of its own
+//!   (`cargo run -p tower-idempotency-grpc-web`);
 //! - `examples/layer_order.rs` — with tower-http's trace, body limit,
 //!   compression and timeout layers: compression *outside* (stored bytes stay
 //!   identity), the body limit outside, the timeout inside;
-//! - `examples/axum_per_route.rs` — per-route opt-in three ways, tracing
-//!   output and metrics.
+//! - `examples/axum_per_route/` — per-route opt-in three ways, tracing
+//!   output and metrics, a package of its own
+//!   (`cargo run -p tower-idempotency-axum-per-route`).
 //!
 //! # Observability
 //!

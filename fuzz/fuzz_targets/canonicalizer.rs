@@ -7,7 +7,7 @@
 //! raw bytes, and the independent parser refuses the input too.
 #![no_main]
 
-#[path = "../../tests/support/exact_json.rs"]
+#[path = "../../tests/common/exact_json.rs"]
 mod exact_json;
 
 use http::{HeaderValue, Method};

@@ -1,0 +1,190 @@
+//! `cargo run --example consumer` as users run it: a separate process whose
+//! queue redelivers messages (duplicates, reordered fields), and with
+//! PostgreSQL a consumer killed (SIGKILL) in the middle of a message, then
+//! started again: every message's effect is written exactly once. With the
+//! card processor (`examples/processor.rs`, a process too), a consumer killed
+//! between a message's charge and its record charges it once: the message
+//! redelivered to the restarted consumer runs again under the same
+//! downstream key, on PostgreSQL and even on the memory store that forgot it.
+
+use std::process::Command;
+use tower_idempotency::{DownstreamKeys, IdempotencyKey, Scope};
+use tower_idempotency_tests::http::{example_binary, HttpClient, RunningExample};
+
+/// Runs the consumer to its end with `env`; returns its output lines.
+fn run_to_end(env: &[(&str, Option<&str>)]) -> Vec<String> {
+    let mut command = Command::new(example_binary("consumer"));
+    for (key, value) in env {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    let output = command.output().expect("run the consumer");
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    assert!(output.status.success(), "the consumer failed: {stdout}");
+    stdout.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn duplicates_and_reordered_redeliveries_write_each_effect_once() {
+    let lines = run_to_end(&[("DATABASE_URL", None), ("CONSUMER_MESSAGES", Some("30"))]);
+    assert_eq!(lines[0], "idempotency store: memory");
+    assert_eq!(
+        lines.last().unwrap(),
+        "messages 30, deliveries 40, effects 30"
+    );
+    let again = lines
+        .iter()
+        .filter(|l| l.ends_with("delivered again: not run again"));
+    assert_eq!(again.count(), 10);
+}
+
+/// Starts the consumer with `env` and SIGKILLs it once it printed `after`
+/// lines starting with `prefix` (the consumer pauses after each effect,
+/// before its record, so the kill lands in that window).
+fn kill_after(env: &[(&str, Option<&str>)], prefix: &str, after: usize) {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    let mut command = Command::new(example_binary("consumer"));
+    for (key, value) in env {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    let mut child = command
+        .env("CONSUMER_SLOW_MS", "300")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start the consumer");
+    let reader = BufReader::new(child.stdout.take().unwrap());
+    let seen = reader
+        .lines()
+        .map_while(Result::ok)
+        .filter(|line| line.starts_with(prefix))
+        .take(after)
+        .count();
+    assert_eq!(seen, after, "the consumer printed {after} {prefix:?} lines");
+    child.kill().unwrap(); // SIGKILL: no cleanup, the last one unrecorded
+    child.wait().unwrap();
+}
+
+/// Each message charged once at the processor, under its downstream key.
+async fn one_charge_per_message(processor: &HttpClient, messages: u64) {
+    let listed = processor.get("/v1/charges", &[]).await.json();
+    let charges = listed["charges"].as_array().unwrap();
+    assert_eq!(charges.len() as u64, messages, "{charges:#?}");
+    for id in 1..=messages {
+        let key = IdempotencyKey::parse(format!("message-{id:06}").as_bytes()).unwrap();
+        let want = DownstreamKeys::new(Scope::new("consumer"), key).key_for("card-processor");
+        let mine: Vec<_> = charges
+            .iter()
+            .filter(|c| c["idempotency_key"] == want.as_str())
+            .collect();
+        assert_eq!(mine.len(), 1, "message {id}: {charges:#?}");
+        assert_eq!(mine[0]["amount"], 100 * id);
+    }
+}
+
+/// Killed after the fifth message's charge, before its record; started
+/// again, everything is redelivered. On PostgreSQL the four recorded
+/// messages replay and the fifth runs again (its effect had rolled back),
+/// sending the processor the same key: one charge for each message.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_killed_between_the_charge_and_the_record_charges_each_message_once() {
+    let Ok(url) = std::env::var("DATABASE_URL") else {
+        assert!(
+            std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
+        );
+        eprintln!("\n*** SKIPPED consumer and processor: DATABASE_URL is not set ***\n");
+        return;
+    };
+    let processor = RunningExample::start("processor", &[("PROCESSOR_LEDGER", None)]);
+    let processor_url = format!("http://{}", processor.addr);
+    let tables = format!("consumer_charge_{}", std::process::id());
+    let env = [
+        ("DATABASE_URL", Some(url.as_str())),
+        ("CONSUMER_TABLES", Some(tables.as_str())),
+        ("CONSUMER_MESSAGES", Some("12")),
+        ("PROCESSOR_URL", Some(processor_url.as_str())),
+    ];
+    kill_after(&env, "effect written for message", 5);
+    // Blocks this worker; nothing in this process needs it meanwhile.
+    let lines = run_to_end(&env);
+    assert_eq!(
+        lines.last().unwrap(),
+        "messages 12, deliveries 16, effects 12"
+    );
+    // The fifth, charged before the kill, ran again: the processor replayed.
+    let replayed = lines
+        .iter()
+        .filter(|l| l.ends_with(": replayed by the processor"))
+        .count();
+    assert_eq!(replayed, 1, "{lines:#?}");
+    one_charge_per_message(&HttpClient::new(processor.addr), 12).await;
+}
+
+/// The memory store forgets every record with the process: the restarted
+/// consumer runs every message again, and the processor, getting the same
+/// downstream keys, charges none of the five it charged before again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_forgot_its_records_charges_the_processor_once_per_message() {
+    let processor = RunningExample::start("processor", &[("PROCESSOR_LEDGER", None)]);
+    let processor_url = format!("http://{}", processor.addr);
+    let env = [
+        ("DATABASE_URL", None),
+        ("CONSUMER_MESSAGES", Some("12")),
+        ("PROCESSOR_URL", Some(processor_url.as_str())),
+    ];
+    kill_after(&env, "effect written for message", 5);
+    let lines = run_to_end(&env);
+    assert_eq!(lines[0], "idempotency store: memory");
+    assert_eq!(
+        lines.last().unwrap(),
+        "messages 12, deliveries 16, effects 12"
+    );
+    let replayed = lines
+        .iter()
+        .filter(|l| l.ends_with(": replayed by the processor"))
+        .count();
+    assert_eq!(replayed, 5, "{lines:#?}");
+    one_charge_per_message(&HttpClient::new(processor.addr), 12).await;
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn a_consumer_killed_mid_message_and_restarted_writes_each_effect_once() {
+    let Ok(url) = std::env::var("DATABASE_URL") else {
+        assert!(
+            std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
+        );
+        eprintln!("\n*** SKIPPED consumer crash test: DATABASE_URL is not set ***\n");
+        return;
+    };
+    let tables = format!("consumer_{}", std::process::id());
+    let env = [
+        ("DATABASE_URL", Some(url.as_str())),
+        ("CONSUMER_TABLES", Some(tables.as_str())),
+        ("CONSUMER_MESSAGES", Some("12")),
+    ];
+    // Slow between each effect and its commit; killed after the fifth effect
+    // is written, before it commits.
+    kill_after(&env, "effect written for message", 5);
+    // Started again, the queue delivers everything again.
+    let lines = run_to_end(&env);
+    assert_eq!(lines[0], "idempotency store: postgres");
+    assert_eq!(
+        lines.last().unwrap(),
+        "messages 12, deliveries 16, effects 12"
+    );
+    // The four committed before the kill were not run again.
+    let rerun = lines
+        .iter()
+        .filter(|l| l.starts_with("effect written"))
+        .count();
+    assert_eq!(rerun, 12 - 4, "{lines:?}");
+}
