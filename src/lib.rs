@@ -252,7 +252,7 @@ pub mod telemetry;
 
 pub use body::{BoxError, ResponseBody};
 pub use engine::in_flight::InFlight;
-pub use engine::Engine;
+pub use engine::{Attempt, Engine};
 pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency::{IdempotencyLayer, IdempotencyService};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};

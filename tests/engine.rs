@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::engine::{Engine, EngineError, Identity, OnFailure, Outcome};
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::{Begin, RecordKey};
 use tower_idempotency::{Fingerprint, IdempotencyKey, MemoryStore, Scope, Store, StoreError};
@@ -137,7 +138,9 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
         None,
         b"d",
     );
-    let Begin::Claimed(dead) = store.begin(&record, &fingerprint.into()).await.unwrap() else {
+    let Begin::Claimed(Claim { token: dead, .. }) =
+        store.begin(&record, &fingerprint.into()).await.unwrap()
+    else {
         panic!("a fresh key");
     };
     let engine = Engine::new(store.clone()).with_wait_timeout(Duration::from_secs(2));

@@ -4,11 +4,11 @@
 
 use super::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
 use super::decide::{decide, Decision};
-use super::{Engine, EngineError, Identity, OnFailure, Outcome};
+use super::{Attempt, Engine, EngineError, Identity, OnFailure, Outcome};
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::Recorder;
 use crate::store::{
-    Completion, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
+    Claim, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
 };
 use crate::{Fingerprint, IdempotencyKey, RequestFingerprint, Scope};
 use bytes::Bytes;
@@ -18,7 +18,7 @@ use std::future::Future;
 /// What a running operation knows about its run.
 #[derive(Debug)]
 pub struct Context {
-    token: FencingToken,
+    attempt: Attempt,
     extensions: http::Extensions,
 }
 
@@ -26,7 +26,14 @@ impl Context {
     /// The claim's fencing token: higher than any earlier owner's, so writes
     /// elsewhere can be fenced with it.
     pub fn token(&self) -> FencingToken {
-        self.token
+        self.attempt.token()
+    }
+
+    /// Which attempt this run is: whether it took over the claim of an
+    /// earlier run that never finished, which may have had effects to
+    /// reconcile (see [`Attempt`]).
+    pub fn attempt(&self) -> Attempt {
+        self.attempt
     }
 
     /// A handle the store shares with the operation: in transactional mode on
@@ -151,8 +158,8 @@ impl Engine {
             self.wait_timeout,
         )
         .await;
-        let (token, opened) = match decided {
-            Decision::Claimed(token, opened) => (token, opened),
+        let (claim, opened) = match decided {
+            Decision::Claimed(claim, opened) => (claim, opened),
             Decision::Replay(stored) => {
                 return decode(&stored.body)
                     .map(Outcome::Replayed)
@@ -171,13 +178,13 @@ impl Engine {
                 let answer = match engine.transactions.is_some() {
                     true => {
                         engine
-                            .in_transaction(record, token, opened, operation)
+                            .in_transaction(record, claim, opened, operation)
                             .await
                     }
                     false => {
                         let (store, heartbeat_key) = (engine.store.clone(), record.clone());
-                        let plain = engine.plain(record, token, operation);
-                        kept_alive(plain, store, heartbeat_key, token).await
+                        let plain = engine.plain(record, claim, operation);
+                        kept_alive(plain, store, heartbeat_key, claim.token).await
                     }
                 };
                 drop(running);
@@ -193,16 +200,16 @@ impl Engine {
     async fn plain<V, F, Fut, E>(
         &self,
         record: RecordKey,
-        token: FencingToken,
+        claimed: Claim,
         operation: F,
     ) -> Result<Outcome<V>, EngineError<E>>
     where
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
-        let claim = ClaimGuard::new(self.store.clone(), record, token);
+        let claim = ClaimGuard::new(self.store.clone(), record, claimed.token);
         let context = Context {
-            token,
+            attempt: claimed.into(),
             extensions: http::Extensions::new(),
         };
         match operation(context).await {
@@ -220,7 +227,7 @@ impl Engine {
     async fn in_transaction<V, F, Fut, E>(
         &self,
         record: RecordKey,
-        token: FencingToken,
+        claimed: Claim,
         opened: Option<Box<dyn RecordTransaction>>,
         operation: F,
     ) -> Result<Outcome<V>, EngineError<E>>
@@ -229,6 +236,7 @@ impl Engine {
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
         let transactions = self.transactions.as_ref().expect("transactional");
+        let token = claimed.token;
         let claim = ClaimGuard::new(self.store.clone(), record, token);
         let (claim, transaction) =
             match open_transaction(&**transactions, claim, token, opened).await {
@@ -238,7 +246,7 @@ impl Engine {
                 Err(NotOpened::Failed(error)) => return Err(EngineError::Store(error)),
             };
         let mut context = Context {
-            token,
+            attempt: claimed.into(),
             extensions: http::Extensions::new(),
         };
         transaction.share(&mut context.extensions);

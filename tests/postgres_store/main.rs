@@ -8,6 +8,7 @@
 
 use crate::support;
 use tower_idempotency::store::conformance;
+use tower_idempotency::store::Claim;
 
 mod claims;
 mod layer;
@@ -55,7 +56,7 @@ fn fresh_key() -> RecordKey {
 
 async fn claim(store: &PostgresStore, key: &RecordKey, body: &str) -> FencingToken {
     match store.begin(key, &fingerprint(body)).await.expect("begin") {
-        Begin::Claimed(token) => token,
+        Begin::Claimed(Claim { token, .. }) => token,
         other => panic!("expected a claim, got {other:?}"),
     }
 }
