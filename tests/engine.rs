@@ -148,7 +148,7 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
     let operation = {
         let seen = seen.clone();
         move |context: tower_idempotency::engine::Context| async move {
-            *seen.lock().unwrap() = Some(context.token());
+            *seen.lock().unwrap() = Some((context.token(), context.attempt()));
             Ok::<_, std::io::Error>(Bytes::from_static(b"taken over"))
         }
     };
@@ -157,8 +157,13 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
         .await
         .unwrap();
     assert_eq!(answer, Outcome::Executed(Bytes::from_static(b"taken over")));
-    let token = seen.lock().unwrap().expect("the operation ran");
+    let (token, attempt) = seen.lock().unwrap().expect("the operation ran");
     assert!(token > dead, "{token:?} after {dead:?}");
+    // The operation knows it took over, and from whom: it can reconcile.
+    assert_eq!(attempt.token(), token);
+    assert!(attempt.is_takeover());
+    assert_eq!(attempt.number(), 2);
+    assert_eq!(attempt.previous_token(), Some(dead));
     assert!(matches!(
         store.complete(&record, dead, Completion::Unavailable).await,
         Err(StoreError::ClaimLost)

@@ -39,6 +39,8 @@ mod memory_store;
 mod memory_store_adversarial;
 #[path = "proptest_fingerprint.rs"]
 mod proptest_fingerprint;
+#[path = "takeover.rs"]
+mod takeover;
 
 #[path = "keep_alive_memory.rs"]
 mod keep_alive_memory;

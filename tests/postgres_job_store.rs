@@ -602,7 +602,8 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
             ("jobs".into(), 2),
             ("jobs".into(), 3),
             ("records".into(), 1),
-            ("records".into(), 2)
+            ("records".into(), 2),
+            ("records".into(), 3)
         ]
     );
     // Both work in the new schema.
