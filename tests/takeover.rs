@@ -53,7 +53,11 @@ async fn a_handler_after_a_takeover_sees_attempt_two_and_the_previous_token() {
     let first = tokio::spawn(app.clone().oneshot(charge("charge-00000001")));
     stalled.notified().await;
     tokio::time::sleep(LOCK + Duration::from_millis(200)).await;
-    let retry = app.clone().oneshot(charge("charge-00000001")).await.unwrap();
+    let retry = app
+        .clone()
+        .oneshot(charge("charge-00000001"))
+        .await
+        .unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED);
     let body = retry.into_body().collect().await.unwrap().to_bytes();
     assert_eq!(body, "attempt 2");
@@ -100,7 +104,11 @@ async fn a_run_after_a_release_is_a_first_attempt() {
         .route("/charges", post(handler))
         .layer(IdempotencyLayer::new(MemoryStore::new()));
     for status in [StatusCode::SERVICE_UNAVAILABLE, StatusCode::CREATED] {
-        let answer = app.clone().oneshot(charge("charge-00000002")).await.unwrap();
+        let answer = app
+            .clone()
+            .oneshot(charge("charge-00000002"))
+            .await
+            .unwrap();
         assert_eq!(answer.status(), status);
     }
     let attempts = seen.lock().unwrap().clone();

@@ -32,8 +32,8 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::{
-    Begin, FencingToken, IdempotencyLayer, PostgresStore, RecordKey, ResponseBody, Scope, Store,
-    StoreError,
+    Attempt, Begin, FencingToken, IdempotencyLayer, PostgresStore, PostgresTransaction, RecordKey,
+    ResponseBody, Scope, Store, StoreError,
 };
 
 async fn postgres_store(d: Durations) -> Option<PostgresStore> {

@@ -110,7 +110,11 @@ async fn migrate_upgrades_a_dead_claim_of_the_first_release_to_a_first_attempt()
         .iter()
         .map(|row| row.get(0))
         .collect();
-    assert_eq!(versions, [1, 2, 3], "adopted as version 1, upgraded by 2 and 3");
+    assert_eq!(
+        versions,
+        [1, 2, 3],
+        "adopted as version 1, upgraded by 2 and 3"
+    );
 }
 
 #[test]
