@@ -286,6 +286,11 @@ pub struct EngineGuide;
 #[doc = include_str!("../docs/redis.md")]
 pub struct RedisGuide;
 
+/// The Rust example of `docs/idempotency.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/idempotency.md")]
+pub struct IdempotencyGuide;
+
 /// The Rust examples of `docs/ietf-draft.md` and `docs/migrating.md`, compiled
 /// and run as doctests.
 #[cfg(doctest)]
