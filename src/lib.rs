@@ -257,7 +257,7 @@ pub mod telemetry;
 pub use body::{BoxError, ResponseBody};
 pub use downstream::{DownstreamKey, DownstreamKeys, DownstreamSecret};
 pub use engine::in_flight::InFlight;
-pub use engine::Engine;
+pub use engine::{Attempt, Engine};
 pub use fingerprint::{Fingerprint, RequestFingerprint};
 pub use idempotency::{IdempotencyLayer, IdempotencyService};
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
@@ -290,6 +290,11 @@ pub struct EngineGuide;
 #[cfg(all(doctest, feature = "redis"))]
 #[doc = include_str!("../docs/redis.md")]
 pub struct RedisGuide;
+
+/// The Rust example of `docs/idempotency.md`, compiled and run as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/idempotency.md")]
+pub struct IdempotencyGuide;
 
 /// The Rust examples of `docs/ietf-draft.md` and `docs/migrating.md`, compiled
 /// and run as doctests.

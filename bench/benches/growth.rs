@@ -35,6 +35,7 @@ use std::hint::black_box;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::{
@@ -287,7 +288,7 @@ fn main() {
                     .collect();
                 let start = Instant::now();
                 for k in &keys {
-                    let Ok(Begin::Claimed(token)) = store.begin(k, &fp).await else {
+                    let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(k, &fp).await else {
                         panic!("claim")
                     };
                     store

@@ -22,6 +22,7 @@ use criterion::{BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 use tower_idempotency::fingerprint::canonicalize_json;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::{
     Begin, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, RecordKey,
@@ -462,7 +463,7 @@ fn bench_store(c: &mut Criterion) {
             rt.block_on(async {
                 let start = Instant::now();
                 for k in &keys {
-                    let Ok(Begin::Claimed(token)) = store.begin(k, &fp).await else {
+                    let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(k, &fp).await else {
                         panic!("claim")
                     };
                     store
@@ -481,7 +482,7 @@ fn bench_store(c: &mut Criterion) {
             rt.block_on(async {
                 let start = Instant::now();
                 for k in &keys {
-                    let Ok(Begin::Claimed(token)) = store.begin(k, &fp).await else {
+                    let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(k, &fp).await else {
                         panic!("claim")
                     };
                     store.release(k, token).await.expect("release");
@@ -493,7 +494,7 @@ fn bench_store(c: &mut Criterion) {
     let store = MemoryStore::new();
     let k = record_key(1);
     rt.block_on(async {
-        let Ok(Begin::Claimed(token)) = store.begin(&k, &fp).await else {
+        let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&k, &fp).await else {
             panic!("claim")
         };
         store
@@ -571,7 +572,7 @@ fn profile_loop() {
             let response = stored_response();
             rt.block_on(async {
                 for k in &keys {
-                    let Ok(Begin::Claimed(token)) = store.begin(k, &fp).await else {
+                    let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(k, &fp).await else {
                         panic!("claim")
                     };
                     store

@@ -21,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::{
     Begin, Fingerprint, IdempotencyKey, PostgresStore, RecordKey, RequestFingerprint, Scope, Store,
@@ -309,7 +310,7 @@ fn main() {
                                 )
                                 .expect("key"),
                             );
-                            let Ok(Begin::Claimed(token)) = store.begin(&k, &fp).await else {
+                            let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&k, &fp).await else {
                                 panic!("claim")
                             };
                             store.complete(&k, token, Completion::Response(stored())).await.expect("complete");
@@ -553,7 +554,7 @@ fn main() {
                     Scope::new(TENANT),
                     IdempotencyKey::parse(format!("gnew-{rows}-{i:09}").as_bytes()).expect("key"),
                 );
-                let Ok(Begin::Claimed(token)) = store.begin(&k, &fp).await else {
+                let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&k, &fp).await else {
                     panic!("claim")
                 };
                 store.complete(&k, token, Completion::Response(stored())).await.expect("complete");

@@ -2,7 +2,7 @@
 //! in progress.
 
 use crate::store::{
-    Begin, FencingToken, RecordKey, RecordTransaction, Store, StoreError, StoredResponse,
+    Begin, Claim, RecordKey, RecordTransaction, Store, StoreError, StoredResponse,
     TransactionalStore,
 };
 use crate::RequestFingerprint;
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 /// The store's answer for one request, after waiting out a request in progress.
 pub(crate) enum Decision {
     /// This caller owns the key; in transactional mode its transaction may be open.
-    Claimed(FencingToken, Option<Box<dyn RecordTransaction>>),
+    Claimed(Claim, Option<Box<dyn RecordTransaction>>),
     /// The recorded result.
     Replay(Arc<StoredResponse>),
     /// The key was used by another request.
@@ -50,7 +50,16 @@ pub(crate) async fn decide(
                 .map(|begun| (begun, None)),
         };
         match begun {
-            Ok((Begin::Claimed(token), opened)) => return Decision::Claimed(token, opened),
+            Ok((Begin::Claimed(claim), opened)) => {
+                if let Some(takeover) = claim.takeover {
+                    tracing::warn!(
+                        attempt = takeover.attempt,
+                        previous_token = takeover.previous_token.0,
+                        "took over a claim whose owner did not complete it within its lock"
+                    );
+                }
+                return Decision::Claimed(claim, opened);
+            }
             Ok((Begin::Replay(stored), _)) => return Decision::Replay(stored),
             Ok((Begin::Mismatch, _)) => return Decision::Mismatch,
             Ok((Begin::ResponseUnavailable, _)) => return Decision::Unavailable,

@@ -348,7 +348,7 @@ mod tests {
         let request =
             RequestFingerprint::new(&method, "/", key.key(), key.scope().as_str(), None, b"");
         match store.begin(key, &request).await.unwrap() {
-            Begin::Claimed(token) => Some(token),
+            Begin::Claimed(claim) => Some(claim.token),
             _ => None,
         }
     }

@@ -47,6 +47,7 @@
     doc = "[`Engine::run`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/engine/struct.Engine.html#method.run"
 )]
 
+mod attempt;
 pub(crate) mod claim;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
@@ -57,6 +58,7 @@ pub(crate) mod keep_alive;
 pub(crate) mod record;
 mod run;
 
+pub use self::attempt::Attempt;
 pub use self::run::Context;
 
 use self::in_flight::InFlight;

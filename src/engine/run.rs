@@ -4,12 +4,12 @@
 
 use super::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
 use super::decide::{decide, Decision};
-use super::{Engine, EngineError, Identity, OnFailure, Outcome};
+use super::{Attempt, Engine, EngineError, Identity, OnFailure, Outcome};
 use crate::downstream::DownstreamKeys;
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::Recorder;
 use crate::store::{
-    Completion, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
+    Claim, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
 };
 use crate::{Fingerprint, IdempotencyKey, RequestFingerprint, Scope};
 use bytes::Bytes;
@@ -19,7 +19,7 @@ use std::future::Future;
 /// What a running operation knows about its run.
 #[derive(Debug)]
 pub struct Context {
-    token: FencingToken,
+    attempt: Attempt,
     extensions: http::Extensions,
     downstream_keys: DownstreamKeys,
 }
@@ -28,7 +28,14 @@ impl Context {
     /// The claim's fencing token: higher than any earlier owner's, so writes
     /// elsewhere can be fenced with it.
     pub fn token(&self) -> FencingToken {
-        self.token
+        self.attempt.token()
+    }
+
+    /// Which attempt this run is: whether it took over the claim of an
+    /// earlier run that never finished, which may have had effects to
+    /// reconcile (see [`Attempt`]).
+    pub fn attempt(&self) -> Attempt {
+        self.attempt
     }
 
     /// A handle the store shares with the operation: in transactional mode on
@@ -46,9 +53,9 @@ impl Context {
 }
 
 impl Engine {
-    fn context(&self, record: &RecordKey, token: FencingToken) -> Context {
+    fn context(&self, record: &RecordKey, claimed: Claim) -> Context {
         Context {
-            token,
+            attempt: claimed.into(),
             extensions: http::Extensions::new(),
             downstream_keys: DownstreamKeys::derived(
                 record.scope(),
@@ -174,8 +181,8 @@ impl Engine {
             self.wait_timeout,
         )
         .await;
-        let (token, opened) = match decided {
-            Decision::Claimed(token, opened) => (token, opened),
+        let (claim, opened) = match decided {
+            Decision::Claimed(claim, opened) => (claim, opened),
             Decision::Replay(stored) => {
                 return decode(&stored.body)
                     .map(Outcome::Replayed)
@@ -194,13 +201,13 @@ impl Engine {
                 let answer = match engine.transactions.is_some() {
                     true => {
                         engine
-                            .in_transaction(record, token, opened, operation)
+                            .in_transaction(record, claim, opened, operation)
                             .await
                     }
                     false => {
                         let (store, heartbeat_key) = (engine.store.clone(), record.clone());
-                        let plain = engine.plain(record, token, operation);
-                        kept_alive(plain, store, heartbeat_key, token).await
+                        let plain = engine.plain(record, claim, operation);
+                        kept_alive(plain, store, heartbeat_key, claim.token).await
                     }
                 };
                 drop(running);
@@ -216,15 +223,15 @@ impl Engine {
     async fn plain<V, F, Fut, E>(
         &self,
         record: RecordKey,
-        token: FencingToken,
+        claimed: Claim,
         operation: F,
     ) -> Result<Outcome<V>, EngineError<E>>
     where
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
-        let context = self.context(&record, token);
-        let claim = ClaimGuard::new(self.store.clone(), record, token);
+        let context = self.context(&record, claimed);
+        let claim = ClaimGuard::new(self.store.clone(), record, claimed.token);
         match operation(context).await {
             Ok((bytes, value)) => {
                 let (record, token) = claim.keep();
@@ -240,7 +247,7 @@ impl Engine {
     async fn in_transaction<V, F, Fut, E>(
         &self,
         record: RecordKey,
-        token: FencingToken,
+        claimed: Claim,
         opened: Option<Box<dyn RecordTransaction>>,
         operation: F,
     ) -> Result<Outcome<V>, EngineError<E>>
@@ -249,7 +256,8 @@ impl Engine {
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
         let transactions = self.transactions.as_ref().expect("transactional");
-        let mut context = self.context(&record, token);
+        let token = claimed.token;
+        let mut context = self.context(&record, claimed);
         let claim = ClaimGuard::new(self.store.clone(), record, token);
         let (claim, transaction) =
             match open_transaction(&**transactions, claim, token, opened).await {

@@ -11,6 +11,7 @@ use crate::engine::decide::{decide, Decision};
 use crate::engine::in_flight::Running;
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Rest};
+use crate::engine::Attempt;
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
@@ -184,7 +185,7 @@ where
         telemetry::identify(record.scope().as_str(), record.key().as_str());
         let store = &config.store;
 
-        let (token, opened) = match decide(
+        let (claim, opened) = match decide(
             store,
             config.transactions.as_ref(),
             &record,
@@ -193,7 +194,7 @@ where
         )
         .await
         {
-            Decision::Claimed(token, opened) => (token, opened),
+            Decision::Claimed(claim, opened) => (claim, opened),
             Decision::Replay(stored) => {
                 let answer = replay(&stored, config.retention_header.as_ref());
                 return (Ok(answer), Outcome::Replayed);
@@ -206,6 +207,9 @@ where
         };
 
         drop(fingerprint); // it borrows `parts`
+        let token = claim.token;
+        // The handler learns whether it took over a run that never finished.
+        parts.extensions.insert(Attempt::from(claim));
         let admitted = match config.max_in_flight {
             None => Some(config.in_flight.enter()),
             Some(max) => config.in_flight.try_enter(max),

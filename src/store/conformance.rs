@@ -28,7 +28,7 @@
 //! Each check is also a plain `async fn` taking the store, for harnesses of
 //! their own. Not covered by semver.
 
-use crate::store::{Completion, Maintenance};
+use crate::store::{Claim, Completion, Maintenance};
 use crate::{
     Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store,
     StoreError, StoredResponse,
@@ -36,7 +36,7 @@ use crate::{
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// Lock and retention durations a store under test is built with.
 #[derive(Clone, Copy, Debug)]
@@ -109,8 +109,12 @@ fn unique(prefix: &str) -> String {
 }
 
 async fn claim<S: Store>(store: &S, key: &RecordKey, fp: &RequestFingerprint<'_>) -> FencingToken {
+    claimed(store, key, fp).await.token
+}
+
+async fn claimed<S: Store>(store: &S, key: &RecordKey, fp: &RequestFingerprint<'_>) -> Claim {
     match store.begin(key, fp).await.expect("begin") {
-        Begin::Claimed(token) => token,
+        Begin::Claimed(claim) => claim,
         other => panic!("expected a claim, got {other:?}"),
     }
 }
@@ -350,6 +354,53 @@ pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(st
         Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"fresh")),
         other => panic!("expected the new owner's response, got {other:?}"),
     }
+}
+
+/// Needs a store built with [`SHORT`] durations. A first claim is attempt 1
+/// with no previous owner. A claim that takes over one whose lock ran out
+/// is attempt 2 and names the dead owner's token and when its claim began
+/// (on the store's clock: within a second of this process's, no later than
+/// now); the next takeover in a row, by a request with another body too, is
+/// attempt 3 and names the second owner. A released key starts again at 1.
+pub async fn a_takeover_reports_its_attempt_and_the_previous_owner<S: Store>(store: S) {
+    const SKEW: Duration = Duration::from_secs(1);
+    let key = record(&unique("scope"), "key-attempt01");
+    let fp = fingerprint("a");
+    let before = SystemTime::now();
+    let first = claimed(&store, &key, &fp).await;
+    assert_eq!(first.takeover, None, "a fresh key is a first claim");
+    assert_eq!(first.attempt(), 1);
+    let past_the_lock = SHORT.lock + Duration::from_millis(200);
+
+    tokio::time::sleep(past_the_lock).await;
+    let second = claimed(&store, &key, &fp).await;
+    let takeover = second
+        .takeover
+        .expect("a claim past its lock is taken over");
+    assert_eq!(second.attempt(), 2);
+    assert_eq!(takeover.previous_token, first.token);
+    let began = takeover.previous_began;
+    assert!(
+        began <= SystemTime::now() + SKEW && began + SKEW >= before,
+        "the first claim began at {began:?}, not between {before:?} and now"
+    );
+
+    tokio::time::sleep(past_the_lock).await;
+    let third = claimed(&store, &key, &fingerprint("b")).await;
+    let takeover = third.takeover.expect("a second takeover in a row");
+    assert_eq!(third.attempt(), 3);
+    assert_eq!(takeover.previous_token, second.token);
+    let later = takeover.previous_began.duration_since(began);
+    assert!(
+        later.as_ref().is_ok_and(|later| *later >= SHORT.lock / 2),
+        "the second claim began a lock after the first, not {later:?}"
+    );
+
+    // Released: not a dead owner, and the count starts again.
+    store.release(&key, third.token).await.unwrap();
+    let fourth = claimed(&store, &key, &fp).await;
+    assert_eq!(fourth.takeover, None, "a released key is claimed afresh");
+    assert_eq!(fourth.attempt(), 1);
 }
 
 /// Needs a store built with [`SHORT`] durations: its lock timeout is reported,
@@ -615,6 +666,7 @@ macro_rules! store_conformance_tests {
         );
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_lock_is_taken_over_and_the_old_token_is_fenced,
+            a_takeover_reports_its_attempt_and_the_previous_owner,
             an_extended_claim_outlives_its_lock_and_only_its_token_extends,
             a_completion_without_a_response_is_never_claimed_again,
             a_late_extend_or_complete_without_a_takeover_succeeds,

@@ -249,21 +249,33 @@ impl MemoryStore {
         self.shared.clock.at(Instant::now())
     }
 
-    /// A new claim of `key`, locked until the lock timeout from `now`.
+    /// A new claim of `key`, locked until the lock timeout from `now`; a
+    /// takeover of `previous` (the expired claim of `key` it replaces), if any.
     fn new_claim(
         &self,
         key: &RecordKey,
         request: &RequestFingerprint<'_>,
         now: Nanos,
-    ) -> (Record, FencingToken) {
+        previous: Option<&Record>,
+    ) -> (Record, super::Claim) {
         let token = FencingToken(self.shared.next_token.fetch_add(1, Ordering::Relaxed));
+        let taken_over = previous.and_then(|r| Some((r.token, r.claim_of(key)?)));
+        let claim = match taken_over {
+            None => super::Claim::first(token),
+            Some((previous, claim)) => super::Claim::takeover(
+                token,
+                claim.attempt.saturating_add(1),
+                previous,
+                self.shared.clock.wall(claim.began),
+            ),
+        };
         let record = Record {
             exact: request.exact(),
             token,
             deadline: now.saturating_add(record::saturate(self.shared.config.lock_timeout)),
-            state: Claim::state(key.clone(), request.local()),
+            state: Claim::state(key.clone(), request.local(), claim.attempt(), now),
         };
-        (record, token)
+        (record, claim)
     }
 
     /// Notes that this thread just claimed `id` with `token`.
@@ -526,14 +538,14 @@ impl Store for MemoryStore {
                         return Err(StoreError::QuotaExceeded);
                     }
                 }
-                let (record, token) = self.new_claim(key, request, now);
+                let (record, claim) = self.new_claim(key, request, now, None);
                 // Counted before the shard lock is released: a purge that
                 // removes the new claim at once then subtracts it after this
                 // addition, and `len()` never wraps below zero in between.
                 let _inserted = vacant.insert(record);
                 self.shared.live.fetch_add(1, Ordering::Relaxed);
-                self.remember_claim(token, id);
-                return Ok(Begin::Claimed(token));
+                self.remember_claim(claim.token, id);
+                return Ok(Begin::Claimed(claim));
             }
             Entry::Occupied(mut occupied) => {
                 let record = occupied.get_mut();
@@ -546,15 +558,17 @@ impl Store for MemoryStore {
                             return Err(StoreError::QuotaExceeded);
                         }
                     }
-                    let (fresh, token) = self.new_claim(key, request, now);
+                    // A dead claim of this key is taken over; anything else
+                    // expired leaves the key free.
+                    let (fresh, claim) = self.new_claim(key, request, now, Some(record));
                     let old = std::mem::replace(record, fresh);
                     drop(occupied);
                     if other_scope {
                         self.forget_scope(&old);
                     }
                     old.notify_if_claim();
-                    self.remember_claim(token, id);
-                    return Ok(Begin::Claimed(token));
+                    self.remember_claim(claim.token, id);
+                    return Ok(Begin::Claimed(claim));
                 }
                 if !record.is_record_of(key) {
                     return Err(id_collision());
@@ -662,7 +676,7 @@ impl Maintenance for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{Completion, StoredResponse};
+    use crate::store::{Claim, Completion, StoredResponse};
     use crate::IdempotencyKey;
     use bytes::Bytes;
     use http::{HeaderValue, Method, StatusCode};
@@ -687,7 +701,10 @@ mod tests {
             RecordKey::for_test("s", "key-y-0001"),
         );
         let old = MemoryStore::new();
-        let Ok(Begin::Claimed(old_token)) = old.begin(&x, &fp).await else {
+        let Ok(Begin::Claimed(Claim {
+            token: old_token, ..
+        })) = old.begin(&x, &fp).await
+        else {
             panic!("claim");
         };
         let old_address = Arc::as_ptr(&old.shared) as usize;
@@ -704,7 +721,7 @@ mod tests {
                 let fp = RequestFingerprint::from(crate::Fingerprint([7; 32]));
                 let y = RecordKey::for_test("s", "key-y-0001");
                 match other.begin(&y, &fp).await {
-                    Ok(Begin::Claimed(token)) => token,
+                    Ok(Begin::Claimed(claim)) => claim.token,
                     _ => panic!("claim"),
                 }
             })
@@ -728,7 +745,7 @@ mod tests {
         assert!(matches!(store.begin(&y, &fp).await, Ok(Begin::Replay(_))));
 
         // Claimed here, then completed with the token but another key.
-        let Ok(Begin::Claimed(token)) = store.begin(&x, &fp).await else {
+        let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&x, &fp).await else {
             panic!("claim");
         };
         let z = RecordKey::for_test("s", "key-z-0001");
@@ -758,7 +775,7 @@ mod tests {
             RequestFingerprint::new(&Method::POST, "/v1/orders", &key, "acme", Some(&json), body)
         };
         let first = request(br#"{"a":1,"b":2}"#);
-        let Ok(Begin::Claimed(token)) = store.begin(&record, &first).await else {
+        let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&record, &first).await else {
             panic!("claim");
         };
         assert!(first.local_computed(), "a claim keeps the local digest");

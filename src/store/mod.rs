@@ -37,7 +37,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// The identity of a record: a key is unique within its scope only.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -91,12 +91,86 @@ pub struct StoredResponse {
     pub body: Bytes,
 }
 
+/// A claim [`Store::begin`] made: its token, and whether it took over an
+/// earlier claim of the key whose owner died or stalled.
+///
+/// A store returns [`Claim::first`] for a key that was free (never claimed,
+/// released, or completed and past its retention), and a [`Takeover`] for a
+/// key whose last claim was still in progress when its lock ran out.
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use tower_idempotency::store::{Claim, FencingToken, Takeover};
+///
+/// let first = Claim::first(FencingToken(7));
+/// assert_eq!(first.attempt(), 1);
+///
+/// let began = SystemTime::now() - Duration::from_secs(30);
+/// let second = Claim::takeover(FencingToken(9), 2, FencingToken(7), began);
+/// assert_eq!(second.attempt(), 2);
+/// assert_eq!(second.takeover.unwrap().previous_token, FencingToken(7));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// This claim's token.
+    pub token: FencingToken,
+    /// The earlier claim it took over, if its owner never completed or
+    /// released it.
+    pub takeover: Option<Takeover>,
+}
+
+/// The claim a [`Claim`] took over: its owner neither completed nor released
+/// it before its lock ran out, so its handler may have had effects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    /// The new claim's attempt: 2 after one takeover, one more for every
+    /// takeover in a row since the key was last free.
+    pub attempt: u32,
+    /// The previous owner's fencing token.
+    pub previous_token: FencingToken,
+    /// When the previous claim was made, on the store's clock.
+    pub previous_began: SystemTime,
+}
+
+impl Claim {
+    /// A claim of a free key: attempt 1.
+    pub fn first(token: FencingToken) -> Self {
+        Self {
+            token,
+            takeover: None,
+        }
+    }
+
+    /// A claim that took over `previous_token`'s claim (made at
+    /// `previous_began`) as the key's `attempt`-th attempt in a row.
+    pub fn takeover(
+        token: FencingToken,
+        attempt: u32,
+        previous_token: FencingToken,
+        previous_began: SystemTime,
+    ) -> Self {
+        Self {
+            token,
+            takeover: Some(Takeover {
+                attempt,
+                previous_token,
+                previous_began,
+            }),
+        }
+    }
+
+    /// 1 for a claim of a free key, 2 after one takeover, and so on.
+    pub fn attempt(&self) -> u32 {
+        self.takeover.map_or(1, |t| t.attempt)
+    }
+}
+
 /// What [`Store::begin`] decided for a request.
 #[derive(Clone, Debug)]
 pub enum Begin {
     /// The key was free (or its previous claim's lock expired): the caller now
     /// holds it and runs the request.
-    Claimed(FencingToken),
+    Claimed(Claim),
     /// The same request completed earlier: replay this response.
     Replay(Arc<StoredResponse>),
     /// The key is held or was completed by a request with another fingerprint.
@@ -218,6 +292,16 @@ pub trait Store: Send + Sync + 'static {
     /// process may also keep [`RequestFingerprint::exact`] and compare that first:
     /// equal exact digests are equal fingerprints, and the fingerprint of a
     /// byte-identical retry is then never computed.
+    ///
+    /// A claim says whether it took over ([`Claim`]): when the key's record
+    /// is a claim still in progress whose lock ran out, the new claim is a
+    /// [`Takeover`] of it (whatever the new request's fingerprint), with that
+    /// claim's token, the time it was made on the store's clock, and an
+    /// attempt one more than that claim's. Any other free key (no record, a
+    /// released claim, a completed record past its retention) is a
+    /// [`Claim::first`]: a release ends the count, as the owner ran to an
+    /// answer the application chose not to record. The attempt and the
+    /// claim's start time must be kept with the claim for this.
     ///
     /// Declared as `async fn begin(&self, key: &RecordKey, request: &RequestFingerprint<'_>) -> Result<Begin, StoreError>`.
     async fn begin(

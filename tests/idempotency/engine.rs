@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::engine::{Engine, EngineError, Identity, OnFailure, Outcome};
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::{Begin, RecordKey};
 use tower_idempotency::{Fingerprint, IdempotencyKey, MemoryStore, Scope, Store, StoreError};
@@ -137,7 +138,9 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
         None,
         b"d",
     );
-    let Begin::Claimed(dead) = store.begin(&record, &fingerprint.into()).await.unwrap() else {
+    let Begin::Claimed(Claim { token: dead, .. }) =
+        store.begin(&record, &fingerprint.into()).await.unwrap()
+    else {
         panic!("a fresh key");
     };
     let engine = Engine::new(store.clone()).with_wait_timeout(Duration::from_secs(2));
@@ -145,7 +148,7 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
     let operation = {
         let seen = seen.clone();
         move |context: tower_idempotency::engine::Context| async move {
-            *seen.lock().unwrap() = Some(context.token());
+            *seen.lock().unwrap() = Some((context.token(), context.attempt()));
             Ok::<_, std::io::Error>(Bytes::from_static(b"taken over"))
         }
     };
@@ -154,8 +157,13 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
         .await
         .unwrap();
     assert_eq!(answer, Outcome::Executed(Bytes::from_static(b"taken over")));
-    let token = seen.lock().unwrap().expect("the operation ran");
+    let (token, attempt) = seen.lock().unwrap().expect("the operation ran");
     assert!(token > dead, "{token:?} after {dead:?}");
+    // The operation knows it took over, and from whom: it can reconcile.
+    assert_eq!(attempt.token(), token);
+    assert!(attempt.is_takeover());
+    assert_eq!(attempt.number(), 2);
+    assert_eq!(attempt.previous_token(), Some(dead));
     assert!(matches!(
         store.complete(&record, dead, Completion::Unavailable).await,
         Err(StoreError::ClaimLost)

@@ -23,6 +23,7 @@ mod cancel_memory;
 mod memory_store;
 mod memory_store_adversarial;
 mod proptest_fingerprint;
+mod takeover;
 
 mod keep_alive_memory;
 mod simulation;

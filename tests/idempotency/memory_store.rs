@@ -1,6 +1,7 @@
 //! The store conformance suite against `MemoryStore`, plus its own bounds.
 
 use tower_idempotency::store::conformance;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 
 use conformance::Durations;
@@ -53,7 +54,7 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
     let fp = conformance::fingerprint("a");
     for i in 0..1_000 {
         let key = conformance::record("s", &format!("key-{i:08}"));
-        let Ok(Begin::Claimed(token)) = store.begin(&key, &fp).await else {
+        let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&key, &fp).await else {
             panic!("claim");
         };
         store

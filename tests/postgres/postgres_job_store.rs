@@ -603,7 +603,8 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
             ("jobs".into(), 2),
             ("jobs".into(), 3),
             ("records".into(), 1),
-            ("records".into(), 2)
+            ("records".into(), 2),
+            ("records".into(), 3)
         ]
     );
     // Both work in the new schema.
@@ -691,6 +692,7 @@ fn a_cloned_postgres_job_store_cannot_be_configured_apart() {
 /// starts still work (an interval past PostgreSQL's timestamps would not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durations_of_max_mean_forever_on_postgres() {
+    use tower_idempotency::store::Claim;
     use tower_idempotency::{Begin, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store};
     let Some(url) = pg::database_url("durations_of_max_mean_forever_on_postgres") else {
         return;
@@ -704,7 +706,8 @@ async fn durations_of_max_mean_forever_on_postgres() {
     let key = IdempotencyKey::parse(b"order-forever-1").unwrap();
     let record = RecordKey::new(Scope::new("acme"), key.clone());
     let request = || RequestFingerprint::new(&http::Method::POST, "/o", &key, "acme", None, b"{}");
-    let Begin::Claimed(token) = records.begin(&record, &request()).await.unwrap() else {
+    let Begin::Claimed(Claim { token, .. }) = records.begin(&record, &request()).await.unwrap()
+    else {
         panic!("claim")
     };
     records.extend(&record, token).await.unwrap();

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 use tower_idempotency::store::conformance::{fingerprint, record, response};
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::{Begin, RedisStore, Store, StoreError};
 use tower_idempotency_tests::support::redis as r;
@@ -37,7 +38,8 @@ fn refusal(result: Result<RedisStore, StoreError>) -> String {
 /// A store on `url` serves: a claim, its completion, a replay.
 async fn serves(store: &RedisStore) {
     let key = record("tenant", "evict-check-1");
-    let Begin::Claimed(token) = store.begin(&key, &fingerprint("a")).await.unwrap() else {
+    let Begin::Claimed(Claim { token, .. }) = store.begin(&key, &fingerprint("a")).await.unwrap()
+    else {
         panic!("a fresh key is claimed");
     };
     store
@@ -247,7 +249,7 @@ async fn skipped_on_an_evicting_server_a_record_vanishes_and_its_retry_runs_agai
         .unwrap();
     let key = record("tenant", "evicted-0001");
     let fp = fingerprint("a");
-    let Begin::Claimed(token) = store.begin(&key, &fp).await.unwrap() else {
+    let Begin::Claimed(Claim { token, .. }) = store.begin(&key, &fp).await.unwrap() else {
         panic!("a fresh key is claimed");
     };
     store

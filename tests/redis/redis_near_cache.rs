@@ -7,6 +7,7 @@
 use std::time::Duration;
 use tokio::time::Instant;
 use tower_idempotency::store::conformance::{fingerprint, record, response};
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::store::NearCache;
@@ -69,7 +70,7 @@ fn fresh_key() -> RecordKey {
 
 async fn claim(store: &RedisStore, key: &RecordKey, body: &str) -> FencingToken {
     match store.begin(key, &fingerprint(body)).await.unwrap() {
-        Begin::Claimed(token) => token,
+        Begin::Claimed(Claim { token, .. }) => token,
         other => panic!("a fresh key is claimed, not {other:?}"),
     }
 }

@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::store::conformance::{fingerprint, record, response, Durations};
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::{Begin, IdempotencyLayer, RedisStore, Store, StoreError};
 use tower_idempotency_tests::support::proxy::Proxy;
@@ -172,7 +173,9 @@ async fn scopes_spread_over_every_primary_and_each_replays_only_its_own() {
     let key = record("scope-0", "order-000001");
     for i in 0..300 {
         let key = record(&format!("tenant-{i}"), key.key().as_str());
-        let Begin::Claimed(token) = store.begin(&key, &fingerprint("a")).await.unwrap() else {
+        let Begin::Claimed(Claim { token, .. }) =
+            store.begin(&key, &fingerprint("a")).await.unwrap()
+        else {
             panic!("fresh key of tenant {i}");
         };
         let body: &'static [u8] = Box::leak(format!("tenant-{i}").into_bytes().into_boxed_slice());
@@ -225,7 +228,8 @@ async fn a_thousand_waiters_on_one_key_share_their_checks_and_wake_on_completion
     }
     assert!(store.is_listening());
     let key = record("tenant", "order-waited-01");
-    let Begin::Claimed(token) = store.begin(&key, &fingerprint("a")).await.unwrap() else {
+    let Begin::Claimed(Claim { token, .. }) = store.begin(&key, &fingerprint("a")).await.unwrap()
+    else {
         panic!("fresh key");
     };
     let before = store.round_trips();
@@ -481,7 +485,7 @@ async fn a_waiter_returns_when_a_dead_owners_lock_runs_out_though_its_key_is_kep
     .await;
     let key = record("tenant", "dead-owner-001");
     let fp = fingerprint("a");
-    let Begin::Claimed(dead) = store.begin(&key, &fp).await.unwrap() else {
+    let Begin::Claimed(Claim { token: dead, .. }) = store.begin(&key, &fp).await.unwrap() else {
         panic!("a fresh key is claimed");
     };
     let started = Instant::now();
@@ -491,7 +495,7 @@ async fn a_waiter_returns_when_a_dead_owners_lock_runs_out_though_its_key_is_kep
         waited >= lock - Duration::from_millis(50) && waited < Duration::from_secs(5),
         "waited {waited:?}"
     );
-    let Begin::Claimed(fresh) = store.begin(&key, &fp).await.unwrap() else {
+    let Begin::Claimed(Claim { token: fresh, .. }) = store.begin(&key, &fp).await.unwrap() else {
         panic!("the expired claim is taken over");
     };
     assert!(fresh > dead);

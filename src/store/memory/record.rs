@@ -14,7 +14,7 @@ use crate::Scope;
 use highway::{HighwayHash, HighwayHasher, Key};
 use std::hash::{BuildHasherDefault, Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -83,6 +83,8 @@ impl Ids {
 /// instead of an `Instant`'s 16, with the same resolution.
 pub(super) struct Clock {
     epoch: Instant,
+    /// The wall-clock time at `epoch`, for times the store reports.
+    wall_epoch: SystemTime,
 }
 
 /// Nanoseconds from the store's epoch (negative before it).
@@ -92,7 +94,20 @@ impl Clock {
     pub(super) fn new() -> Self {
         Self {
             epoch: Instant::now(),
+            wall_epoch: SystemTime::now(),
         }
+    }
+
+    /// `at` on the wall clock: the wall-clock time of the epoch plus `at`, so
+    /// that times follow the store's (possibly paused, in tests) clock.
+    pub(super) fn wall(&self, at: Nanos) -> SystemTime {
+        let offset = Duration::from_nanos(at.unsigned_abs());
+        let t = if at >= 0 {
+            self.wall_epoch.checked_add(offset)
+        } else {
+            self.wall_epoch.checked_sub(offset)
+        };
+        t.unwrap_or(self.wall_epoch)
     }
 
     pub(super) fn at(&self, t: Instant) -> Nanos {
@@ -150,6 +165,10 @@ pub(super) struct Claim {
     /// The claiming request's [`RequestFingerprint::local`](crate::RequestFingerprint::local):
     /// records never leave the process, so no SHA-256 fingerprint is kept.
     pub(super) local: LocalDigest,
+    /// 1, or one more than the claim this one took over.
+    pub(super) attempt: u32,
+    /// When the claim was made, on the store's clock.
+    pub(super) began: Nanos,
     /// Woken when the claim completes, is released, or is taken over.
     pub(super) done: Notify,
 }
@@ -170,11 +189,13 @@ pub(super) enum Answer {
 }
 
 impl Claim {
-    /// The in-progress state of a new claim of `key`.
-    pub(super) fn state(key: RecordKey, local: LocalDigest) -> State {
+    /// The in-progress state of a new claim of `key`, its `attempt`, made at `began`.
+    pub(super) fn state(key: RecordKey, local: LocalDigest, attempt: u32, began: Nanos) -> State {
         State::Cold(Arc::new(Cold::Claim(Claim {
             key,
             local,
+            attempt,
+            began,
             done: Notify::new(),
         })))
     }
@@ -220,6 +241,14 @@ impl Record {
     pub(super) fn in_progress(&self) -> Option<&Arc<Cold>> {
         match &self.state {
             State::Cold(cold) if matches!(**cold, Cold::Claim(_)) => Some(cold),
+            _ => None,
+        }
+    }
+
+    /// The claim of `key` this record holds, while it is in progress.
+    pub(super) fn claim_of(&self, key: &RecordKey) -> Option<&Claim> {
+        match self.in_progress().map(|cold| &**cold) {
+            Some(Cold::Claim(claim)) if claim.key == *key => Some(claim),
             _ => None,
         }
     }
@@ -304,6 +333,14 @@ mod tests {
             assert_eq!(clock.instant(-3_000_000_000), earlier);
         }
         assert_eq!(saturate(Duration::MAX), Nanos::MAX);
+        assert_eq!(
+            clock.wall(1_500_000_000),
+            clock.wall_epoch + Duration::from_millis(1500)
+        );
+        assert_eq!(
+            clock.wall(-3_000_000_000) + Duration::from_secs(3),
+            clock.wall_epoch
+        );
     }
 
     #[test]

@@ -50,7 +50,7 @@ use self::wait::{listener_connect, ListenerConnect};
 use super::encoding::decode_headers;
 use super::near_cache::{Cache, Claims, Completed, NearCache};
 use super::waiters::Waits;
-use super::{Begin, FencingToken, RecordKey, StoreError, StoredResponse};
+use super::{Begin, Claim, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::body::BoxError;
 use crate::limits;
 use bytes::Bytes;
@@ -379,7 +379,22 @@ fn completed_of(begun: &Begin, row: &Row) -> Option<(Completed, Duration)> {
 fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
     let outcome: &str = row.try_get(0).map_err(backend)?;
     Ok(match outcome {
-        "claimed" => Begin::Claimed(FencingToken(row.try_get(1).map_err(backend)?)),
+        "claimed" => {
+            let token = FencingToken(row.try_get(1).map_err(backend)?);
+            let previous: Option<i64> = row.try_get(7).map_err(backend)?;
+            Begin::Claimed(match previous {
+                None => Claim::first(token),
+                Some(previous) => {
+                    let attempt: i32 = row.try_get(6).map_err(backend)?;
+                    Claim::takeover(
+                        token,
+                        u32::try_from(attempt).map_err(backend)?,
+                        FencingToken(previous),
+                        row.try_get(8).map_err(backend)?,
+                    )
+                }
+            })
+        }
         "replay" => {
             let status: i16 = row.try_get(2).map_err(backend)?;
             let status = u16::try_from(status)
@@ -538,7 +553,7 @@ impl Inner {
             return;
         };
         match begun {
-            Begin::Claimed(token) => self.claims.claimed(key, *token, fp),
+            Begin::Claimed(claim) => self.claims.claimed(key, claim.token, fp),
             _ => self.remember_read(key, &fp, begun, row, sent, epoch),
         }
     }

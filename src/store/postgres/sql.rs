@@ -134,6 +134,17 @@ ALTER TABLE {t} ADD CONSTRAINT "{state_check}"
 ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     CHECK ((state = 'completed') = (status IS NOT NULL AND headers IS NOT NULL AND body IS NOT NULL));"#
             ),
+            // 3: takeovers. A claim that took over one still in progress
+            // past its lock keeps the count of takeovers in a row and the
+            // previous claim's token and start, which `begin` returns. Rows
+            // already there are first attempts. A constant default adds the
+            // columns without rewriting the table.
+            format!(
+                r#"ALTER TABLE {t}
+    ADD COLUMN IF NOT EXISTS attempt             integer NOT NULL DEFAULT 1,
+    ADD COLUMN IF NOT EXISTS previous_token      bigint,
+    ADD COLUMN IF NOT EXISTS previous_created_at timestamptz;"#
+            ),
         ];
 
         // One statement in every case. `live` is the unexpired row in the statement's
@@ -174,12 +185,16 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     ON CONFLICT (scope, key) DO UPDATE
     SET fingerprint = excluded.fingerprint, token = excluded.token, state = 'in_progress',
         created_at = excluded.created_at, expires_at = excluded.expires_at,
-        status = NULL, headers = NULL, body = NULL
+        status = NULL, headers = NULL, body = NULL,
+        attempt = CASE WHEN r.state = 'in_progress' THEN r.attempt + 1 ELSE 1 END,
+        previous_token = CASE WHEN r.state = 'in_progress' THEN r.token END,
+        previous_created_at = CASE WHEN r.state = 'in_progress' THEN r.created_at END
     WHERE r.expires_at <= now()
-    RETURNING r.token
+    RETURNING r.token, r.attempt, r.previous_token, r.previous_created_at
 )
 SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
-       NULL::bytea AS headers, NULL::bytea AS body, NULL::bigint AS remaining
+       NULL::bytea AS headers, NULL::bytea AS body, NULL::bigint AS remaining,
+       attempt, previous_token, previous_created_at
 FROM claimed
 UNION ALL
 SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
@@ -188,10 +203,11 @@ SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
        CASE WHEN same AND done THEN status END,
        CASE WHEN same AND done THEN headers END,
        CASE WHEN same AND done THEN body END,
-       CASE WHEN same AND (done OR unavailable) THEN remaining END
+       CASE WHEN same AND (done OR unavailable) THEN remaining END,
+       NULL::integer, NULL::bigint, NULL::timestamptz
 FROM live
 UNION ALL
-SELECT 'in_progress', NULL, NULL, NULL, NULL, NULL
+SELECT 'in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE NOT EXISTS (SELECT 1 FROM live)
   AND ((EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM free))
        OR (SELECT held FROM held))"#

@@ -236,10 +236,11 @@ impl TransactionalStore for PostgresStore {
             })
             .await?;
         match (begun, connection) {
-            (Begin::Claimed(token), Some(connection)) => {
-                let mut transaction = PgRecordTransaction::new(inner, key, token, connection, true);
+            (Begin::Claimed(claim), Some(connection)) => {
+                let mut transaction =
+                    PgRecordTransaction::new(inner, key, claim.token, connection, true);
                 transaction.fingerprint = Some(*fp);
-                Ok((Begin::Claimed(token), Some(Box::new(transaction))))
+                Ok((Begin::Claimed(claim), Some(Box::new(transaction))))
             }
             (begun, _) => Ok((begun, None)),
         }

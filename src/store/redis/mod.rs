@@ -496,8 +496,8 @@ impl Inner {
     ) {
         let Some(cache) = self.near() else { return };
         let completed = match begun {
-            Begin::Claimed(token) => {
-                self.claims.claimed(key, *token, *fp);
+            Begin::Claimed(claim) => {
+                self.claims.claimed(key, claim.token, *fp);
                 return;
             }
             Begin::Replay(stored) => Completed::Response(stored.clone()),

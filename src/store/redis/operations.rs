@@ -5,8 +5,8 @@ use super::{backend, millis, Connection, Inner, RedisStore};
 use crate::store::encoding::{decode_headers, encode_headers};
 use crate::store::near_cache::Completed;
 use crate::store::{
-    Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
-    Timings,
+    Begin, Claim, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError,
+    StoredResponse, Timings,
 };
 use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
@@ -15,7 +15,7 @@ use http::StatusCode;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::{ScriptInvocation, Value};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 /// Index entries read (and records purged) per `purge_scope` script.
 const PURGE_BATCH: isize = 500;
@@ -270,6 +270,7 @@ impl Inner {
 /// `begin`'s answer, and for a completed record its remaining TTL.
 fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreError> {
     let corrupt = |what: &str| backend(format!("unexpected begin reply: {what}"));
+    let takeover = reply.len() > 2;
     let mut fields = reply.into_iter();
     let outcome: String = fields
         .next()
@@ -281,8 +282,25 @@ fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreErr
     let begun = match outcome.as_str() {
         "claimed" => {
             let token: String = redis::from_redis_value(next("token")?).map_err(backend)?;
-            let token = token.parse().map_err(|_| corrupt("token"))?;
-            Begin::Claimed(FencingToken(token))
+            let token = FencingToken(token.parse().map_err(|_| corrupt("token"))?);
+            if !takeover {
+                return Ok((Begin::Claimed(Claim::first(token)), None));
+            }
+            // A takeover names the claim it replaced.
+            let attempt: u32 = redis::from_redis_value(next("attempt")?).map_err(backend)?;
+            let previous: String =
+                redis::from_redis_value(next("previous token")?).map_err(backend)?;
+            let previous = previous.parse().map_err(|_| corrupt("previous token"))?;
+            let began: String =
+                redis::from_redis_value(next("previous start")?).map_err(backend)?;
+            let began: u64 = began.parse().map_err(|_| corrupt("previous start"))?;
+            let began = UNIX_EPOCH + Duration::from_millis(began);
+            Begin::Claimed(Claim::takeover(
+                token,
+                attempt,
+                FencingToken(previous),
+                began,
+            ))
         }
         "replay" => {
             let status: u16 = redis::from_redis_value(next("status")?).map_err(backend)?;
@@ -341,10 +359,10 @@ impl Store for RedisStore {
                 let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
                 let reply: Vec<Value> = inner.invoke(&invocation).await?;
                 let (begun, remaining) = decode_begin(reply)?;
-                if let Begin::Claimed(token) = begun {
+                if let Begin::Claimed(claim) = begun {
                     if let Err(error) = inner.replicated(&names.record).await {
                         // Not running the handler on a claim a failover could lose.
-                        let _ = self.release(key, token).await;
+                        let _ = self.release(key, claim.token).await;
                         return Err(error);
                     }
                 }

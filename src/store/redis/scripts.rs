@@ -10,6 +10,8 @@
 //! token, `st` state (`p` in progress, `c` completed, `u` completed without a
 //! replayable response, `r` released: a short-lived tombstone that only keeps
 //! the last token), `lx` for `p` the lock's expiry in server milliseconds,
+//! `n` the claim's attempt (1, or one more than the dead claim it took over)
+//! and `bg` when it was made in server milliseconds,
 //! `w` set once a waiter checked the claim (only then do `complete` and
 //! `release` publish), and for `c` the response: `status`, `hd`, `bd`.
 //!
@@ -55,15 +57,19 @@ end
 "#;
 
 /// KEYS: record, index. ARGV: scope, key, fingerprint, lock ms, keep ms.
-/// Replies `{'claimed', token}`, `{'replay', status, headers, body, ttl ms}`,
-/// `{'mismatch'}`, `{'unavailable', ttl ms}` or `{'in_progress', remaining
-/// lock ms}`; a completed record's remaining TTL bounds its near cache entry.
+/// Replies `{'claimed', token}` (`{'claimed', token, attempt, previous
+/// token, previous start ms}` for a takeover of a dead claim), `{'replay',
+/// status, headers, body, ttl ms}`, `{'mismatch'}`, `{'unavailable', ttl
+/// ms}` or `{'in_progress', remaining lock ms}`; a completed record's
+/// remaining TTL bounds its near cache entry.
 const BEGIN: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx',
+  'n', 'bg')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local floor = 0
+local attempt, previous, began = 1, nil, nil
 if v[4] then
   local collision = same_record(v)
   if collision then return collision end
@@ -77,6 +83,13 @@ if v[4] then
     return {'in_progress', lx and (lx - now) or redis.call('PTTL', rec)}
   end
   floor = tonumber(v[5])
+  if expired then
+    -- A dead claim: the count goes on. A claim without `bg` (made by an
+    -- earlier version) began no later than its token, in microseconds.
+    attempt = (tonumber(v[10]) or 1) + 1
+    previous = v[5]
+    began = v[11] or string.format('%d', math.floor(floor / 1000))
+  end
 end
 -- At least the server's clock in microseconds (exact in a Lua double until
 -- the year 2255), so tokens keep growing after a record expired and is gone.
@@ -86,9 +99,11 @@ local keep = tonumber(ARGV[5])
 -- A tombstone's or an expired claim's other fields go.
 if v[4] then redis.call('DEL', rec) end
 redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
-  'lx', string.format('%d', now + tonumber(ARGV[4])))
+  'lx', string.format('%d', now + tonumber(ARGV[4])), 'n', string.format('%d', attempt),
+  'bg', string.format('%d', now))
 redis.call('PEXPIRE', rec, keep)
 index(idx, ARGV[2], keep, now, true)
+if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
 

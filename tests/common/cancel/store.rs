@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower_idempotency::store::conformance::{fingerprint, record};
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::{Begin, FencingToken, RecordKey, Scope, Store, StoredResponse};
@@ -91,7 +92,7 @@ fn is_replay_of(begun: &Begin, body: &[u8]) -> bool {
 impl<S: Store + Clone, P: Probe> Harness<S, P> {
     pub async fn claim(&self, key: &RecordKey) -> FencingToken {
         match self.store.begin(key, &fingerprint("cut")).await {
-            Ok(Begin::Claimed(token)) => token,
+            Ok(Begin::Claimed(Claim { token, .. })) => token,
             other => panic!("expected a claim of a fresh key, got {other:?}"),
         }
     }
@@ -173,7 +174,7 @@ impl<S: Store + Clone, P: Probe> Harness<S, P> {
                 tokio::spawn(async move {
                     let run = async {
                         let begun = store.begin(&key, &fingerprint("canary")).await;
-                        let Ok(Begin::Claimed(token)) = begun else {
+                        let Ok(Begin::Claimed(Claim { token, .. })) = begun else {
                             return Err(format!("a fresh key's begin answered {begun:?}"));
                         };
                         let completed = store
@@ -247,7 +248,7 @@ pub async fn begin<S: Store + Clone, P: Probe>(h: &Harness<S, P>) {
         |cut, key| async move {
             let what = label("begin", &cut);
             match cut.output {
-                Some(Ok(Begin::Claimed(token))) => {
+                Some(Ok(Begin::Claimed(Claim { token, .. }))) => {
                     h.after_cut(&what).await;
                     h.store
                         .complete(&key, token, Completion::Response(done(b"ok")))

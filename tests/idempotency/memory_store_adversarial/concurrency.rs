@@ -22,7 +22,7 @@ async fn many_tasks_one_holder_per_key() {
             let key = record(&format!("s{}", k % 3), &format!("conc-key-{k:08}"));
             loop {
                 match store.begin(&key, &fp("same")).await.unwrap() {
-                    Begin::Claimed(token) => {
+                    Begin::Claimed(Claim { token, .. }) => {
                         claims.fetch_add(1, Ordering::SeqCst);
                         assert!(
                             !holders[k].swap(true, Ordering::SeqCst),
@@ -142,7 +142,9 @@ async fn len_stays_consistent_under_concurrent_purges() {
                 for i in 0..300 {
                     let scope = if i % 2 == 0 { "victim" } else { "kept" };
                     let key = record(scope, &format!("w{w}-key-{i:08}"));
-                    let Begin::Claimed(token) = store.begin(&key, &fp("x")).await.unwrap() else {
+                    let Begin::Claimed(Claim { token, .. }) =
+                        store.begin(&key, &fp("x")).await.unwrap()
+                    else {
                         panic!("fresh key not claimed");
                     };
                     let result = match i % 3 {
@@ -229,7 +231,7 @@ fn len_never_wraps_when_a_purge_races_a_new_claim() {
                 let key = record(scope, &format!("w{w}-key-{i:012}"));
                 i += 1;
                 match rt.block_on(store.begin(&key, &fp("x"))) {
-                    Ok(Begin::Claimed(token)) if scope == "bystander" => {
+                    Ok(Begin::Claimed(Claim { token, .. })) if scope == "bystander" => {
                         rt.block_on(store.release(&key, token)).unwrap();
                     }
                     Ok(Begin::Claimed(_)) => {}

@@ -20,6 +20,7 @@ use http::{HeaderName, HeaderValue, Method, StatusCode};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::{
     Begin, FencingToken, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint,
@@ -56,7 +57,7 @@ async fn claim(
     request: &RequestFingerprint<'_>,
 ) -> FencingToken {
     match store.begin(key, request).await {
-        Ok(Begin::Claimed(token)) => token,
+        Ok(Begin::Claimed(Claim { token, .. })) => token,
         other => panic!("expected a claim of {key:?}, got {other:?}"),
     }
 }

@@ -155,7 +155,7 @@ async fn the_quota_is_exact_under_concurrency() {
             for i in 0..50usize {
                 let key = record(scope, &format!("{scope}-key-{t:04}-{i:04}"));
                 match store.begin(&key, &fp("x")).await {
-                    Ok(Begin::Claimed(token)) => {
+                    Ok(Begin::Claimed(Claim { token, .. })) => {
                         assert!(store.scope_len(&Scope::new(scope)) <= 10);
                         if (t + i) % 7 == 0 && kept < 1 {
                             store

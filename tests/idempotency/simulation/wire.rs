@@ -11,9 +11,9 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tower_idempotency::store::{Completion, Maintenance, MemoryStoreError, Timings};
+use tower_idempotency::store::{Claim, Completion, Maintenance, MemoryStoreError, Timings};
 use tower_idempotency::{
     Begin, FencingToken, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint,
     Scope, Store, StoreError, StoredResponse,
@@ -53,7 +53,9 @@ struct Recorded {
 
 #[derive(Serialize, Deserialize, Debug)]
 enum Reply {
-    Claimed(i64),
+    /// The token, and for a takeover its attempt, the previous token and
+    /// when the previous claim began.
+    Claimed(i64, Option<(u32, i64, SystemTime)>),
     Replay(Recorded),
     Mismatch,
     InProgress,
@@ -158,7 +160,13 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
             let fingerprint: [u8; 32] = fingerprint.try_into().expect("32 bytes");
             let request = RequestFingerprint::from(Fingerprint(fingerprint));
             let (decided, reply) = match store.begin(&record(&key), &request).await {
-                Ok(Begin::Claimed(t)) => (Op::Claimed(t.0), Reply::Claimed(t.0)),
+                Ok(Begin::Claimed(claim)) => {
+                    let takeover = claim
+                        .takeover
+                        .map(|t| (t.attempt, t.previous_token.0, t.previous_began));
+                    let token = claim.token.0;
+                    (Op::Claimed(token), Reply::Claimed(token, takeover))
+                }
                 Ok(Begin::Replay(r)) => (Op::Decided("replay"), Reply::Replay(recorded(&r))),
                 Ok(Begin::Mismatch) => (Op::Decided("mismatch"), Reply::Mismatch),
                 Ok(Begin::InProgress) => (Op::Decided("in progress"), Reply::InProgress),
@@ -316,7 +324,10 @@ impl Store for RemoteStore {
                 .call(Request::Begin(key(record), fingerprint), OP_TIMEOUT)
                 .await?
             {
-                Reply::Claimed(t) => Begin::Claimed(FencingToken(t)),
+                Reply::Claimed(t, None) => Begin::Claimed(Claim::first(FencingToken(t))),
+                Reply::Claimed(t, Some((attempt, previous, began))) => Begin::Claimed(
+                    Claim::takeover(FencingToken(t), attempt, FencingToken(previous), began),
+                ),
                 Reply::Replay(r) => Begin::Replay(Arc::new(StoredResponse {
                     status: StatusCode::from_u16(r.status).unwrap(),
                     headers: r

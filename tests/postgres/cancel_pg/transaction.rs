@@ -6,6 +6,7 @@ use super::cases::{done, fresh_key, Probe};
 use super::driver::at_every_poll;
 use super::{postgres, PgProbe};
 use tower_idempotency::store::conformance::fingerprint;
+use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::{RecordTransaction, TransactionalStore};
 use tower_idempotency::{Begin, PostgresStore, PostgresTransaction, RecordKey, Store};
@@ -20,7 +21,7 @@ async fn open_with_effect(h: &Harness) -> (RecordKey, Box<dyn RecordTransaction>
         .begin_in_transaction(&key, &fingerprint("cut"))
         .await
         .unwrap();
-    let Begin::Claimed(token) = begun else {
+    let Begin::Claimed(Claim { token, .. }) = begun else {
         panic!("a fresh key answered {begun:?}");
     };
     let transaction = match opened {
@@ -73,7 +74,7 @@ async fn begin_in_transaction_cut_at_every_poll() {
         |cut, key| async move {
             let what = format!("begin_in_transaction cut after {} polls", cut.polls);
             match cut.output {
-                Some(Ok((Begin::Claimed(token), opened))) => {
+                Some(Ok((Begin::Claimed(Claim { token, .. }), opened))) => {
                     let transaction = match opened {
                         Some(transaction) => transaction,
                         None => h.store.open(&key, token).await.unwrap(),

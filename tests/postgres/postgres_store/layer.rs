@@ -207,3 +207,66 @@ async fn replay_is_a_read_no_row_write_lock_or_token() {
     }
     assert_eq!(snapshot().await, before, "rows and sequence untouched");
 }
+
+/// Transactional mode: the handler finds its `Attempt` beside its
+/// transaction. A first run is attempt 1; a run that takes over a claim left
+/// in progress past its lock (by an owner that died before its handler's
+/// transaction began) is attempt 2 and names the dead owner's token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_handler_after_a_takeover_sees_its_attempt() {
+    let Some(url) = pg::database_url("a_transactional_handler_after_a_takeover") else {
+        return;
+    };
+    let lock = Duration::from_millis(300);
+    let store = pg::store(&url, &pg::unique_table("attempt"), |s| {
+        s.with_lock_timeout(lock)
+    })
+    .await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let service = {
+        let seen = seen.clone();
+        ServiceBuilder::new()
+            .layer(IdempotencyLayer::transactional(store.clone()))
+            .service_fn(move |req: Request<Full<Bytes>>| {
+                let extensions = req.extensions();
+                let in_transaction = extensions.get::<PostgresTransaction>().is_some();
+                seen.lock()
+                    .unwrap()
+                    .push((extensions.get::<Attempt>().copied(), in_transaction));
+                async move {
+                    let response = Response::builder()
+                        .status(StatusCode::CREATED)
+                        .body(Full::new(Bytes::from_static(b"done")))
+                        .unwrap();
+                    Ok::<_, Infallible>(response)
+                }
+            })
+    };
+
+    let fresh = format!("order-{}", pg::unique_table("k"));
+    let answer = service
+        .clone()
+        .oneshot(order_request(&fresh))
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+
+    let abandoned = format!("order-{}", pg::unique_table("k"));
+    let record = RecordKey::new(
+        Scope::new("tenant"),
+        tower_idempotency::IdempotencyKey::parse(abandoned.as_bytes()).unwrap(),
+    );
+    let dead = claim(&store, &record, "whatever the dead owner sent").await;
+    tokio::time::sleep(lock + Duration::from_millis(200)).await;
+    let answer = service.oneshot(order_request(&abandoned)).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+
+    let seen = seen.lock().unwrap().clone();
+    let [(Some(first), true), (Some(second), true)] = seen[..] else {
+        panic!("two runs, each with its attempt and transaction: {seen:?}");
+    };
+    assert_eq!((first.number(), first.previous_token()), (1, None));
+    assert_eq!(second.number(), 2);
+    assert_eq!(second.previous_token(), Some(dead));
+    assert!(second.token() > dead);
+}

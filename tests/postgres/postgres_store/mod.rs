@@ -7,6 +7,7 @@
 #![cfg(feature = "postgres")]
 
 use tower_idempotency::store::conformance;
+use tower_idempotency::store::Claim;
 use tower_idempotency_tests::support;
 
 mod claims;
@@ -31,8 +32,8 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::{
-    Begin, FencingToken, IdempotencyLayer, PostgresStore, RecordKey, ResponseBody, Scope, Store,
-    StoreError,
+    Attempt, Begin, FencingToken, IdempotencyLayer, PostgresStore, PostgresTransaction, RecordKey,
+    ResponseBody, Scope, Store, StoreError,
 };
 
 async fn postgres_store(d: Durations) -> Option<PostgresStore> {
@@ -55,7 +56,7 @@ fn fresh_key() -> RecordKey {
 
 async fn claim(store: &PostgresStore, key: &RecordKey, body: &str) -> FencingToken {
     match store.begin(key, &fingerprint(body)).await.expect("begin") {
-        Begin::Claimed(token) => token,
+        Begin::Claimed(Claim { token, .. }) => token,
         other => panic!("expected a claim, got {other:?}"),
     }
 }
