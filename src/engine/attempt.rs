@@ -32,7 +32,7 @@ use std::time::SystemTime;
 ///
 /// ```
 /// use axum::{http::StatusCode, routing::post, Extension, Router};
-/// use tower_idempotency::{Attempt, IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::{Attempt, DownstreamKeys, IdempotencyLayer, MemoryStore};
 ///
 /// # struct Payments;
 /// # impl Payments {
@@ -40,15 +40,18 @@ use std::time::SystemTime;
 /// #     async fn charge(&self, _key: &str, _cents: u64) -> String { "ch_1".into() }
 /// # }
 /// # static PAYMENTS: Payments = Payments;
-/// async fn charge(Extension(attempt): Extension<Attempt>) -> (StatusCode, String) {
-///     let downstream_key = "order-42-charge";
+/// async fn charge(
+///     Extension(attempt): Extension<Attempt>,
+///     Extension(keys): Extension<DownstreamKeys>,
+/// ) -> (StatusCode, String) {
+///     let charge_key = keys.key_for("card-processor");
 ///     // An earlier run may have charged before it died: look before charging again.
 ///     if attempt.is_takeover() {
-///         if let Some(charge) = PAYMENTS.find(downstream_key).await {
+///         if let Some(charge) = PAYMENTS.find(charge_key.as_str()).await {
 ///             return (StatusCode::CREATED, charge);
 ///         }
 ///     }
-///     (StatusCode::CREATED, PAYMENTS.charge(downstream_key, 1000).await)
+///     (StatusCode::CREATED, PAYMENTS.charge(charge_key.as_str(), 1000).await)
 /// }
 ///
 /// let app: Router = Router::new()

@@ -208,8 +208,6 @@ where
 
         drop(fingerprint); // it borrows `parts`
         let token = claim.token;
-        // The handler learns whether it took over a run that never finished.
-        parts.extensions.insert(Attempt::from(claim));
         let admitted = match config.max_in_flight {
             None => Some(config.in_flight.enter()),
             Some(max) => config.in_flight.try_enter(max),
@@ -230,6 +228,8 @@ where
             record.key(),
             config.downstream_secret.as_ref(),
         ));
+        // Whether this run took over one that never finished, and whose.
+        parts.extensions.insert(Attempt::from(claim));
         let claimed = claimed_handler(
             config.clone(),
             inner,
