@@ -343,17 +343,25 @@ impl PgRecordTransaction {
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let connection = self.take_connection().await?;
         let id = crate::store::encoding::key_id(&self.key);
-        let commit = format!("COMMIT; SELECT pg_notify('{}', '{id}')", inner.sql.channel);
         let committed = inner
             .timed(async {
                 let statement = inner.prepare(connection.client(), sql).await?;
+                let notify = inner
+                    .prepare(connection.client(), &inner.sql.notify)
+                    .await?;
                 inner.count_round_trips(1);
-                let (completed, commit) = pipelined(
-                    connection.client().query(&statement, params),
-                    connection.client().batch_execute(&commit),
+                let client = connection.client();
+                let (completed, (commit, _woken)) = pipelined(
+                    client.query(&statement, params),
+                    pipelined(
+                        client.batch_execute("COMMIT"),
+                        client.execute(&notify, &[&id]),
+                    ),
                 )
                 .await;
                 completed.map_err(backend)?;
+                // A wake-up that failed only delays waiters (they re-check):
+                // it never makes a commit that happened look failed.
                 commit.map_err(backend)
             })
             .await;
