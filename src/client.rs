@@ -96,7 +96,7 @@ use tower_service::Service;
 /// assert!(tower_idempotency::IdempotencyKey::parse(a.as_bytes()).is_some());
 /// ```
 pub fn random_key() -> String {
-    uuid::Uuid::new_v4().to_string()
+    crate::random::uuid_v4()
 }
 
 /// Makes keys for [`IdempotencyKeyLayer`]. Closures `Fn() -> String` implement it.

@@ -128,8 +128,30 @@ async fn server_counters(sql: &tokio_postgres::Client) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
+/// The machine's CPU time since boot from `/proc/stat`, in clock ticks:
+/// (busy, idle): the server, the client and everything else on the machine,
+/// so that a round shows whether its requests/s were bound by CPU.
+fn machine_cpu() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
+    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
+    (ticks.iter().take(8).sum::<u64>() - idle, idle)
+}
+
 struct Run {
     per_sec: f64,
+    /// Whole-machine CPU per request, in milliseconds, and the share of the
+    /// machine's time left idle during the round.
+    cpu_ms: f64,
+    idle: f64,
     round_trips: f64,
     transactions: f64,
     flushes: f64,
@@ -173,6 +195,7 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     let (trips_before, (xids_before, flushes_before)) =
         (store.round_trips(), server_counters(&sql).await);
     let done = Arc::new(AtomicU64::new(0));
+    let cpu_before = machine_cpu();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let tasks: Vec<_> = (0..clients)
         .map(|c| {
@@ -198,6 +221,14 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
         latencies.extend(task.await.unwrap());
     }
     let n = done.load(Ordering::Relaxed) as f64;
+    let cpu_after = machine_cpu();
+    let (busy, idle) = (
+        (cpu_after.0 - cpu_before.0) as f64,
+        (cpu_after.1 - cpu_before.1) as f64,
+    );
+    // Linux's clock ticks are 100 per second (USER_HZ).
+    let cpu_ms = busy * 10.0 / n;
+    let idle = idle / (busy + idle).max(1.0);
     // The handler's INSERT is one round trip the store does not count; the
     // bare handler's BEGIN and COMMIT two more.
     let handler_trips = if mode == Mode::Bare { 3.0 } else { 1.0 };
@@ -209,6 +240,8 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     latencies.sort_unstable();
     Run {
         per_sec: n / secs as f64,
+        cpu_ms,
+        idle,
         round_trips,
         transactions,
         flushes,
@@ -255,8 +288,8 @@ fn main() {
              per pool; {rounds} rounds of {secs} s per mode, the modes' order rotating"
         );
         println!();
-        println!("| clients | round | mode | requests/s | p50 ms | round trips/request | write transactions/request | WAL flushes/request |");
-        println!("|---|---|---|---|---|---|---|---|");
+        println!("| clients | round | mode | requests/s | p50 ms | round trips/request | write transactions/request | WAL flushes/request | machine CPU ms/request | machine idle |");
+        println!("|---|---|---|---|---|---|---|---|---|---|");
         // `TXN_PLAIN=0` leaves plain mode out (more rounds of the other two in the same time).
         let with_plain = env_or("TXN_PLAIN", 1u8) == 1;
         let modes = [Mode::Bare, Mode::Plain, Mode::Transactional];
@@ -273,13 +306,15 @@ fn main() {
                     }
                     let r = run(&url, modes[i], secs, clients, round).await;
                     println!(
-                        "| {clients} | {round} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} |",
+                        "| {clients} | {round} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.0}% |",
                         modes[i].name(),
                         r.per_sec,
                         r.p50_ms,
                         r.round_trips,
                         r.transactions,
-                        r.flushes
+                        r.flushes,
+                        r.cpu_ms,
+                        r.idle * 100.0
                     );
                     per_sec[i] = r.per_sec;
                 }
