@@ -12,7 +12,7 @@
 //! **1. Add the crate** (features: `postgres` for [`store`]'s PostgreSQL
 //! stores, `redis` for `RedisStore` on Redis or Valkey, `metrics` for counters
 //! and a latency histogram, `client` for the retry policy in [`client`],
-//! `json` for typed values in [`engine`]):
+//! `leases` for [`LeaseLayer`]):
 //!
 //! ```toml
 //! [dependencies]

@@ -3,8 +3,8 @@
 //! twice, a webhook delivered again, a scheduled job that fires again after a
 //! restart.
 //!
-//! [`Engine::run_bytes`] (and [`Engine::run`] for typed values, feature
-//! `json`) runs an async operation at most once per `(scope, key)`
+//! [`Engine::run_bytes`] (and [`Engine::run`] for typed values, recorded as
+//! JSON) runs an async operation at most once per `(scope, key)`
 //! over any [`Store`], and gives every repeat the recorded result: the same
 //! claim, keep-alive, run-to-completion, fencing and (with
 //! [`Engine::transactional`]) transaction that the layer uses. The request's
@@ -40,12 +40,6 @@
 //! What each call answers, and a queue consumer whose writes commit together
 //! with the record on PostgreSQL, are in `docs/engine.md` in the repository
 //! (and `examples/consumer.rs`).
-// Without `json`, the link goes to the documentation built with every feature.
-#![cfg_attr(not(feature = "json"), doc = "")]
-#![cfg_attr(
-    not(feature = "json"),
-    doc = "[`Engine::run`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/engine/struct.Engine.html#method.run"
-)]
 
 mod attempt;
 pub(crate) mod claim;

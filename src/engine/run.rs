@@ -123,7 +123,6 @@ impl Engine {
     }
 
     /// [`run_bytes`](Self::run_bytes) for a typed value, recorded as JSON.
-    #[cfg(feature = "json")]
     pub async fn run<T, F, Fut, E>(
         &self,
         scope: &Scope,

@@ -114,9 +114,6 @@ pub fn enabled_features() -> Vec<&'static str> {
     if cfg!(feature = "redis") {
         features.push("redis");
     }
-    if cfg!(feature = "json") {
-        features.push("json");
-    }
     features
 }
 

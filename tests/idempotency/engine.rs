@@ -18,7 +18,6 @@ fn key(k: &str) -> IdempotencyKey {
     IdempotencyKey::parse(k.as_bytes()).unwrap()
 }
 
-#[cfg(feature = "json")]
 #[tokio::test]
 async fn typed_values_are_recorded_as_json_and_replayed_as_the_same_value() {
     #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
