@@ -16,7 +16,8 @@
 //!
 //! ```toml
 //! [dependencies]
-//! tower-idempotency = "0.1"
+//! # Until the crate is on crates.io, a checkout (or `git = "..."`); then `"0.1"`.
+//! tower-idempotency = { path = "../tower-idempotency" }
 //! ```
 //!
 //! **2. Authenticate, then put the layer on the routes that change state.**
