@@ -19,7 +19,10 @@
 //! on), so a commit costs a WAL flush. Environment: `TXN_SECS` (5 per round),
 //! `TXN_ROUNDS` (3, rotating the modes' order), `TXN_CLIENTS` (`1,16`:
 //! concurrent tasks, and each pool's size), `TXN_PLAIN=0` (bare and
-//! transactional only). A shared disk's flush time drifts over minutes: many
+//! transactional only), `TXN_STATEMENTS=1` (each round's time per statement
+//! on the server, from `pg_stat_statements`). Each round reports the CPU per
+//! request of this process and of the server's processes, read from `/proc`
+//! (the server on this machine), apart from whatever else the machine runs. A shared disk's flush time drifts over minutes: many
 //! short rounds compare modes at the same moment better than a few long ones.
 
 use axum::extract::{Request, State};
@@ -128,12 +131,34 @@ async fn server_counters(sql: &tokio_postgres::Client) -> (i64, i64) {
     (row.get(0), row.get(1))
 }
 
-/// The machine's CPU time since boot from `/proc/stat`, in clock ticks:
-/// (busy, idle): the server, the client and everything else on the machine,
-/// so that a round shows whether its requests/s were bound by CPU.
-fn machine_cpu() -> (u64, u64) {
+/// User plus system CPU time of a process, in clock ticks (`/proc/<pid>/stat`
+/// fields 14 and 15), and its parent's pid.
+fn process_cpu(pid: &str) -> Option<(u64, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces: the fields that follow it are fixed.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some((ticks, fields.get(1)?.parse().ok()?))
+}
+
+/// CPU time in clock ticks of this process (the application and its clients)
+/// and of the PostgreSQL server whose postmaster is `postmaster` (its
+/// backends and background processes, alive at the reading), and the machine's
+/// idle ticks (`/proc/stat`): other work on the machine is in neither.
+fn cpu_ticks(postmaster: Option<u32>) -> (u64, u64, u64) {
+    let app = process_cpu("self").map_or(0, |(ticks, _)| ticks);
+    let server = postmaster.map_or(0, |postmaster| {
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| process_cpu(entry.file_name().to_str()?))
+            .filter(|&(_, parent)| parent == postmaster)
+            .map(|(ticks, _)| ticks)
+            .sum()
+    });
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let ticks: Vec<u64> = stat
+    let machine: Vec<u64> = stat
         .lines()
         .next()
         .unwrap_or("")
@@ -141,16 +166,27 @@ fn machine_cpu() -> (u64, u64) {
         .skip(1)
         .filter_map(|t| t.parse().ok())
         .collect();
-    // user nice system idle iowait irq softirq steal: idle and iowait are not busy.
-    let idle = ticks.get(3).copied().unwrap_or(0) + ticks.get(4).copied().unwrap_or(0);
-    (ticks.iter().take(8).sum::<u64>() - idle, idle)
+    // user nice system idle iowait ...: idle and iowait are the machine's idle time.
+    let idle = machine.get(3).copied().unwrap_or(0) + machine.get(4).copied().unwrap_or(0);
+    (app, server, idle)
+}
+
+/// The pid of the server's postmaster (the first line of `postmaster.pid` in
+/// its data directory), when the bench runs beside the server.
+async fn postmaster(sql: &tokio_postgres::Client) -> Option<u32> {
+    let row = sql.query_one("SHOW data_directory", &[]).await.ok()?;
+    let dir: String = row.get(0);
+    let pid = std::fs::read_to_string(format!("{dir}/postmaster.pid")).ok()?;
+    pid.lines().next()?.trim().parse().ok()
 }
 
 struct Run {
     per_sec: f64,
-    /// Whole-machine CPU per request, in milliseconds, and the share of the
-    /// machine's time left idle during the round.
-    cpu_ms: f64,
+    /// CPU per request in milliseconds: the application (this process:
+    /// server, layer and clients) and the PostgreSQL server; and the share of
+    /// the machine's time left idle during the round.
+    app_ms: f64,
+    server_ms: f64,
     idle: f64,
     round_trips: f64,
     transactions: f64,
@@ -195,7 +231,15 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     let (trips_before, (xids_before, flushes_before)) =
         (store.round_trips(), server_counters(&sql).await);
     let done = Arc::new(AtomicU64::new(0));
-    let cpu_before = machine_cpu();
+    let postmaster = postmaster(&sql).await;
+    let statements = env_or("TXN_STATEMENTS", 0u8) == 1;
+    if statements {
+        sql.batch_execute("SELECT pg_stat_statements_reset()")
+            .await
+            .unwrap();
+    }
+    let cpu_before = cpu_ticks(postmaster);
+    let wall = Instant::now();
     let deadline = Instant::now() + Duration::from_secs(secs);
     let tasks: Vec<_> = (0..clients)
         .map(|c| {
@@ -221,14 +265,18 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
         latencies.extend(task.await.unwrap());
     }
     let n = done.load(Ordering::Relaxed) as f64;
-    let cpu_after = machine_cpu();
-    let (busy, idle) = (
-        (cpu_after.0 - cpu_before.0) as f64,
-        (cpu_after.1 - cpu_before.1) as f64,
+    let cpu_after = cpu_ticks(postmaster);
+    // Linux's clock ticks are 100 per second (USER_HZ), on each of the cores.
+    let ms = |after: u64, before: u64| (after - before) as f64 * 10.0;
+    let (app_ms, server_ms) = (
+        ms(cpu_after.0, cpu_before.0) / n,
+        ms(cpu_after.1, cpu_before.1) / n,
     );
-    // Linux's clock ticks are 100 per second (USER_HZ).
-    let cpu_ms = busy * 10.0 / n;
-    let idle = idle / (busy + idle).max(1.0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+    let idle = ms(cpu_after.2, cpu_before.2) / (wall.elapsed().as_secs_f64() * 1000.0 * cores);
+    if statements {
+        print_statements(&sql, mode, clients, n).await;
+    }
     // The handler's INSERT is one round trip the store does not count; the
     // bare handler's BEGIN and COMMIT two more.
     let handler_trips = if mode == Mode::Bare { 3.0 } else { 1.0 };
@@ -240,13 +288,41 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     latencies.sort_unstable();
     Run {
         per_sec: n / secs as f64,
-        cpu_ms,
+        app_ms,
+        server_ms,
         idle,
         round_trips,
         transactions,
         flushes,
         p50_ms: quantile_us(&latencies, 0.5) / 1000.0,
     }
+}
+
+/// The server's time per statement over the round (`pg_stat_statements`,
+/// `TXN_STATEMENTS=1`): what each request spends in the database, by statement.
+async fn print_statements(sql: &tokio_postgres::Client, mode: Mode, clients: usize, n: f64) {
+    let rows = sql
+        .query(
+            "SELECT calls, total_exec_time, query FROM pg_stat_statements \
+             WHERE query NOT LIKE '%pg_stat%' AND calls > 0 ORDER BY total_exec_time DESC LIMIT 10",
+            &[],
+        )
+        .await
+        .unwrap();
+    let total: f64 = rows.iter().map(|r| r.get::<_, f64>(1)).sum();
+    println!(
+        "\n{} at {clients} clients: {:.3} ms of statement execution per request",
+        mode.name(),
+        total / n
+    );
+    println!("| calls/request | ms/request | statement |\n|---|---|---|");
+    for row in rows {
+        let (calls, time, query): (i64, f64, String) = (row.get(0), row.get(1), row.get(2));
+        let query: String = query.split_whitespace().collect::<Vec<_>>().join(" ");
+        let query = query.chars().take(90).collect::<String>();
+        println!("| {:.2} | {:.3} | `{query}` |", calls as f64 / n, time / n);
+    }
+    println!();
 }
 
 fn main() {
@@ -273,6 +349,11 @@ fn main() {
             .await
             .unwrap();
         let (fsync, sync): (String, String) = (settings.get(0), settings.get(1));
+        if env_or("TXN_STATEMENTS", 0u8) == 1 {
+            sql.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                .await
+                .expect("TXN_STATEMENTS=1 needs pg_stat_statements loaded (bench/scripts/with-pg.sh does)");
+        }
         sql.batch_execute(
             "DROP TABLE IF EXISTS bench_txn_orders; \
              CREATE TABLE bench_txn_orders (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL)",
@@ -288,8 +369,8 @@ fn main() {
              per pool; {rounds} rounds of {secs} s per mode, the modes' order rotating"
         );
         println!();
-        println!("| clients | round | mode | requests/s | p50 ms | round trips/request | write transactions/request | WAL flushes/request | machine CPU ms/request | machine idle |");
-        println!("|---|---|---|---|---|---|---|---|---|---|");
+        println!("| clients | round | mode | requests/s | p50 ms | round trips/request | write transactions/request | WAL flushes/request | app CPU ms/request | PostgreSQL CPU ms/request | machine idle |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
         // `TXN_PLAIN=0` leaves plain mode out (more rounds of the other two in the same time).
         let with_plain = env_or("TXN_PLAIN", 1u8) == 1;
         let modes = [Mode::Bare, Mode::Plain, Mode::Transactional];
@@ -306,14 +387,15 @@ fn main() {
                     }
                     let r = run(&url, modes[i], secs, clients, round).await;
                     println!(
-                        "| {clients} | {round} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.0}% |",
+                        "| {clients} | {round} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.0}% |",
                         modes[i].name(),
                         r.per_sec,
                         r.p50_ms,
                         r.round_trips,
                         r.transactions,
                         r.flushes,
-                        r.cpu_ms,
+                        r.app_ms,
+                        r.server_ms,
                         r.idle * 100.0
                     );
                     per_sec[i] = r.per_sec;
