@@ -147,7 +147,7 @@
 //! **5. Share records between instances** with PostgreSQL (feature
 //! `postgres`): `PostgresStore::new(pool)`, `migrate()` at startup,
 //! `purge_expired()` every few minutes. See [`store`] and the repository's
-//! `docs/postgres.md` and `docs/operating-postgres.md`. With Redis or Valkey
+//! `docs/postgres.md`. With Redis or Valkey
 //! (feature `redis`), one server or a Cluster: `RedisStore::connect(url)` or
 //! `RedisStore::connect_cluster(nodes)` (`docs/redis.md`).
 //!
@@ -270,11 +270,9 @@ pub use lease::{Lease, LeaseLayer};
 #[doc = include_str!("../README.md")]
 pub struct ReadmeQuickStart;
 
-/// The Rust examples of `docs/postgres.md` and `docs/operating-postgres.md`,
-/// compiled as doctests.
+/// The Rust examples of `docs/postgres.md`, compiled as doctests.
 #[cfg(all(doctest, feature = "postgres"))]
 #[doc = include_str!("../docs/postgres.md")]
-#[doc = include_str!("../docs/operating-postgres.md")]
 pub struct PostgresGuide;
 
 /// The Rust example of `docs/writing-a-store.md`, compiled as a doctest.
