@@ -298,7 +298,7 @@ pub struct IdempotencyGuide;
 /// The Rust examples of `docs/ietf-draft.md` and `docs/migrating.md`, compiled
 /// and run as doctests.
 #[cfg(doctest)]
-#[doc = include_str!("../docs/ietf-draft.md")]
+#[doc = include_str!("../docs/compatibility.md")]
 #[doc = include_str!("../docs/migrating.md")]
 pub struct Guides;
 
