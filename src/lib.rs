@@ -295,12 +295,10 @@ pub struct RedisGuide;
 #[doc = include_str!("../docs/idempotency.md")]
 pub struct IdempotencyGuide;
 
-/// The Rust examples of `docs/ietf-draft.md` and `docs/migrating.md`, compiled
-/// and run as doctests.
+/// The Rust examples of `docs/compatibility.md`, compiled and run as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../docs/compatibility.md")]
-#[doc = include_str!("../docs/migrating.md")]
-pub struct Guides;
+pub struct CompatibilityGuide;
 
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
