@@ -275,9 +275,9 @@ pub struct ReadmeQuickStart;
 #[doc = include_str!("../docs/postgres.md")]
 pub struct PostgresGuide;
 
-/// The Rust example of `docs/writing-a-store.md`, compiled as a doctest.
+/// The Rust example of `docs/beyond-http.md`, compiled as a doctest.
 #[cfg(all(doctest, feature = "test-util"))]
-#[doc = include_str!("../docs/writing-a-store.md")]
+#[doc = include_str!("../docs/beyond-http.md")]
 pub struct WritingAStoreGuide;
 
 /// The Rust example of `docs/engine.md`, compiled and run as a doctest.
