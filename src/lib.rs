@@ -275,15 +275,11 @@ pub struct ReadmeQuickStart;
 #[doc = include_str!("../docs/postgres.md")]
 pub struct PostgresGuide;
 
-/// The Rust example of `docs/beyond-http.md`, compiled as a doctest.
+/// The Rust examples of `docs/beyond-http.md` (the engine, and a store's
+/// conformance suite, which needs `test-util`), compiled and run as doctests.
 #[cfg(all(doctest, feature = "test-util"))]
 #[doc = include_str!("../docs/beyond-http.md")]
-pub struct WritingAStoreGuide;
-
-/// The Rust example of `docs/engine.md`, compiled and run as a doctest.
-#[cfg(doctest)]
-#[doc = include_str!("../docs/engine.md")]
-pub struct EngineGuide;
+pub struct BeyondHttpGuide;
 
 /// The Rust example of `docs/redis.md`, compiled as a doctest.
 #[cfg(all(doctest, feature = "redis"))]

@@ -38,7 +38,7 @@
 //! ```
 //!
 //! What each call answers, and a queue consumer whose writes commit together
-//! with the record on PostgreSQL, are in `docs/engine.md` in the repository
+//! with the record on PostgreSQL, are in `docs/beyond-http.md` in the repository
 //! (and `examples/consumer.rs`).
 
 mod attempt;
