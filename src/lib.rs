@@ -110,20 +110,12 @@
 //! # }
 //! ```
 //!
-//! | Request | Answer |
-//! |---|---|
-//! | no scope | `401 unauthorized` |
-//! | no `Idempotency-Key` / not 8–128 of `[A-Za-z0-9._-]` (bare or `"quoted"`) / two of them | `400 idempotency_key_required` / `_invalid` / `_repeated` |
-//! | body over the limit (1 MiB) | `413 payload_too_large` |
-//! | new key | run the handler; record the response if it is `201` (the [`CachePolicy`]) |
-//! | same key, same request, completed | the recorded response + `Idempotent-Replayed: true` |
-//! | same key, another request | `409 idempotency_key_reuse` (`422` with `with_key_reuse_status`) |
-//! | same key, still running | wait up to 5 s and replay, else `409 idempotency_in_progress` + `Retry-After` |
-//! | store unavailable | `503 idempotency_store_unavailable`; the handler is not called |
-//!
-//! Handler errors, panics, responses the policy does not record, and clients
-//! that go away all release the key, so a corrected request can run. The full
-//! flow and its reasons: [`idempotency`].
+//! Every other answer (no scope, a missing or malformed key, a body over the
+//! limit, a retry while the first request runs, a store that is down, a
+//! response the [`CachePolicy`] does not record, ...) is a row of the
+//! [decision table](idempotency::contract#decision-table), in the order the
+//! checks run; the flow and the reasons behind it are
+//! [`idempotency::contract`].
 //!
 //! **4. Tune it** where the defaults do not fit:
 //!

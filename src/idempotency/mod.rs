@@ -1,53 +1,15 @@
 //! `Idempotency-Key` middleware: run each request once, replay it to retries.
 //!
-//! # The flow
-//!
-//! For a request whose method the layer applies to (POST and PATCH by default):
-//!
-//! 1. **Scope**: the tenant, from a [`ScopeExtractor`](crate::ScopeExtractor)
-//!    (by default a [`Scope`](crate::Scope) an auth layer put into the request
-//!    extensions). None → `401 unauthorized`.
-//! 2. **Key**: exactly one `Idempotency-Key` header, a token of 8 to 128
-//!    `[A-Za-z0-9._-]` or the same as an RFC 8941 sf-string (`"..."`).
-//!    None → `400 idempotency_key_required`; another value →
-//!    `400 idempotency_key_invalid`; two, or a comma-joined list →
-//!    `400 idempotency_key_repeated`.
-//! 3. **Body**: buffered up to the limit (1 MiB) → else `413 payload_too_large`.
-//! 4. **Fingerprint**: SHA-256 of method, path and query, key, scope and the body,
-//!    JSON in its RFC 8785 canonical form ([`Fingerprint`](crate::Fingerprint)).
-//! 5. **Decision**, one atomic step in the [`Store`](crate::Store): a new key
-//!    is claimed and its handler runs; the same request replays the recorded
-//!    response (`Idempotent-Replayed: true`); another request under the key is
-//!    `409 idempotency_key_reuse`; a retry of a request still running waits to
-//!    be woken, then decides again; a store failure is `503` and nothing runs.
-//!    Every answer, in the order the checks run, is in the
-//!    [decision table](contract#decision-table).
-//! 6. **Run**: the claimed inner future is polled once in place and, if it
-//!    has to wait, handed to a task of its own before the caller's future can
-//!    be dropped, so a caller that hangs up (or an outer `TimeoutLayer`) stops
-//!    waiting, not the handler
-//!    ([`with_cancel_on_drop`](crate::IdempotencyLayer::with_cancel_on_drop) to
-//!    opt out); its claim is extended while it runs, and
-//!    [`in_flight`](crate::IdempotencyLayer::in_flight) lets a server wait for
-//!    running handlers at shutdown.
-//! 7. **Record**: a response the [`CachePolicy`](crate::CachePolicy) accepts
-//!    (`201` by default) is stored under the claim's fencing token (streamed to
-//!    the caller as it is produced, its copy bounded by
-//!    [`with_record_limit`](crate::IdempotencyLayer::with_record_limit)), and the
-//!    retry that waited for it replays it. Another status, an inner error or a
-//!    panic releases the key so a corrected request runs; a recorded response
-//!    whose body fails or is too large keeps the key, and retries get `410
-//!    idempotency_response_unavailable`: the handler never runs twice.
-//!
-//! With [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)
-//! over `PostgresStore`, the handler writes through a `PostgresTransaction`
-//! from its request extensions, and its writes commit with the record or are
-//! rolled back with the key's release.
-//!
-//! Refusals are JSON `{"code","message"}` (or RFC 9457 problem details, or
-//! what [`with_refusal_response`](crate::IdempotencyLayer::with_refusal_response)
-//! builds) with the typed [`Refused`](crate::Refused) in their extensions, and
-//! never change the inner service's error type.
+//! For a request whose method it applies to (POST and PATCH by default), the
+//! layer takes the tenant's [`Scope`](crate::Scope) and the `Idempotency-Key`,
+//! buffers and fingerprints the body, and asks the [`Store`](crate::Store), in
+//! one atomic step, whether to run the handler, replay the recorded response
+//! or refuse. A claimed handler runs to completion and its response is
+//! recorded for the retries; with
+//! [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional)
+//! its writes to PostgreSQL commit with the record. The flow drawn, each step
+//! with its reasons, and every answer in the order the checks run (the
+//! [decision table](contract#decision-table)) are in [`contract`].
 //!
 //! # Example
 //!
