@@ -7,6 +7,26 @@
 //! runs once. [`LeaseLayer`] (feature `leases`) does the same for jobs named
 //! by what they are (`tenant:kind:period`) when clients cannot keep a key.
 //!
+//! # Where to start
+//!
+//! | To | Use |
+//! |---|---|
+//! | make `POST`/`PATCH` routes safe to retry | [`IdempotencyLayer`] over a store: [`MemoryStore`] in one process, `PostgresStore` (feature `postgres`) or `RedisStore` (feature `redis`) for many |
+//! | tell the layer who the tenant is | a [`Scope`] in the request extensions, or any [`ScopeExtractor`] |
+//! | record more than `201` | a [`CachePolicy`]: [`CacheSuccess`] records every 2xx |
+//! | shape the refusals (`409`, `422`, `503`, ...) | [`ErrorFormat`], or a [`RefusalResponse`] hook that sees the [`Refusal`] |
+//! | commit the handler's writes with the record | `IdempotencyLayer::transactional` and `PostgresTransaction` |
+//! | hand the key on to a payment processor | the [`DownstreamKeys`] in a claimed request's extensions; [`Attempt`] says whether it took over |
+//! | drain running handlers at shutdown | [`InFlight`], from `IdempotencyLayer::in_flight` |
+//! | give a job named by what it is one live run | [`LeaseLayer`] and its fenced [`Lease`] (feature `leases`) |
+//! | run an operation once outside HTTP | the [`engine`] |
+//! | write a store of your own | the traits in [`store`] and their conformance suites (feature `test-util`) |
+//! | send keys and retry from a client | [`client`] |
+//! | document the guarded routes | [`openapi`][openapi-module] (feature `utoipa`) |
+//!
+//! The decision every request goes through, and why, is the
+//! [contract](crate::idempotency::contract).
+//!
 //! # Quick start
 //!
 //! **1. Add the crate** (features: `postgres` for [`store`]'s PostgreSQL
@@ -220,6 +240,11 @@
     doc = "[lease-module]: https://docs.rs/tower-idempotency/latest/tower_idempotency/lease/index.html"
 )]
 #![cfg_attr(feature = "leases", doc = "", doc = "[lease-module]: crate::lease")]
+#![cfg_attr(
+    not(feature = "utoipa"),
+    doc = "[openapi-module]: https://docs.rs/tower-idempotency/latest/tower_idempotency/openapi/index.html"
+)]
+#![cfg_attr(feature = "utoipa", doc = "[openapi-module]: crate::openapi")]
 #![warn(missing_docs)]
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
