@@ -214,10 +214,11 @@ async fn from_env() -> Result<(Engine, Ledger, &'static str), Box<dyn std::error
             .max_size(4)
             .runtime(Runtime::Tokio1)
             .build()?;
-        let store = tower_idempotency::PostgresStore::new(pool.clone())
+        let store = tower_idempotency::PostgresStore::builder(pool.clone())
             .with_table(&format!("{tables}_records"))
             .with_lock_timeout(Duration::from_secs(2))
-            .with_listener(config);
+            .with_listener(config)
+            .build();
         store.migrate().await?;
         pool.get()
             .await?

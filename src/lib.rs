@@ -144,9 +144,10 @@
 //! use http::StatusCode;
 //! use tower_idempotency::{CacheSuccess, ErrorFormat, IdempotencyLayer, MemoryStore};
 //!
-//! let store = MemoryStore::new()
+//! let store = MemoryStore::builder()
 //!     .with_retention(Duration::from_secs(24 * 3600)) // how long a response replays
-//!     .with_lock_timeout(Duration::from_secs(10));    // how long a dead owner blocks
+//!     .with_lock_timeout(Duration::from_secs(10))     // how long a dead owner blocks
+//!     .build();
 //! let layer = IdempotencyLayer::new(store)
 //!     .with_cache_policy(CacheSuccess)                // record every 2xx, not only 201
 //!     .with_body_limit(256 * 1024)
@@ -171,7 +172,7 @@
 //! # ) -> Result<(), tower_idempotency::StoreError> {
 //! use tower_idempotency::{IdempotencyLayer, PostgresStore, Store};
 //!
-//! let store = PostgresStore::new(pool).with_listener(pg_config);
+//! let store = PostgresStore::builder(pool).with_listener(pg_config).build();
 //! store.migrate().await?;
 //! let layer = IdempotencyLayer::new(store.clone());
 //! // and in a periodic task: store.purge_expired().await?;
@@ -317,10 +318,10 @@ pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
 pub use store::{
-    Begin, FencingToken, MemoryStore, RecordKey, RecordTransaction, Store, StoreError,
-    StoredResponse, TransactionalStore,
+    Begin, FencingToken, MemoryStore, MemoryStoreBuilder, RecordKey, RecordTransaction, Store,
+    StoreError, StoredResponse, TransactionalStore,
 };
 #[cfg(feature = "postgres")]
-pub use store::{PostgresStore, PostgresTransaction};
+pub use store::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
 #[cfg(feature = "redis")]
 pub use store::{RedisStore, RedisStoreBuilder};

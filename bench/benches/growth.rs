@@ -229,9 +229,10 @@ fn main() {
     };
     for &n in &sizes {
         let capacity = (n + (batch * 2 + http_batch) * rounds as u64 + 10_000) as usize;
-        let store = MemoryStore::new()
+        let store = MemoryStore::builder()
             .with_capacity(capacity)
-            .with_lock_timeout(Duration::from_millis(lock_ms));
+            .with_lock_timeout(Duration::from_millis(lock_ms))
+            .build();
         let app = ours_app(Handler::with(Duration::ZERO, 100), store.clone());
         // Fill through the layer, measuring what stays allocated.
         let (bytes, allocations, rss) = rt.block_on(async {

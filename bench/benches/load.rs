@@ -78,9 +78,10 @@ fn pool(url: &str, pool_size: usize) -> deadpool_postgres::Pool {
 async fn pg_store(url: &str, pool_size: usize, table: &str) -> PostgresStore {
     let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
     let pool = pool(url, pool_size);
-    let store = PostgresStore::new(pool.clone())
+    let store = PostgresStore::builder(pool.clone())
         .with_table(table)
-        .with_listener(config);
+        .with_listener(config)
+        .build();
     store.migrate().await.expect("migrate");
     let client = pool.get().await.expect("connection");
     client
@@ -120,7 +121,7 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
             "memory" => match handler_app() {
                 None => ours_memory_app(h.clone()),
                 Some(app) => app.route_layer(IdempotencyLayer::new(
-                    MemoryStore::new().with_capacity(50_000_000),
+                    MemoryStore::builder().with_capacity(50_000_000).build(),
                 )),
             },
             "pg" => {
@@ -148,10 +149,11 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
                 };
                 let prefix = format!("bench-load-{}", std::process::id());
                 if route == "redis" {
-                    let store = tower_idempotency::RedisStore::connect(&url)
+                    let store = tower_idempotency::RedisStore::builder()
+                        .with_prefix(&prefix)
+                        .connect(&url)
                         .await
-                        .expect("Redis")
-                        .with_prefix(&prefix);
+                        .expect("Redis");
                     ours_app(h.clone(), store)
                 } else {
                     idempotent_valkey_app(h.clone(), &url, &prefix).await
@@ -163,14 +165,16 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
                     continue;
                 };
                 let nodes: Vec<&str> = urls.split(',').collect();
-                let store = tower_idempotency::RedisStore::connect_cluster(&nodes)
-                    .await
-                    .expect("Redis Cluster")
+                let builder = tower_idempotency::RedisStore::builder()
                     .with_prefix(&format!("bench-{route}-{}", std::process::id()));
-                let store = match route.as_str() {
-                    "redis-cluster-acks" => store.with_replica_acks(1, Duration::from_secs(1)),
-                    _ => store,
+                let builder = match route.as_str() {
+                    "redis-cluster-acks" => builder.with_replica_acks(1, Duration::from_secs(1)),
+                    _ => builder,
                 };
+                let store = builder
+                    .connect_cluster(&nodes)
+                    .await
+                    .expect("Redis Cluster");
                 ours_app(h.clone(), store)
             }
             "idempotent" | "axum-idempotent" if handler_kind != "trivial" => {

@@ -114,7 +114,7 @@ async fn setup(variant: Variant, body: &Bytes) -> (Router, RequestTemplate) {
         Variant::OursFresh | Variant::OursReplay | Variant::OursReuse409 => ours_memory_app(h),
         Variant::OursFreshInline => ours_app_with(
             h,
-            IdempotencyLayer::new(MemoryStore::new().with_capacity(50_000_000))
+            IdempotencyLayer::new(MemoryStore::builder().with_capacity(50_000_000).build())
                 .with_cancel_on_drop(true),
         ),
         Variant::IdempotentFresh | Variant::IdempotentReplay => idempotent_app(h),
@@ -457,7 +457,7 @@ fn bench_store(c: &mut Criterion) {
     let mut g = c.benchmark_group("memory_store");
     g.bench_function("begin_claim+complete", |b| {
         b.iter_custom(|iters| {
-            let store = MemoryStore::new().with_capacity(50_000_000);
+            let store = MemoryStore::builder().with_capacity(50_000_000).build();
             let keys: Vec<RecordKey> = (0..iters).map(record_key).collect();
             let response = stored_response();
             rt.block_on(async {
@@ -477,7 +477,7 @@ fn bench_store(c: &mut Criterion) {
     });
     g.bench_function("begin_claim+release", |b| {
         b.iter_custom(|iters| {
-            let store = MemoryStore::new().with_capacity(50_000_000);
+            let store = MemoryStore::builder().with_capacity(50_000_000).build();
             let keys: Vec<RecordKey> = (0..iters).map(record_key).collect();
             rt.block_on(async {
                 let start = Instant::now();
@@ -566,7 +566,7 @@ fn profile_loop() {
         }
         "store_fresh" | "store_replay" => {
             let rt = current_thread();
-            let store = MemoryStore::new().with_capacity(50_000_000);
+            let store = MemoryStore::builder().with_capacity(50_000_000).build();
             let fp = RequestFingerprint::from(Fingerprint([7; 32]));
             let keys: Vec<RecordKey> = (0..n).map(record_key).collect();
             let response = stored_response();

@@ -156,11 +156,11 @@ async fn store(url: &str, pool_size: usize) -> PostgresStore {
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .expect("pool");
-    let store = PostgresStore::new(pool).with_table(TABLE);
+    let builder = PostgresStore::builder(pool).with_table(TABLE);
     let store = if std::env::var("PG_NO_LISTENER").is_ok() {
-        store
+        builder.build()
     } else {
-        store.with_listener(config)
+        builder.with_listener(config).build()
     };
     store.migrate().await.expect("migrate");
     store

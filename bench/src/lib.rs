@@ -125,7 +125,7 @@ pub fn ours_app_with(h: Arc<Handler>, layer: IdempotencyLayer) -> Router {
 
 /// Our layer over a `MemoryStore` large enough never to fill during a benchmark.
 pub fn ours_memory_app(h: Arc<Handler>) -> Router {
-    ours_app(h, MemoryStore::new().with_capacity(50_000_000))
+    ours_app(h, MemoryStore::builder().with_capacity(50_000_000).build())
 }
 
 /// `idempotent` 2.0: its tower `IdempotencyLayer` over its in-memory store,

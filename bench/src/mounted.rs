@@ -132,7 +132,7 @@ pub async fn app(variant: Variant) -> (Router, Option<HeaderValue>) {
         Variant::Baseline => (route().route_layer(identity), None),
         Variant::OursFresh | Variant::OursReplay => (
             route().route_layer(
-                IdempotencyLayer::new(MemoryStore::new().with_capacity(50_000_000))
+                IdempotencyLayer::new(MemoryStore::builder().with_capacity(50_000_000).build())
                     .with_scope(tenant),
             ),
             None,

@@ -145,12 +145,14 @@ async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn 
         "redis" => {
             let url = std::env::var("REDIS_URL").map_err(|_| needs("REDIS_URL"))?;
             let nodes: Vec<&str> = url.split(',').collect();
-            let store = match nodes.len() {
-                1 => tower_idempotency::RedisStore::connect(&url).await?,
-                _ => tower_idempotency::RedisStore::connect_cluster(&nodes).await?,
-            };
             // As on PostgreSQL: how soon a crashed instance's key is free.
-            let layer = IdempotencyLayer::new(store.with_lock_timeout(Duration::from_secs(2)));
+            let builder =
+                tower_idempotency::RedisStore::builder().with_lock_timeout(Duration::from_secs(2));
+            let store = match nodes.len() {
+                1 => builder.connect(&url).await?,
+                _ => builder.connect_cluster(&nodes).await?,
+            };
+            let layer = IdempotencyLayer::new(store);
             Ok((layer, redis_ledger().await?, "redis"))
         }
         _ => Err(needs("one of memory, postgres, postgres-plain, redis (with its feature)").into()),
@@ -179,9 +181,10 @@ async fn postgres_store(
     let (pool, config) = postgres_pool(url)?;
     // In transactional mode the row lock keeps a live handler's claim, so the
     // lock timeout only decides how soon a crashed instance's key is free.
-    let store = tower_idempotency::PostgresStore::new(pool.clone())
+    let store = tower_idempotency::PostgresStore::builder(pool.clone())
         .with_lock_timeout(Duration::from_secs(2))
-        .with_listener(config);
+        .with_listener(config)
+        .build();
     store.migrate().await?;
     Ok((store, pool))
 }

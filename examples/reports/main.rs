@@ -108,7 +108,7 @@ async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, Arc<dyn Store>, String),
             );
         }
     }
-    let store = MemoryJobStore::new().with_lease(lease);
+    let store = MemoryJobStore::builder().with_lease(lease).build();
     let records = MemoryStore::new();
     Ok((
         Arc::new(store),

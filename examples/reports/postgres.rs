@@ -30,7 +30,7 @@ pub async fn job_store(
         config.connect_timeout(Duration::from_secs(3));
     }
     let place = describe(&config);
-    let mut store = PostgresJobStore::new(pool(config)?).with_lease(lease);
+    let mut builder = PostgresJobStore::builder(pool(config)?).with_lease(lease);
     let mut table = "lease_jobs".to_owned();
     if let Ok(name) = std::env::var("REPORT_JOBS_TABLE") {
         if !is_identifier(&name) {
@@ -38,9 +38,10 @@ pub async fn job_store(
                 "REPORT_JOBS_TABLE must be a plain identifier [a-z_][a-z0-9_]{0,62}".into(),
             );
         }
-        store = store.with_table(&name);
+        builder = builder.with_table(&name);
         table = name;
     }
+    let store = builder.build();
     store
         .migrate()
         .await
@@ -51,9 +52,10 @@ pub async fn job_store(
 /// The idempotency records of `POST /reports`, in the jobs' database.
 pub async fn records_store(jobs_url: &str) -> Result<PostgresStore, Box<dyn Error>> {
     let config: tokio_postgres::Config = jobs_url.parse()?;
-    let store = PostgresStore::new(pool(config.clone())?)
+    let store = PostgresStore::builder(pool(config.clone())?)
         .with_table("report_idempotency_records")
-        .with_listener(config);
+        .with_listener(config)
+        .build();
     store.migrate().await?;
     Ok(store)
 }

@@ -8,7 +8,12 @@
 //! use tower_idempotency::MemoryStore;
 //!
 //! async fn memory_store(d: Durations) -> Option<MemoryStore> {
-//!     Some(MemoryStore::new().with_lock_timeout(d.lock).with_retention(d.retention))
+//!     Some(
+//!         MemoryStore::builder()
+//!             .with_lock_timeout(d.lock)
+//!             .with_retention(d.retention)
+//!             .build(),
+//!     )
 //! }
 //!
 //! tower_idempotency::engine_conformance_tests!(memory_store);

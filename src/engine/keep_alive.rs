@@ -361,7 +361,9 @@ mod tests {
 
     #[tokio::test]
     async fn the_heartbeat_is_a_task_only_for_work_that_waits_and_ends_with_it() {
-        let store = MemoryStore::new().with_lock_timeout(Duration::from_millis(200));
+        let store = MemoryStore::builder()
+            .with_lock_timeout(Duration::from_millis(200))
+            .build();
         let key = RecordKey::for_test("s", "key-kept-0001");
         let token = claimed(&store, &key).await.unwrap();
         let shared: Arc<dyn Store> = Arc::new(store.clone());
@@ -414,7 +416,7 @@ mod tests {
         let lock = Duration::from_millis(400);
         tracing::subscriber::with_default(subscriber, || {
             runtime.block_on(async {
-                let store = MemoryStore::new().with_lock_timeout(lock);
+                let store = MemoryStore::builder().with_lock_timeout(lock).build();
                 let key = RecordKey::for_test("s", "key-late-0001");
                 let token = claimed(&store, &key).await.unwrap();
                 let work = async {

@@ -13,7 +13,12 @@
 //! use tower_idempotency::MemoryStore;
 //!
 //! async fn memory_store(d: Durations) -> Option<MemoryStore> {
-//!     Some(MemoryStore::new().with_lock_timeout(d.lock).with_retention(d.retention))
+//!     Some(
+//!         MemoryStore::builder()
+//!             .with_lock_timeout(d.lock)
+//!             .with_retention(d.retention)
+//!             .build(),
+//!     )
 //! }
 //!
 //! tower_idempotency::store_conformance_tests!(memory_store);

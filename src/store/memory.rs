@@ -1,9 +1,12 @@
+mod builder;
 mod packed;
 mod quota;
 mod record;
 
+pub use builder::MemoryStoreBuilder;
+
+use super::settings::Settings;
 use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, Timings};
-use crate::limits;
 use crate::{RequestFingerprint, Scope};
 use async_trait::async_trait;
 use dashmap::mapref::entry::Entry;
@@ -36,15 +39,17 @@ thread_local! {
 /// Claims are atomic per key (one shard lock held across check and insert);
 /// waiters are woken by notification when a claim completes, is released, or is
 /// taken over. Expired records are evicted in bounded steps on every claim, in
-/// expiry order, and memory is bounded by [`with_capacity`](Self::with_capacity):
-/// when the store is full of unexpired records, `begin` fails with
-/// [`MemoryStoreError::Full`] (inside [`StoreError::Backend`]) and the layer answers `503`, rather than
+/// expiry order, and memory is bounded by
+/// [`with_capacity`](MemoryStoreBuilder::with_capacity): when the store is
+/// full of unexpired records, `begin` fails with [`MemoryStoreError::Full`]
+/// (inside [`StoreError::Backend`]) and the layer answers `503`, rather than
 /// forgetting a record it promised to keep.
 ///
 /// One tenant cannot lock the others out: with
-/// [`with_scope_quota`](Self::with_scope_quota) a scope that holds its quota of
-/// records is refused new keys ([`StoreError::QuotaExceeded`], `429`)
-/// while every other scope keeps claiming.
+/// [`with_scope_quota`](MemoryStoreBuilder::with_scope_quota) a scope that
+/// holds its quota of records is refused new keys
+/// ([`StoreError::QuotaExceeded`], `429`) while every other scope keeps
+/// claiming.
 ///
 /// Records live as long as the process: use `PostgresStore` when several
 /// instances serve the same clients or when replays must survive a restart.
@@ -55,19 +60,19 @@ thread_local! {
 /// computed elsewhere (`RequestFingerprint::from(Fingerprint)`) therefore
 /// matches only records claimed the same way.
 ///
-/// Clones share the same records. Configure a store before cloning it: a
-/// `with_*` call on a store that has clones panics rather than make a second
-/// store that shares nothing with the first.
+/// Clones share the same records. A store is configured before it exists,
+/// by its [`builder`](Self::builder):
 ///
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::MemoryStore;
 ///
-/// let store = MemoryStore::new()
+/// let store = MemoryStore::builder()
 ///     .with_retention(Duration::from_secs(24 * 3600))
 ///     .with_lock_timeout(Duration::from_secs(60))
 ///     .with_capacity(100_000)
-///     .with_scope_quota(10_000);
+///     .with_scope_quota(10_000)
+///     .build();
 /// assert_eq!(store.len(), 0);
 /// ```
 #[derive(Clone)]
@@ -81,7 +86,8 @@ struct Shared {
     clock: Clock,
     live: AtomicUsize,
     next_token: AtomicI64,
-    config: Config,
+    settings: Settings,
+    capacity: usize,
     /// Records held per scope, when a quota is set.
     scope_quota: Option<ScopeQuota>,
     // Retention is fixed per store, so completions queue in deadline order.
@@ -93,13 +99,12 @@ struct Shared {
     last_full_sweep: Mutex<Option<Instant>>,
 }
 
-/// What a store is configured with, before it is shared.
-#[derive(Clone, Copy)]
-struct Config {
-    retention: Duration,
-    lock_timeout: Duration,
-    capacity: usize,
-    scope_quota: Option<usize>,
+impl MemoryStoreBuilder {
+    /// The store, configured: a new one at every call, sharing nothing with
+    /// the stores built before it.
+    pub fn build(self) -> MemoryStore {
+        MemoryStore::of(self)
+    }
 }
 
 /// A completion's retention deadline. When it is due, the record with its id
@@ -118,12 +123,16 @@ impl Default for MemoryStore {
 
 impl std::fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.shared;
         f.debug_struct("MemoryStore")
             .field("records", &self.len())
-            .field("retention", &self.shared.config.retention)
-            .field("lock_timeout", &self.shared.config.lock_timeout)
-            .field("capacity", &self.shared.config.capacity)
-            .field("scope_quota", &self.shared.config.scope_quota)
+            .field("retention", &s.settings.retention())
+            .field("lock_timeout", &s.settings.lock_timeout())
+            .field("capacity", &s.capacity)
+            .field(
+                "scope_quota",
+                &s.scope_quota.as_ref().map(ScopeQuota::quota),
+            )
             .finish()
     }
 }
@@ -132,15 +141,16 @@ impl MemoryStore {
     /// A store retaining records for 24 hours, locking claims for 10 seconds (extended while their handler runs),
     /// holding at most one million records.
     pub fn new() -> Self {
-        Self::build(Config {
-            retention: Duration::from_secs(24 * 3600),
-            lock_timeout: Duration::from_secs(10),
-            capacity: 1_000_000,
-            scope_quota: None,
-        })
+        Self::builder().build()
     }
 
-    fn build(config: Config) -> Self {
+    /// A [`MemoryStoreBuilder`] with the defaults of [`new`](Self::new), to
+    /// configure the store before it exists.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::default()
+    }
+
+    fn of(builder: MemoryStoreBuilder) -> Self {
         Self {
             shared: Arc::new(Shared {
                 records: DashMap::default(),
@@ -148,75 +158,13 @@ impl MemoryStore {
                 clock: Clock::new(),
                 live: AtomicUsize::new(0),
                 next_token: AtomicI64::new(1),
-                config,
-                scope_quota: config.scope_quota.map(ScopeQuota::new),
+                settings: builder.settings,
+                capacity: builder.capacity,
+                scope_quota: builder.scope_quota.map(ScopeQuota::new),
                 retention_deadlines: Mutex::new(VecDeque::new()),
                 last_full_sweep: Mutex::new(None),
             }),
         }
-    }
-
-    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
-        let s = &self.shared;
-        let mut config = s.config;
-        f(&mut config);
-        // Clones share everything: one configured apart would split them.
-        assert!(
-            Arc::strong_count(&self.shared) == 1 && s.records.is_empty(),
-            "configure a MemoryStore before cloning or using it: a clone configured on its own \
-             would be a second store, sharing nothing with the first"
-        );
-        Self::build(config)
-    }
-
-    /// How long a completed response is replayed (default 24 h). Clamped to
-    /// between 100 ms and 100 years (`Duration::MAX` means "forever": 100 years).
-    pub fn with_retention(self, retention: Duration) -> Self {
-        let retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
-        self.reconfigure(|c| c.retention = retention)
-    }
-
-    /// How long a claim holds its key unless it is extended (default 10 s).
-    ///
-    /// The layer extends a claim every twentieth of this while its handler
-    /// runs, so it bounds how long a *dead* owner blocks its key (a claim left
-    /// behind by a process that stopped), not how long a handler may take.
-    ///
-    /// Clamped to between 100 ms and 100 years.
-    pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
-        let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);
-        self.reconfigure(|c| c.lock_timeout = lock_timeout)
-    }
-
-    /// The most records held at once, in progress or completed (default 1 000 000).
-    ///
-    /// A full store refuses new keys with [`MemoryStoreError::Full`] (inside [`StoreError::Backend`])
-    /// (`503`) until records expire; see
-    /// [`with_scope_quota`](Self::with_scope_quota) for keeping one scope from
-    /// filling it.
-    pub fn with_capacity(self, capacity: usize) -> Self {
-        self.reconfigure(|c| c.capacity = capacity)
-    }
-
-    /// The most records one scope (tenant) holds at once, in progress or
-    /// completed (default: no quota, only the capacity).
-    ///
-    /// A scope at its quota is refused new keys with
-    /// [`StoreError::QuotaExceeded`] (the layer answers `429
-    /// idempotency_quota_exceeded`) until its own records expire or are
-    /// purged; its replays and every other scope are unaffected. Without a
-    /// quota, one scope sending fresh keys can fill the whole capacity and
-    /// lock every other scope out for the retention period.
-    ///
-    /// Sizing: a scope needs about its peak rate of new keys times the
-    /// retention (100 new orders a minute kept 24 h: 144 000). With capacity
-    /// `c` and quota `q`, at least `c / q` scopes can reach their quota before
-    /// the store is full, so choose `q` no larger than `c` divided by the
-    /// number of scopes that must keep working when others misbehave. A quota
-    /// of 0 refuses every new key. Counting costs one more map update per new
-    /// or removed record.
-    pub fn with_scope_quota(self, quota: usize) -> Self {
-        self.reconfigure(|c| c.scope_quota = Some(quota))
     }
 
     /// Records the scope holds now, including expired ones not yet evicted:
@@ -272,7 +220,7 @@ impl MemoryStore {
         let record = Record {
             exact: request.exact(),
             token,
-            deadline: now.saturating_add(record::saturate(self.shared.config.lock_timeout)),
+            deadline: now.saturating_add(record::saturate(self.shared.settings.lock_timeout())),
             state: Claim::state(key.clone(), request.local(), claim.attempt(), now),
         };
         (record, claim)
@@ -322,7 +270,7 @@ impl MemoryStore {
                 }
             }
         };
-        let deadline = now.saturating_add(record::saturate(self.shared.config.retention));
+        let deadline = now.saturating_add(record::saturate(self.shared.settings.retention()));
         let completed = match record.in_progress().map(|c| &**c) {
             Some(Cold::Claim(claim)) => completed(claim),
             _ => unreachable!("checked above"),
@@ -491,12 +439,12 @@ impl Store for MemoryStore {
         self.evict(now, EVICTIONS_PER_CALL);
         let id = self.shared.ids.of(key);
         let records = &self.shared.records;
-        if self.len() >= self.shared.config.capacity && !records.contains_key(&id) {
+        if self.len() >= self.shared.capacity && !records.contains_key(&id) {
             self.evict(now, EVICTIONS_WHEN_FULL);
-            if self.len() >= self.shared.config.capacity {
+            if self.len() >= self.shared.capacity {
                 self.sweep_when_full(instant);
             }
-            if self.len() >= self.shared.config.capacity {
+            if self.len() >= self.shared.capacity {
                 return Err(StoreError::Backend(Box::new(MemoryStoreError::Full)));
             }
         }
@@ -598,8 +546,7 @@ impl Store for MemoryStore {
     }
 
     fn timings(&self) -> Timings {
-        let config = &self.shared.config;
-        Timings::new(config.lock_timeout).with_retention(config.retention)
+        self.shared.settings.timings()
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
@@ -608,7 +555,8 @@ impl Store for MemoryStore {
         match self.shared.records.get_mut(&id) {
             // Still this claim's token: nobody took it over, even if its lock ran out.
             Some(mut r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => {
-                r.deadline = now.saturating_add(record::saturate(self.shared.config.lock_timeout));
+                r.deadline =
+                    now.saturating_add(record::saturate(self.shared.settings.lock_timeout()));
                 Ok(())
             }
             _ => Err(StoreError::ClaimLost),

@@ -17,14 +17,15 @@ mod near_cache;
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
 mod redis;
+pub(crate) mod settings;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod waiters;
 
-pub use memory::{MemoryStore, MemoryStoreError};
+pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, PostgresTransaction, TransactionClient};
+pub use postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction, TransactionClient};
 #[cfg(feature = "redis")]
 pub use redis::{RedisStore, RedisStoreBuilder};
 

@@ -24,7 +24,7 @@ const LOCK: Duration = Duration::from_millis(500);
 
 async fn memory() -> Option<Harness<MemoryStore, NoProbe>> {
     Some(Harness {
-        store: MemoryStore::new().with_lock_timeout(LOCK),
+        store: MemoryStore::builder().with_lock_timeout(LOCK).build(),
         probe: NoProbe,
         lock: LOCK,
     })
@@ -60,7 +60,7 @@ impl Effects for Counted {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn layer_call_cut_at_every_poll() {
     let effects = Counted::default();
-    let layer = IdempotencyLayer::new(MemoryStore::new().with_lock_timeout(LOCK))
+    let layer = IdempotencyLayer::new(MemoryStore::builder().with_lock_timeout(LOCK).build())
         .with_wait_timeout(Duration::ZERO);
     let in_flight = layer.in_flight();
     let handler = {
@@ -86,8 +86,8 @@ async fn layer_call_cut_at_every_poll() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_run_cut_at_every_poll() {
     let effects = Counted::default();
-    let engine =
-        Engine::new(MemoryStore::new().with_lock_timeout(LOCK)).with_wait_timeout(Duration::ZERO);
+    let engine = Engine::new(MemoryStore::builder().with_lock_timeout(LOCK).build())
+        .with_wait_timeout(Duration::ZERO);
     let operation = {
         let effects = effects.clone();
         move |key: String| -> Operation {

@@ -82,7 +82,9 @@ async fn a_claimed_operation_runs_to_completion_when_its_caller_goes_away() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_operation_keeps_its_claim_past_the_lock_timeout() {
-    let store = MemoryStore::new().with_lock_timeout(Duration::from_millis(200));
+    let store = MemoryStore::builder()
+        .with_lock_timeout(Duration::from_millis(200))
+        .build();
     let engine = Engine::new(store).with_wait_timeout(Duration::ZERO);
     let scope = Scope::new("jobs");
     let runs = Arc::new(AtomicUsize::new(0));
@@ -125,7 +127,9 @@ async fn a_long_operation_keeps_its_claim_past_the_lock_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fenced() {
-    let store = MemoryStore::new().with_lock_timeout(Duration::from_millis(200));
+    let store = MemoryStore::builder()
+        .with_lock_timeout(Duration::from_millis(200))
+        .build();
     let scope = Scope::new("jobs");
     let record = RecordKey::new(scope.clone(), key("job-dead-01"));
     // The owner claims the key as the engine would, then dies.

@@ -208,7 +208,9 @@ async fn a_panicking_detached_handler_answers_500_and_frees_the_key() {
 #[tokio::test]
 async fn a_handler_slower_than_the_lock_timeout_is_never_doubled() {
     let effects = Effects::default();
-    let store = MemoryStore::new().with_lock_timeout(Duration::from_millis(200));
+    let store = MemoryStore::builder()
+        .with_lock_timeout(Duration::from_millis(200))
+        .build();
     let layer = IdempotencyLayer::new(store.clone());
     let app = app(layer, &effects, Duration::from_millis(200)); // 600 ms in all
     let first = tokio::spawn({
@@ -231,7 +233,9 @@ async fn a_handler_slower_than_the_lock_timeout_is_never_doubled() {
 #[tokio::test]
 async fn a_claim_lost_while_running_is_not_recorded() {
     let effects = Effects::default();
-    let store = MemoryStore::new().with_lock_timeout(Duration::from_millis(90));
+    let store = MemoryStore::builder()
+        .with_lock_timeout(Duration::from_millis(90))
+        .build();
     let app = app(IdempotencyLayer::new(store.clone()), &effects, STEP);
     let first = tokio::spawn({
         let app = app.clone();
@@ -253,9 +257,10 @@ async fn a_claim_lost_while_running_is_not_recorded() {
 #[tokio::test]
 async fn extreme_durations_neither_panic_nor_run_twice() {
     let effects = Effects::default();
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_retention(Duration::MAX)
-        .with_lock_timeout(Duration::ZERO);
+        .with_lock_timeout(Duration::ZERO)
+        .build();
     assert_eq!(store.timings().lock_timeout, Duration::from_millis(100));
     let layer = IdempotencyLayer::new(store)
         .with_wait_timeout(Duration::MAX)
@@ -326,9 +331,10 @@ async fn over_the_in_flight_cap_a_claim_is_shed_before_its_handler_and_its_key_f
 #[tokio::test]
 async fn a_tenant_flooding_fresh_keys_gets_429_and_the_others_keep_working() {
     let effects = Effects::default();
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_capacity(1_000)
-        .with_scope_quota(100);
+        .with_scope_quota(100)
+        .build();
     let app = app(IdempotencyLayer::new(store), &effects, Duration::ZERO);
     let tenant = |key: String, scope: &str| {
         let mut req = order(&key);

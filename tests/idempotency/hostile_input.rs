@@ -714,10 +714,11 @@ where
 #[tokio::test(start_paused = true)]
 async fn a_million_distinct_keys_memory_stays_bounded_by_the_capacity() {
     let retention = Duration::from_secs(600);
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_capacity(CAPACITY)
         .with_retention(retention)
-        .with_lock_timeout(Duration::from_secs(30));
+        .with_lock_timeout(Duration::from_secs(30))
+        .build();
     let orders = Orders::forgetful();
     let svc = IdempotencyLayer::new(store.clone()).layer(orders.service());
     // Warm up (runtime, map shards), then measure from here.
@@ -785,9 +786,10 @@ async fn a_million_distinct_keys_memory_stays_bounded_by_the_capacity() {
 /// released claims while the store held no record at all.
 #[tokio::test(start_paused = true)]
 async fn a_million_released_claims_memory_stays_bounded_by_the_capacity() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_capacity(CAPACITY)
-        .with_lock_timeout(Duration::from_secs(60));
+        .with_lock_timeout(Duration::from_secs(60))
+        .build();
     let orders = Orders::forgetful();
     let svc = IdempotencyLayer::new(store.clone()).layer(orders.service());
     flood(&svc, 0..1, 400).await;

@@ -553,14 +553,16 @@ async fn closure_cache_policy_decides_what_is_recorded() {
 
 #[tokio::test]
 async fn store_failure_is_503_with_retry_after_and_nothing_runs() {
-    let (svc, runs) = orders(IdempotencyLayer::new(MemoryStore::new().with_capacity(0)));
+    let (svc, runs) = orders(IdempotencyLayer::new(
+        MemoryStore::builder().with_capacity(0).build(),
+    ));
     let reply = send(&svc, post(Some(KEY), ORDER)).await;
     reply.assert_refusal(
         StatusCode::SERVICE_UNAVAILABLE,
         "idempotency_store_unavailable",
     );
     assert_eq!(reply.headers[RETRY_AFTER], "1");
-    let layer = IdempotencyLayer::new(MemoryStore::new().with_capacity(0))
+    let layer = IdempotencyLayer::new(MemoryStore::builder().with_capacity(0).build())
         .with_retry_after(Duration::from_millis(2500));
     let (svc2, runs2) = orders(layer);
     let reply = send(&svc2, post(Some(KEY), ORDER)).await;

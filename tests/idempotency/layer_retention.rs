@@ -61,7 +61,7 @@ fn retention(reply: &Reply) -> Option<&str> {
 
 #[tokio::test]
 async fn the_recorded_answer_and_every_replay_carry_the_stores_retention_in_seconds() {
-    let store = Arc::new(MemoryStore::new().with_retention(TWO_HOURS));
+    let store = Arc::new(MemoryStore::builder().with_retention(TWO_HOURS).build());
     // Even listed among the replayed headers, the value is not recorded: it is
     // added after the record's headers were taken.
     let layer = IdempotencyLayer::new(store.clone())
@@ -95,7 +95,7 @@ async fn the_recorded_answer_and_every_replay_carry_the_stores_retention_in_seco
 
 #[tokio::test]
 async fn refusals_and_responses_not_recorded_carry_no_retention() {
-    let layer = IdempotencyLayer::new(MemoryStore::new().with_retention(TWO_HOURS));
+    let layer = IdempotencyLayer::new(MemoryStore::builder().with_retention(TWO_HOURS).build());
     let runs = Runs::default();
     let svc = layer.layer(handler(&runs, order));
 
@@ -119,8 +119,8 @@ async fn refusals_and_responses_not_recorded_carry_no_retention() {
 
 #[tokio::test]
 async fn a_response_too_large_to_record_keeps_its_key_and_says_for_how_long() {
-    let layer =
-        IdempotencyLayer::new(MemoryStore::new().with_retention(TWO_HOURS)).with_record_limit(4);
+    let layer = IdempotencyLayer::new(MemoryStore::builder().with_retention(TWO_HOURS).build())
+        .with_record_limit(4);
     let runs = Runs::default();
     let svc = layer.layer(handler(&runs, order));
 
@@ -155,7 +155,7 @@ impl http_body::Body for Late {
 
 #[tokio::test]
 async fn a_streamed_recorded_answer_carries_it_in_its_head() {
-    let layer = IdempotencyLayer::new(MemoryStore::new().with_retention(TWO_HOURS));
+    let layer = IdempotencyLayer::new(MemoryStore::builder().with_retention(TWO_HOURS).build());
     let runs = Runs::default();
     let svc = layer.layer(handler(
         &runs,

@@ -10,9 +10,10 @@ use tower_idempotency::{Begin, MemoryStore, Store, StoreError};
 
 async fn memory_store(d: Durations) -> Option<MemoryStore> {
     Some(
-        MemoryStore::new()
+        MemoryStore::builder()
             .with_lock_timeout(d.lock)
-            .with_retention(d.retention),
+            .with_retention(d.retention)
+            .build(),
     )
 }
 
@@ -22,7 +23,7 @@ tower_idempotency::engine_conformance_tests!(memory_store);
 
 #[tokio::test]
 async fn capacity_bounds_memory_and_fails_closed_when_full() {
-    let store = MemoryStore::new().with_capacity(100);
+    let store = MemoryStore::builder().with_capacity(100).build();
     let fp = conformance::fingerprint("a");
     for i in 0..100 {
         let key = conformance::record("s", &format!("key-{i:08}"));
@@ -47,10 +48,11 @@ async fn capacity_bounds_memory_and_fails_closed_when_full() {
 
 #[tokio::test(start_paused = true)]
 async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(10))
-        .with_capacity(1_000);
+        .with_capacity(1_000)
+        .build();
     let fp = conformance::fingerprint("a");
     for i in 0..1_000 {
         let key = conformance::record("s", &format!("key-{i:08}"));
@@ -87,9 +89,10 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
 
 #[tokio::test(start_paused = true)]
 async fn abandoned_claims_are_swept_when_the_store_is_full() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
-        .with_capacity(10);
+        .with_capacity(10)
+        .build();
     let fp = conformance::fingerprint("a");
     for i in 0..10 {
         let key = conformance::record("s", &format!("key-{i:08}"));
@@ -112,13 +115,26 @@ async fn abandoned_claims_are_swept_when_the_store_is_full() {
     assert_eq!(store.len(), 1, "the expired claims were swept");
 }
 
-/// A clone configured on its own would be a second store sharing nothing (a
-/// purge through it would erase nothing, both would claim the same key):
-/// configuring a store that has clones is refused loudly.
-#[test]
-#[should_panic(expected = "before cloning or using it")]
-fn a_cloned_memory_store_cannot_be_configured_apart() {
-    let store = tower_idempotency::MemoryStore::new();
-    let _handle = store.clone();
-    let _ = store.with_lock_timeout(std::time::Duration::from_secs(1));
+/// A clone of a builder is a second configuration: each `build` makes a
+/// store of its own, with its own options and records; a clone of a store is
+/// the same store.
+#[tokio::test]
+async fn a_cloned_builder_builds_a_store_of_its_own() {
+    let builder = MemoryStore::builder().with_capacity(1);
+    let short = builder.clone().with_lock_timeout(Duration::from_secs(1));
+    let (a, b) = (builder.build(), short.build());
+    assert_eq!(a.timings().lock_timeout, Duration::from_secs(10));
+    assert_eq!(b.timings().lock_timeout, Duration::from_secs(1));
+    let (key, fp) = (
+        conformance::record("s", "key-0000001"),
+        conformance::fingerprint("a"),
+    );
+    assert!(matches!(a.begin(&key, &fp).await, Ok(Begin::Claimed(_))));
+    // `b` holds nothing of `a`'s: the same key is free there.
+    assert!(matches!(b.begin(&key, &fp).await, Ok(Begin::Claimed(_))));
+    assert_eq!((a.len(), b.len()), (1, 1));
+    assert!(matches!(
+        a.clone().begin(&key, &fp).await,
+        Ok(Begin::InProgress)
+    ));
 }

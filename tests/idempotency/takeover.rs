@@ -31,7 +31,7 @@ fn charge(key: &str) -> Request<Body> {
 /// late completion is fenced: later retries replay the second run's answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_after_a_takeover_sees_attempt_two_and_the_previous_token() {
-    let store = MemoryStore::new().with_lock_timeout(LOCK);
+    let store = MemoryStore::builder().with_lock_timeout(LOCK).build();
     let seen: Arc<Mutex<Vec<Attempt>>> = Arc::default();
     let stalled = Arc::new(Notify::new());
     let handler = {

@@ -541,7 +541,9 @@ async fn spawn_worker_finalizes_fails_or_records_a_panic() {
 
 #[tokio::test]
 async fn a_worker_whose_job_ended_elsewhere_is_cancelled_and_writes_nothing() {
-    let store = MemoryJobStore::new().with_lease(Duration::from_millis(300));
+    let store = MemoryJobStore::builder()
+        .with_lease(Duration::from_millis(300))
+        .build();
     let wrote = Arc::new(AtomicUsize::new(0));
     let starter_lease = Arc::new(std::sync::Mutex::new(None::<Lease>));
     let worker = Arc::new(std::sync::Mutex::new(None));

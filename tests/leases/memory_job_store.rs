@@ -4,15 +4,33 @@ use std::time::Duration;
 use tower_idempotency::lease::store::MemoryJobStore;
 
 async fn memory_job_store(lease: Duration) -> Option<MemoryJobStore> {
-    Some(MemoryJobStore::new().with_lease(lease))
+    Some(MemoryJobStore::builder().with_lease(lease).build())
 }
 
 tower_idempotency::job_store_conformance_tests!(memory_job_store);
 
-#[test]
-#[should_panic(expected = "before cloning or using it")]
-fn a_cloned_memory_job_store_cannot_be_configured_apart() {
-    let store = tower_idempotency::lease::store::MemoryJobStore::new();
-    let _handle = store.clone();
-    let _ = store.with_lease(std::time::Duration::from_secs(1));
+/// A clone of a builder is a second configuration: each `build` makes a
+/// store of its own, with its own lease and its own jobs; a clone of a store
+/// is the same store.
+#[tokio::test]
+async fn a_cloned_builder_builds_a_job_store_of_its_own() {
+    use tower_idempotency::lease::store::conformance::start;
+    use tower_idempotency::lease::store::{JobReader, JobStore, StartOutcome};
+    let builder = MemoryJobStore::builder();
+    let short = builder.clone().with_lease(Duration::from_secs(1));
+    let (a, b) = (builder.build(), short.build());
+    assert_eq!(a.lease_duration(), Duration::from_secs(45));
+    assert_eq!(b.lease_duration(), Duration::from_secs(1));
+    let StartOutcome::Created(job, _) = start(&a, "acme", "2026-01", "w1", None).await else {
+        panic!("a new job");
+    };
+    assert!(b.job("acme", &job.id).await.unwrap().is_none());
+    assert!(matches!(
+        start(&b, "acme", "2026-01", "w2", None).await,
+        StartOutcome::Created(..)
+    ));
+    assert!(matches!(
+        start(&a.clone(), "acme", "2026-01", "w3", None).await,
+        StartOutcome::Joined(_)
+    ));
 }

@@ -32,7 +32,9 @@ use std::time::Duration;
 use support::pg;
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyLayer, PostgresStore, ResponseBody, Scope};
+use tower_idempotency::{
+    BoxError, IdempotencyLayer, PostgresStore, PostgresStoreBuilder, ResponseBody, Scope,
+};
 
 const LOCK: Duration = Duration::from_secs(2);
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -220,7 +222,7 @@ async fn until_state(sql: &tokio_postgres::Client, table: &str, key: &str, want:
 async fn setup(
     url: &str,
     prefix: &str,
-    configure: impl FnOnce(PostgresStore) -> PostgresStore,
+    configure: impl FnOnce(PostgresStoreBuilder) -> PostgresStoreBuilder,
 ) -> (String, PostgresStore, tokio_postgres::Client) {
     let table = pg::unique_table(prefix);
     let store = pg::store(url, &table, |s| configure(s.with_lock_timeout(LOCK))).await;
@@ -245,10 +247,11 @@ async fn setup_behind_proxy(
     let proxy = Arc::new(
         tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(url).await).await,
     );
-    let store = PostgresStore::new(pg::pool(pg::pg_config_at(url, proxy.port), 4))
+    let store = PostgresStore::builder(pg::pool(pg::pg_config_at(url, proxy.port), 4))
         .with_table(&table)
         .with_lock_timeout(LOCK)
-        .with_operation_timeout(Duration::from_secs(2));
+        .with_operation_timeout(Duration::from_secs(2))
+        .build();
     (table, store, proxy, sql)
 }
 
@@ -367,9 +370,10 @@ async fn exhausted_pool_answers_503_within_the_operation_timeout_then_recovers()
     // deadpool waits up to 5 s for a connection; the store gives up at 300 ms.
     let pool = pg::pool(pg::pg_config(&url), 2);
     let op = Duration::from_millis(300);
-    let store = PostgresStore::new(pool.clone())
+    let store = PostgresStore::builder(pool.clone())
         .with_table(&table)
-        .with_operation_timeout(op);
+        .with_operation_timeout(op)
+        .build();
     let handler = Handler::default();
     let svc = IdempotencyLayer::new(store).layer(handler.service());
     assert_eq!(

@@ -33,14 +33,16 @@ async fn a_stall_of_nine_tenths_of_the_lease_keeps_the_workers_lease() {
         return;
     };
     let table = pg::unique_table("keep_alive_jobs");
-    let competitor = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 4))
+    let competitor = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 4))
         .with_table(&table)
-        .with_lease(LEASE);
+        .with_lease(LEASE)
+        .build();
     competitor.migrate().await.expect("migrate");
     let proxy = Proxy::start(pg::server_addr(&url).await).await;
-    let owner = PostgresJobStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 2))
+    let owner = PostgresJobStore::builder(pg::pool(pg::pg_config_at(&url, proxy.port), 2))
         .with_table(&table)
-        .with_lease(LEASE);
+        .with_lease(LEASE)
+        .build();
     let StartOutcome::Created(job, grant) = owner.start(&start("worker")).await.unwrap() else {
         panic!("expected a new job");
     };

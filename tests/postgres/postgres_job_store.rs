@@ -21,9 +21,10 @@ use tower_idempotency::lease::store::{
 use tower_idempotency::Lease;
 
 async fn job_store(url: &str, table: &str, lease: Duration) -> PostgresJobStore {
-    let store = PostgresJobStore::new(pg::pool(pg::pg_config(url), 8))
+    let store = PostgresJobStore::builder(pg::pool(pg::pg_config(url), 8))
         .with_table(table)
-        .with_lease(lease);
+        .with_lease(lease)
+        .build();
     store.migrate().await.expect("migrate");
     store
 }
@@ -41,7 +42,9 @@ async fn migrate_is_idempotent_and_concurrent() {
         return;
     };
     let table = pg::unique_table("jobs_migrate");
-    let store = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 8)).with_table(&table);
+    let store = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 8))
+        .with_table(&table)
+        .build();
     let runs: Vec<_> = (0..6)
         .map(|_| {
             let store = store.clone();
@@ -103,7 +106,9 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
         .batch_execute(&FIRST_RELEASE_SCHEMA.replace("{t}", &table))
         .await
         .expect("first release schema");
-    let store = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 4)).with_table(&table);
+    let store = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 4))
+        .with_table(&table)
+        .build();
     store.migrate().await.expect("upgrade");
     store.migrate().await.expect("upgrade is idempotent");
 
@@ -166,7 +171,9 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
 #[should_panic(expected = "not a plain identifier")]
 fn table_names_are_validated() {
     let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
-    let _ = PostgresJobStore::new(pool).with_table("jobs; drop table x");
+    let _ = PostgresJobStore::builder(pool)
+        .with_table("jobs; drop table x")
+        .build();
 }
 
 // ---------------------------------------------------------------------------
@@ -510,9 +517,10 @@ async fn a_frozen_database_answers_503_within_the_operation_timeout_then_recover
     job_store(&url, &table, job_conformance::LONG).await; // migrated directly
     let proxy =
         tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
-    let store = PostgresJobStore::new(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
+    let store = PostgresJobStore::builder(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
         .with_table(&table)
-        .with_operation_timeout(OPERATION);
+        .with_operation_timeout(OPERATION)
+        .build();
     assert_eq!(start_through_layer(&store, "2026-01").await.0, 202);
     proxy.set_frozen(true);
     assert_unavailable_in_time(&store, "2026-02").await;
@@ -538,9 +546,12 @@ async fn a_table_locked_elsewhere_answers_503_within_the_operation_timeout() {
         return;
     };
     let table = pg::unique_table("jobs_locked");
-    let store = job_store(&url, &table, job_conformance::LONG)
-        .await
-        .with_operation_timeout(OPERATION);
+    job_store(&url, &table, job_conformance::LONG).await; // migrated directly
+    let store = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 8))
+        .with_table(&table)
+        .with_lease(job_conformance::LONG)
+        .with_operation_timeout(OPERATION)
+        .build();
     let mut locker = pg::connect(&url).await;
     let tx = locker.transaction().await.unwrap();
     tx.batch_execute(&format!(
@@ -563,12 +574,14 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
     };
     let schema = pg::unique_table("fresh_schema");
     let pool = pg::pool(pg::pg_config(&url), 12);
-    let records = tower_idempotency::PostgresStore::new(pool.clone())
+    let records = tower_idempotency::PostgresStore::builder(pool.clone())
         .with_schema(&schema)
-        .with_table("records");
-    let jobs = PostgresJobStore::new(pool)
+        .with_table("records")
+        .build();
+    let jobs = PostgresJobStore::builder(pool)
         .with_schema(&schema)
-        .with_table("jobs");
+        .with_table("jobs")
+        .build();
     let mut runs = Vec::new();
     for _ in 0..4 {
         let (records, jobs) = (records.clone(), jobs.clone());
@@ -633,7 +646,9 @@ async fn weighted_starts_from_two_instances_never_overshoot() {
     };
     let table = pg::unique_table("jobs_weighted");
     let first = job_store(&url, &table, job_conformance::LONG).await;
-    let second = PostgresJobStore::new(pg::pool(pg::pg_config(&url), 8)).with_table(&table);
+    let second = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 8))
+        .with_table(&table)
+        .build();
     let budget = Some(tower_idempotency::lease::store::Budget::per_day(10_000));
     let starts: Vec<_> = (0..40)
         .map(|i| {
@@ -670,22 +685,54 @@ async fn weighted_starts_from_two_instances_never_overshoot() {
     assert_eq!(accepted, 14);
 }
 
+/// A clone of a builder is a second configuration: each `build` makes a
+/// store of its own on the same pool, with its own table and timings.
 #[test]
-#[should_panic(expected = "before cloning or using it")]
-fn a_cloned_postgres_store_cannot_be_configured_apart() {
+fn a_cloned_postgres_builder_builds_a_store_of_its_own() {
+    use tower_idempotency::Store;
     let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
-    let store = tower_idempotency::PostgresStore::new(pool);
-    let _handle = store.clone();
-    let _ = store.with_retention(Duration::from_secs(60));
+    let builder = tower_idempotency::PostgresStore::builder(pool);
+    let other = builder
+        .clone()
+        .with_table("other_records")
+        .with_retention(Duration::from_secs(60));
+    let (a, b) = (builder.build(), other.build());
+    assert_eq!(a.table(), "public.idempotency_records");
+    assert_eq!(b.table(), "public.other_records");
+    assert_eq!(a.timings().retention, Some(Duration::from_secs(24 * 3600)));
+    assert_eq!(b.timings().retention, Some(Duration::from_secs(60)));
 }
 
-#[test]
-#[should_panic(expected = "before cloning or using it")]
-fn a_cloned_postgres_job_store_cannot_be_configured_apart() {
-    let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
-    let store = PostgresJobStore::new(pool);
-    let _handle = store.clone();
-    let _ = store.with_lease(Duration::from_secs(60));
+/// Jobs in the tables of the store that started them: two stores built from
+/// one builder's clones, on two tables, share nothing but the database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloned_postgres_job_builder_builds_a_store_of_its_own() {
+    use tower_idempotency::lease::store::{JobReader, JobStore};
+    let Some(url) = pg::database_url("a_cloned_postgres_job_builder_builds_a_store_of_its_own")
+    else {
+        return;
+    };
+    let builder = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 4))
+        .with_table(&pg::unique_table("jobs_a"));
+    let other = builder
+        .clone()
+        .with_table(&pg::unique_table("jobs_b"))
+        .with_lease(Duration::from_secs(1));
+    let (a, b) = (builder.build(), other.build());
+    a.migrate().await.unwrap();
+    b.migrate().await.unwrap();
+    assert_eq!(a.lease_duration(), Duration::from_secs(45));
+    assert_eq!(b.lease_duration(), Duration::from_secs(1));
+    let StartOutcome::Created(job, _) =
+        job_conformance::start(&a, "acme", "2026-01", "w1", None).await
+    else {
+        panic!("a new job");
+    };
+    assert!(b.job("acme", &job.id).await.unwrap().is_none());
+    assert!(matches!(
+        job_conformance::start(&b, "acme", "2026-01", "w2", None).await,
+        StartOutcome::Created(..)
+    ));
 }
 
 /// `Duration::MAX` for retention and lease means 100 years: completions and

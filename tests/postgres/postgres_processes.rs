@@ -63,10 +63,11 @@ struct App {
 }
 
 async fn serve(url: String, table: String, lock: Duration, wait: Duration) {
-    let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 16))
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
         .with_table(&table)
         .with_lock_timeout(lock)
-        .with_listener(pg::pg_config(&url));
+        .with_listener(pg::pg_config(&url))
+        .build();
     store.migrate().await.expect("migrate");
     let app = App {
         effects: pg::pool(pg::pg_config(&url), 8),
@@ -368,7 +369,9 @@ async fn killed_owner_blocks_until_its_lock_expires_then_runs_once_and_is_fenced
     assert!(new_token > dead_token, "the takeover has a higher token");
 
     // The dead owner's token is fenced: its late completion cannot overwrite.
-    let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 1)).with_table(&table);
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
+        .with_table(&table)
+        .build();
     let late = StoredResponse {
         status: http::StatusCode::CREATED,
         headers: Vec::new(),

@@ -72,10 +72,11 @@ struct App {
 }
 
 async fn serve(url: String, table: String) {
-    let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 16))
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
         .with_table(&table)
         .with_lock_timeout(Duration::from_secs(10))
-        .with_listener(pg::pg_config(&url));
+        .with_listener(pg::pg_config(&url))
+        .build();
     store.migrate().await.expect("migrate");
     let app = App {
         effects: pg::pool(pg::pg_config(&url), 8),

@@ -52,15 +52,17 @@ async fn world(url: &str, mode: Mode) -> World {
     let (table, effects) = (table.as_str(), effects.as_deref());
     let proxy = Arc::new(Proxy::start_half_closing(pg::server_addr(url).await).await);
     let through = || pg::pg_config_at(url, proxy.port);
-    let a_store = PostgresStore::new(pg::pool(through(), 4))
+    let a_store = PostgresStore::builder(pg::pool(through(), 4))
         .with_table(table)
         .with_lock_timeout(LOCK)
         .with_operation_timeout(OPERATION)
-        .with_listener(through());
-    let b_store = PostgresStore::new(pg::pool(pg::pg_config(url), 4))
+        .with_listener(through())
+        .build();
+    let b_store = PostgresStore::builder(pg::pool(pg::pg_config(url), 4))
         .with_table(table)
         .with_lock_timeout(LOCK)
-        .with_listener(pg::pg_config(url));
+        .with_listener(pg::pg_config(url))
+        .build();
     let a_waiting = {
         let store = a_store.clone();
         Arc::new(move || store.watched_keys() > 0)

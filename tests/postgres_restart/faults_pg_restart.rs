@@ -288,11 +288,12 @@ async fn killed_and_restarted_database_under_load_no_double_execution_no_lost_re
     config.options("-c synchronous_commit=on");
     config.connect_timeout(Duration::from_secs(1));
     let store = Acknowledging {
-        inner: PostgresStore::new(pg::pool(config.clone(), 8))
+        inner: PostgresStore::builder(pg::pool(config.clone(), 8))
             .with_table(&table)
             .with_lock_timeout(Duration::from_secs(120))
             .with_operation_timeout(Duration::from_secs(2))
-            .with_listener(config),
+            .with_listener(config)
+            .build(),
         completed: Arc::default(),
         complete_failures: Arc::default(),
     };

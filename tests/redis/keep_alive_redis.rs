@@ -21,8 +21,12 @@ async fn stall(fraction: f64, test: &str) {
     let connect = |url: String| {
         let prefix = prefix.clone();
         async move {
-            let store = RedisStore::connect(&url).await.expect("connect to Redis");
-            store.with_prefix(&prefix).with_lock_timeout(LOCK)
+            RedisStore::builder()
+                .with_prefix(&prefix)
+                .with_lock_timeout(LOCK)
+                .connect(&url)
+                .await
+                .expect("connect to Redis")
         }
     };
     let owner = connect(format!("redis://127.0.0.1:{}", proxy.port)).await;

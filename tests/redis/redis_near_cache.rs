@@ -11,7 +11,7 @@ use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::store::NearCache;
-use tower_idempotency::{Begin, FencingToken, RecordKey, RedisStore, Store};
+use tower_idempotency::{Begin, FencingToken, RecordKey, RedisStore, RedisStoreBuilder, Store};
 use tower_idempotency_tests::support::redis as r;
 
 /// How to reach one deployment: the standalone server or the Cluster.
@@ -29,12 +29,14 @@ impl Deployment {
         }
     }
 
-    async fn connect(&self) -> RedisStore {
+    /// A store of this deployment, configured by `builder`.
+    async fn connect(&self, builder: RedisStoreBuilder) -> RedisStore {
         match self {
-            Self::Standalone(url) => RedisStore::connect(url).await.expect("connect to Redis"),
+            Self::Standalone(url) => builder.connect(url).await.expect("connect to Redis"),
             Self::Cluster(nodes) => {
                 let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-                RedisStore::connect_cluster(&nodes)
+                builder
+                    .connect_cluster(&nodes)
                     .await
                     .expect("connect to the Redis Cluster")
             }
@@ -44,11 +46,11 @@ impl Deployment {
     /// Two instances of one store (one prefix), both subscribed.
     async fn two_instances(
         &self,
-        f: impl Fn(RedisStore) -> RedisStore,
+        f: impl Fn(RedisStoreBuilder) -> RedisStoreBuilder,
     ) -> (RedisStore, RedisStore) {
-        let prefix = r::unique_prefix("near");
-        let a = f(self.connect().await.with_prefix(&prefix));
-        let b = f(self.connect().await.with_prefix(&prefix));
+        let builder = f(RedisStore::builder().with_prefix(&r::unique_prefix("near")));
+        let a = self.connect(builder.clone()).await;
+        let b = self.connect(builder).await;
         until_listening(&a).await;
         until_listening(&b).await;
         (a, b)
@@ -227,15 +229,13 @@ async fn unsubscribed_or_disabled_every_begin_asks_redis() {
             }
         };
         let unheard = unheard
-            .connect()
-            .await
-            .with_prefix(&r::unique_prefix("unheard"));
+            .connect(RedisStore::builder().with_prefix(&r::unique_prefix("unheard")))
+            .await;
         unheard.start_listener();
-        let disabled = deployment
-            .connect()
-            .await
+        let disabled = RedisStore::builder()
             .with_prefix(&r::unique_prefix("disabled"))
             .with_near_cache(NearCache::disabled());
+        let disabled = deployment.connect(disabled).await;
         until_listening(&disabled).await;
         for store in [&unheard, &disabled] {
             let key = fresh_key();

@@ -41,10 +41,11 @@ async fn serve(prefix: String) {
         .map(str::to_owned)
         .collect();
     let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    let store = tower_idempotency::RedisStore::connect_cluster(&nodes)
+    let store = tower_idempotency::RedisStore::builder()
+        .with_prefix(&prefix)
+        .connect_cluster(&nodes)
         .await
-        .expect("connect")
-        .with_prefix(&prefix);
+        .expect("connect");
     let effects = r::connection(&std::env::var("REDIS_URL").unwrap()).await;
     let router = Router::new()
         .route("/orders", post(create_order))

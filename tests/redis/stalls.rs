@@ -15,17 +15,16 @@ async fn world(url: &str) -> World {
     let target = ([127, 0, 0, 1], redis::port(url)).into();
     let proxy = Arc::new(Proxy::start_half_closing(target).await);
     let prefix = redis::unique_prefix("stall");
-    let a_store = RedisStore::connect(&format!("redis://127.0.0.1:{}", proxy.port))
-        .await
-        .expect("connect through the proxy")
-        .with_prefix(&prefix)
-        .with_lock_timeout(LOCK)
-        .with_operation_timeout(OPERATION);
-    let b_store = RedisStore::connect(url)
-        .await
-        .expect("connect to Redis")
+    let b_builder = RedisStore::builder()
         .with_prefix(&prefix)
         .with_lock_timeout(LOCK);
+    let a_store = b_builder
+        .clone()
+        .with_operation_timeout(OPERATION)
+        .connect(&format!("redis://127.0.0.1:{}", proxy.port))
+        .await
+        .expect("connect through the proxy");
+    let b_store = b_builder.connect(url).await.expect("connect to Redis");
     let a_waiting = {
         let store = a_store.clone();
         Arc::new(move || store.watched_keys() > 0)

@@ -2,6 +2,7 @@ use super::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
     JobReader, JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
+use crate::store::settings::Settings;
 use crate::store::FencingToken;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -26,9 +27,14 @@ mod index;
 /// use std::time::Duration;
 /// use tower_idempotency::lease::store::MemoryJobStore;
 ///
-/// let store = MemoryJobStore::new().with_lease(Duration::from_secs(45));
+/// let store = MemoryJobStore::builder()
+///     .with_lease(Duration::from_secs(45))
+///     .build();
 /// # let _ = store;
 /// ```
+///
+/// Clones share the same jobs; a store is configured before it exists, by
+/// its [`builder`](Self::builder).
 #[derive(Clone)]
 pub struct MemoryJobStore {
     shared: Arc<Shared>,
@@ -96,32 +102,15 @@ impl std::fmt::Debug for MemoryJobStore {
 impl MemoryJobStore {
     /// A store with 45 s leases.
     pub fn new() -> Self {
-        Self::with_lease_duration(Duration::from_secs(45))
+        Self::builder().build()
     }
 
-    fn with_lease_duration(lease: Duration) -> Self {
-        Self {
-            shared: Arc::new(Shared {
-                lease,
-                state: Mutex::new(State {
-                    next_token: 1,
-                    ..State::default()
-                }),
-            }),
+    /// A [`MemoryJobStoreBuilder`] with the defaults of [`new`](Self::new),
+    /// to configure the store before it exists.
+    pub fn builder() -> MemoryJobStoreBuilder {
+        MemoryJobStoreBuilder {
+            settings: Settings::JOBS,
         }
-    }
-
-    /// How long a lease lives without a heartbeat (default 45 s). Clamped to
-    /// between 100 ms and 100 years.
-    pub fn with_lease(self, lease: Duration) -> Self {
-        let lease = crate::limits::clamp(lease, crate::limits::SHORTEST_LOCK);
-        // Clones share everything: one configured apart would split them.
-        assert!(
-            Arc::strong_count(&self.shared) == 1 && self.state().jobs.is_empty(),
-            "configure a MemoryJobStore before cloning or using it: a clone configured on its own \
-             would be a second store, sharing nothing with the first"
-        );
-        Self::with_lease_duration(lease)
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -129,6 +118,55 @@ impl MemoryJobStore {
             .state
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The configuration of a [`MemoryJobStore`], from
+/// [`MemoryJobStore::builder`]: every option is set here, and
+/// [`build`](Self::build) makes the store.
+///
+/// A clone of a builder builds a second store of its own, sharing no jobs
+/// with the first.
+#[must_use = "a builder does nothing until `build` makes the store"]
+#[derive(Clone)]
+pub struct MemoryJobStoreBuilder {
+    settings: Settings,
+}
+
+impl Default for MemoryJobStoreBuilder {
+    fn default() -> Self {
+        MemoryJobStore::builder()
+    }
+}
+
+impl std::fmt::Debug for MemoryJobStoreBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryJobStoreBuilder")
+            .field("lease", &self.settings.lock_timeout())
+            .finish()
+    }
+}
+
+impl MemoryJobStoreBuilder {
+    /// How long a lease lives without a heartbeat (default 45 s). Clamped to
+    /// between 100 ms and 100 years.
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.settings.set_lock_timeout(lease);
+        self
+    }
+
+    /// The store, configured: a new one at every call, sharing nothing with
+    /// the stores built before it.
+    pub fn build(self) -> MemoryJobStore {
+        MemoryJobStore {
+            shared: Arc::new(Shared {
+                lease: self.settings.lock_timeout(),
+                state: Mutex::new(State {
+                    next_token: 1,
+                    ..State::default()
+                }),
+            }),
+        }
     }
 }
 

@@ -7,10 +7,10 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 
-pub use memory::MemoryJobStore;
+pub use memory::{MemoryJobStore, MemoryJobStoreBuilder};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub use postgres::PostgresJobStore;
+pub use postgres::{PostgresJobStore, PostgresJobStoreBuilder};
 
 use crate::body::BoxError;
 use crate::store::FencingToken;

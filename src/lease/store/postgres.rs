@@ -1,13 +1,17 @@
 //! A PostgreSQL [`JobStore`]: natural-key jobs shared by every instance.
 
+mod builder;
+
 use crate::body::BoxError;
 use crate::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
     JobReader, JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
-use crate::store::postgres::sql::{derived_name, is_identifier};
+use crate::store::postgres::sql::derived_name;
+use crate::store::settings::{Settings, TimedOut};
 use crate::store::FencingToken;
 use async_trait::async_trait;
+pub use builder::PostgresJobStoreBuilder;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use std::sync::Arc;
@@ -32,7 +36,9 @@ use tokio_postgres::Row;
 /// use std::time::Duration;
 /// use tower_idempotency::lease::store::PostgresJobStore;
 ///
-/// let jobs = PostgresJobStore::new(pool).with_lease(Duration::from_secs(45));
+/// let jobs = PostgresJobStore::builder(pool)
+///     .with_lease(Duration::from_secs(45))
+///     .build();
 /// jobs.migrate().await?;
 /// # Ok(())
 /// # }
@@ -44,26 +50,23 @@ pub struct PostgresJobStore {
 
 struct Inner {
     pool: Pool,
-    config: Config,
+    settings: Settings,
+    schema: String,
+    table: String,
     sql: JobSql,
 }
 
-#[derive(Clone, Debug)]
-struct Config {
-    schema: String,
-    table: String,
-    lease: Duration,
-    operation_timeout: Duration,
-}
+/// What an operation past its timeout is called in the error.
+const OPERATION: &str = "PostgreSQL job store operation";
 
 impl std::fmt::Debug for PostgresJobStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let c = &self.inner.config;
+        let c = &self.inner;
         f.debug_struct("PostgresJobStore")
             .field("schema", &c.schema)
             .field("table", &c.table)
-            .field("lease", &c.lease)
-            .field("operation_timeout", &c.operation_timeout)
+            .field("lease", &c.settings.lock_timeout())
+            .field("operation_timeout", &c.settings.operation_timeout())
             .finish_non_exhaustive()
     }
 }
@@ -78,77 +81,13 @@ impl PostgresJobStore {
     /// Jobs in `public.lease_jobs` (chunks in `public.lease_jobs_chunks`), 45 s
     /// leases, operations failing after 5 s.
     pub fn new(pool: Pool) -> Self {
-        Self::build(
-            pool,
-            Config {
-                schema: "public".to_owned(),
-                table: "lease_jobs".to_owned(),
-                lease: Duration::from_secs(45),
-                operation_timeout: Duration::from_secs(5),
-            },
-        )
+        Self::builder(pool).build()
     }
 
-    fn build(pool: Pool, config: Config) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                sql: JobSql::new(&config.schema, &config.table, config.lease),
-                pool,
-                config,
-            }),
-        }
-    }
-
-    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
-        assert!(
-            Arc::strong_count(&self.inner) == 1,
-            "configure a PostgresJobStore before cloning or using it: a clone configured on its own \
-             would be a second store, sharing nothing with the first"
-        );
-        let mut config = self.inner.config.clone();
-        f(&mut config);
-        Self::build(self.inner.pool.clone(), config)
-    }
-
-    /// The schema of the tables (default `public`); `migrate` creates it.
-    ///
-    /// # Panics
-    ///
-    /// If `schema` is not a plain identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_schema(self, schema: &str) -> Self {
-        assert!(
-            is_identifier(schema),
-            "schema {schema:?} is not a plain identifier"
-        );
-        self.reconfigure(|c| c.schema = schema.to_owned())
-    }
-
-    /// The jobs table (default `lease_jobs`); chunks go to `<table>_chunks`.
-    ///
-    /// # Panics
-    ///
-    /// If `table` is not a plain identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_table(self, table: &str) -> Self {
-        assert!(
-            is_identifier(table),
-            "table {table:?} is not a plain identifier"
-        );
-        self.reconfigure(|c| c.table = table.to_owned())
-    }
-
-    /// How long a lease lives without a heartbeat (default 45 s), on the
-    /// database clock. Clamped to between 100 ms and 100 years.
-    pub fn with_lease(self, lease: Duration) -> Self {
-        let lease = crate::limits::clamp(lease, crate::limits::SHORTEST_LOCK);
-        self.reconfigure(|c| c.lease = lease)
-    }
-
-    /// The longest one operation may take, pool checkout included (default
-    /// 5 s); slower ones fail with [`JobStoreError::Backend`], which the lease
-    /// layer answers `503 job_store_unavailable`.
-    pub fn with_operation_timeout(self, timeout: Duration) -> Self {
-        let timeout = crate::limits::clamp(timeout, Duration::ZERO);
-        self.reconfigure(|c| c.operation_timeout = timeout)
+    /// A [`PostgresJobStoreBuilder`] on `pool` with the defaults of
+    /// [`new`](Self::new), to configure the store before it exists.
+    pub fn builder(pool: Pool) -> PostgresJobStoreBuilder {
+        PostgresJobStoreBuilder::new(pool)
     }
 
     /// Creates or upgrades the schema, sequence, tables and indexes: the
@@ -157,36 +96,22 @@ impl PostgresJobStore {
     /// safe to run from many instances at once (and with `PostgresStore::migrate`:
     /// both take the same advisory lock).
     pub async fn migrate(&self) -> Result<(), JobStoreError> {
-        let (schema, table) = (&self.inner.config.schema, &self.inner.config.table);
-        self.timed(async {
-            let mut client = self.client().await?;
-            crate::store::postgres::migrate::apply(
-                &mut client,
-                schema,
-                table,
-                &self.inner.sql.migrations,
-            )
+        let (schema, table) = (&self.inner.schema, &self.inner.table);
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let mut client = self.client().await?;
+                crate::store::postgres::migrate::apply(
+                    &mut client,
+                    schema,
+                    table,
+                    &self.inner.sql.migrations,
+                )
+                .await
+                .map_err(backend)?;
+                Ok(())
+            })
             .await
-            .map_err(backend)?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// Bounds one whole operation (pool checkout included) by the operation
-    /// timeout: a hung database answers `503` in bounded time, never hangs.
-    async fn timed<T, E: From<JobStoreError>>(
-        &self,
-        op: impl std::future::Future<Output = Result<T, E>>,
-    ) -> Result<T, E> {
-        let limit = self.inner.config.operation_timeout;
-        match tokio::time::timeout(limit, op).await {
-            Ok(result) => result,
-            Err(_) => Err(JobStoreError::backend(format!(
-                "PostgreSQL job store operation timed out after {limit:?}"
-            ))
-            .into()),
-        }
     }
 
     async fn client(&self) -> Result<Object, JobStoreError> {
@@ -213,7 +138,9 @@ impl PostgresJobStore {
         let mut purged = 0;
         loop {
             let deleted = self
-                .timed(async {
+                .inner
+                .settings
+                .timed(OPERATION, async {
                     let client = self.client().await?;
                     let statement = client.prepare_cached(sql).await.map_err(backend)?;
                     client.execute(&statement, &[param]).await.map_err(backend)
@@ -238,6 +165,35 @@ impl PostgresJobStore {
 
 fn backend(error: impl Into<BoxError>) -> JobStoreError {
     JobStoreError::Backend(error.into())
+}
+
+impl TimedOut for JobStoreError {
+    fn timed_out(message: String) -> Self {
+        backend(message)
+    }
+}
+
+impl TimedOut for LeaseError {
+    fn timed_out(message: String) -> Self {
+        LeaseError::Store(backend(message))
+    }
+}
+
+impl PostgresJobStoreBuilder {
+    /// The store, configured: a new one at every call, on the same pool as
+    /// the stores built before it.
+    pub fn build(self) -> PostgresJobStore {
+        let sql = JobSql::new(&self.schema, &self.table, self.settings.lock_timeout());
+        PostgresJobStore {
+            inner: Arc::new(Inner {
+                pool: self.pool,
+                settings: self.settings,
+                schema: self.schema,
+                table: self.table,
+                sql,
+            }),
+        }
+    }
 }
 
 fn decode_job(row: &Row) -> Result<Job, JobStoreError> {
@@ -277,97 +233,99 @@ fn period_unit(budget: Budget) -> &'static str {
 #[async_trait]
 impl JobStore for PostgresJobStore {
     fn lease_duration(&self) -> Duration {
-        self.inner.config.lease
+        self.inner.settings.lock_timeout()
     }
 
     async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError> {
-        self.timed(async {
-            let sql = &self.inner.sql;
-            let mut client = self.client().await?;
-            let tx = client.transaction().await.map_err(backend)?;
-            let identity: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                [&request.tenant, &request.kind, &request.key];
-            if request.budget.is_some() {
-                // Serialise a tenant's starts so the count and the insert are one decision.
-                tx.execute(&sql.budget_lock, &[&request.tenant])
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let sql = &self.inner.sql;
+                let mut client = self.client().await?;
+                let tx = client.transaction().await.map_err(backend)?;
+                let identity: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&request.tenant, &request.kind, &request.key];
+                if request.budget.is_some() {
+                    // Serialise a tenant's starts so the count and the insert are one decision.
+                    tx.execute(&sql.budget_lock, &[&request.tenant])
+                        .await
+                        .map_err(backend)?;
+                }
+                tx.execute(&sql.job_lock, &identity)
                     .await
                     .map_err(backend)?;
-            }
-            tx.execute(&sql.job_lock, &identity)
-                .await
-                .map_err(backend)?;
-            let current = tx
-                .query_opt(&sql.current, &identity)
-                .await
-                .map_err(backend)?;
-            if let Some(row) = &current {
-                let job = decode_job(row)?;
-                let live: bool = row.try_get("live").map_err(backend)?;
-                if job.status == JobStatus::Complete {
-                    return Ok(StartOutcome::Completed(job));
-                }
-                if live {
-                    return Ok(StartOutcome::Joined(job));
-                }
-            }
-            let cost = i64::try_from(request.cost).unwrap_or(i64::MAX);
-            if let Some(budget) = request.budget {
-                // The reservation and the creation are one decision: this
-                // transaction holds the tenant's budget lock until it commits.
-                let unit = period_unit(budget);
-                let counted: i64 = tx
-                    .query_one(&sql.budget_count, &[&request.tenant, &unit])
+                let current = tx
+                    .query_opt(&sql.current, &identity)
                     .await
-                    .map_err(backend)?
-                    .try_get(0)
                     .map_err(backend)?;
-                let allowance = i64::try_from(budget.allowance).unwrap_or(i64::MAX);
-                if counted.saturating_add(cost) > allowance {
-                    let row = tx
-                        .query_one(&sql.budget_reset_at, &[&unit])
-                        .await
-                        .map_err(backend)?;
-                    let seconds: i64 = row.try_get(1).map_err(backend)?;
-                    return Ok(StartOutcome::BudgetExhausted(BudgetReset {
-                        at: row.try_get(0).map_err(backend)?,
-                        after: Duration::from_secs(seconds.max(0) as u64),
-                    }));
+                if let Some(row) = &current {
+                    let job = decode_job(row)?;
+                    let live: bool = row.try_get("live").map_err(backend)?;
+                    if job.status == JobStatus::Complete {
+                        return Ok(StartOutcome::Completed(job));
+                    }
+                    if live {
+                        return Ok(StartOutcome::Joined(job));
+                    }
                 }
-            }
-            let outcome = match current {
-                Some(row) => {
-                    let job_id: String = row.try_get("job_id").map_err(backend)?;
-                    let stolen = tx
-                        .query_one(&sql.steal, &[&job_id, &request.owner, &cost])
+                let cost = i64::try_from(request.cost).unwrap_or(i64::MAX);
+                if let Some(budget) = request.budget {
+                    // The reservation and the creation are one decision: this
+                    // transaction holds the tenant's budget lock until it commits.
+                    let unit = period_unit(budget);
+                    let counted: i64 = tx
+                        .query_one(&sql.budget_count, &[&request.tenant, &unit])
                         .await
+                        .map_err(backend)?
+                        .try_get(0)
                         .map_err(backend)?;
-                    let job = decode_job(&stolen)?;
-                    let grant = decode_grant(&stolen, &job)?;
-                    StartOutcome::Stolen(job, grant)
+                    let allowance = i64::try_from(budget.allowance).unwrap_or(i64::MAX);
+                    if counted.saturating_add(cost) > allowance {
+                        let row = tx
+                            .query_one(&sql.budget_reset_at, &[&unit])
+                            .await
+                            .map_err(backend)?;
+                        let seconds: i64 = row.try_get(1).map_err(backend)?;
+                        return Ok(StartOutcome::BudgetExhausted(BudgetReset {
+                            at: row.try_get(0).map_err(backend)?,
+                            after: Duration::from_secs(seconds.max(0) as u64),
+                        }));
+                    }
                 }
-                None => {
-                    let created = tx
-                        .query_one(
-                            &sql.create,
-                            &[
-                                &request.tenant,
-                                &request.kind,
-                                &request.key,
-                                &request.owner,
-                                &cost,
-                            ],
-                        )
-                        .await
-                        .map_err(backend)?;
-                    let job = decode_job(&created)?;
-                    let grant = decode_grant(&created, &job)?;
-                    StartOutcome::Created(job, grant)
-                }
-            };
-            tx.commit().await.map_err(backend)?;
-            Ok(outcome)
-        })
-        .await
+                let outcome = match current {
+                    Some(row) => {
+                        let job_id: String = row.try_get("job_id").map_err(backend)?;
+                        let stolen = tx
+                            .query_one(&sql.steal, &[&job_id, &request.owner, &cost])
+                            .await
+                            .map_err(backend)?;
+                        let job = decode_job(&stolen)?;
+                        let grant = decode_grant(&stolen, &job)?;
+                        StartOutcome::Stolen(job, grant)
+                    }
+                    None => {
+                        let created = tx
+                            .query_one(
+                                &sql.create,
+                                &[
+                                    &request.tenant,
+                                    &request.kind,
+                                    &request.key,
+                                    &request.owner,
+                                    &cost,
+                                ],
+                            )
+                            .await
+                            .map_err(backend)?;
+                        let job = decode_job(&created)?;
+                        let grant = decode_grant(&created, &job)?;
+                        StartOutcome::Created(job, grant)
+                    }
+                };
+                tx.commit().await.map_err(backend)?;
+                Ok(outcome)
+            })
+            .await
     }
 
     async fn acquire(
@@ -375,36 +333,40 @@ impl JobStore for PostgresJobStore {
         job_id: &str,
         owner: &str,
     ) -> Result<Option<LeaseGrant>, JobStoreError> {
-        self.timed(async {
-            let rows = self
-                .query(&self.inner.sql.acquire, &[&job_id, &owner])
-                .await?;
-            let Some(row) = rows.first() else {
-                return Ok(None);
-            };
-            Ok(Some(LeaseGrant {
-                job_id: job_id.to_owned(),
-                owner: owner.to_owned(),
-                token: FencingToken(row.try_get("lease_token").map_err(backend)?),
-            }))
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let rows = self
+                    .query(&self.inner.sql.acquire, &[&job_id, &owner])
+                    .await?;
+                let Some(row) = rows.first() else {
+                    return Ok(None);
+                };
+                Ok(Some(LeaseGrant {
+                    job_id: job_id.to_owned(),
+                    owner: owner.to_owned(),
+                    token: FencingToken(row.try_get("lease_token").map_err(backend)?),
+                }))
+            })
+            .await
     }
 
     async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError> {
-        self.timed(async {
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                [&lease.job_id, &lease.owner, &lease.token.0];
-            if self
-                .query(&self.inner.sql.heartbeat, &params)
-                .await?
-                .is_empty()
-            {
-                return Err(self.refusal(lease, LeaseError::LeaseLost).await);
-            }
-            Ok(())
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
+                    [&lease.job_id, &lease.owner, &lease.token.0];
+                if self
+                    .query(&self.inner.sql.heartbeat, &params)
+                    .await?
+                    .is_empty()
+                {
+                    return Err(self.refusal(lease, LeaseError::LeaseLost).await);
+                }
+                Ok(())
+            })
+            .await
     }
 
     async fn append(
@@ -413,67 +375,76 @@ impl JobStore for PostgresJobStore {
         seq: u64,
         chunk: Bytes,
     ) -> Result<Appended, LeaseError> {
-        self.timed(async {
-            let seq = i64::try_from(seq).map_err(|_| LeaseError::SequenceGap { expected: 0 })?;
-            let data: &[u8] = &chunk;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                [&lease.job_id, &lease.owner, &lease.token.0, &seq, &data];
-            let rows = self.query(&self.inner.sql.append, &params).await?;
-            let Some(row) = rows.first() else {
-                return Err(self.refusal(lease, LeaseError::LeaseLost).await);
-            };
-            let before: i64 = row.try_get("before").map_err(backend)?;
-            let after: Option<i64> = row.try_get("after").map_err(backend)?;
-            match after {
-                Some(next) => Ok(Appended::Added {
-                    next_seq: next as u64,
-                }),
-                None if seq < before => Ok(Appended::Duplicate {
-                    next_seq: before as u64,
-                }),
-                None => Err(LeaseError::SequenceGap {
-                    expected: before as u64,
-                }),
-            }
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let seq =
+                    i64::try_from(seq).map_err(|_| LeaseError::SequenceGap { expected: 0 })?;
+                let data: &[u8] = &chunk;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                    [&lease.job_id, &lease.owner, &lease.token.0, &seq, &data];
+                let rows = self.query(&self.inner.sql.append, &params).await?;
+                let Some(row) = rows.first() else {
+                    return Err(self.refusal(lease, LeaseError::LeaseLost).await);
+                };
+                let before: i64 = row.try_get("before").map_err(backend)?;
+                let after: Option<i64> = row.try_get("after").map_err(backend)?;
+                match after {
+                    Some(next) => Ok(Appended::Added {
+                        next_seq: next as u64,
+                    }),
+                    None if seq < before => Ok(Appended::Duplicate {
+                        next_seq: before as u64,
+                    }),
+                    None => Err(LeaseError::SequenceGap {
+                        expected: before as u64,
+                    }),
+                }
+            })
+            .await
     }
 
     async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError> {
-        self.timed(async {
-            let data: &[u8] = &artifact;
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                [&lease.job_id, &lease.owner, &lease.token.0, &data];
-            let rows = self.query(&self.inner.sql.finalize, &params).await?;
-            match rows.first() {
-                Some(row) => Ok(row.try_get("artifact_id").map_err(backend)?),
-                None => Err(self.refusal(lease, LeaseError::NotOwner).await),
-            }
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let data: &[u8] = &artifact;
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&lease.job_id, &lease.owner, &lease.token.0, &data];
+                let rows = self.query(&self.inner.sql.finalize, &params).await?;
+                match rows.first() {
+                    Some(row) => Ok(row.try_get("artifact_id").map_err(backend)?),
+                    None => Err(self.refusal(lease, LeaseError::NotOwner).await),
+                }
+            })
+            .await
     }
 
     async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
-        self.timed(async {
-            let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                [&lease.job_id, &lease.owner, &lease.token.0, &code];
-            if self.query(&self.inner.sql.fail, &params).await?.is_empty() {
-                return Err(self.refusal(lease, LeaseError::NotOwner).await);
-            }
-            Ok(())
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&lease.job_id, &lease.owner, &lease.token.0, &code];
+                if self.query(&self.inner.sql.fail, &params).await?.is_empty() {
+                    return Err(self.refusal(lease, LeaseError::NotOwner).await);
+                }
+                Ok(())
+            })
+            .await
     }
 }
 
 #[async_trait]
 impl JobReader for PostgresJobStore {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
-        self.timed(async {
-            let rows = self.query(&self.inner.sql.job, &[&job_id, &tenant]).await?;
-            rows.first().map(decode_job).transpose()
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let rows = self.query(&self.inner.sql.job, &[&job_id, &tenant]).await?;
+                rows.first().map(decode_job).transpose()
+            })
+            .await
     }
 
     async fn chunks(
@@ -482,80 +453,90 @@ impl JobReader for PostgresJobStore {
         job_id: &str,
         from_seq: u64,
     ) -> Result<Option<Vec<Chunk>>, JobStoreError> {
-        self.timed(async {
-            if self.job(tenant, job_id).await?.is_none() {
-                return Ok(None);
-            }
-            let from = i64::try_from(from_seq).unwrap_or(i64::MAX);
-            let rows = self
-                .query(&self.inner.sql.chunks, &[&job_id, &from])
-                .await?;
-            rows.iter()
-                .map(|row| {
-                    let seq: i64 = row.try_get(0).map_err(backend)?;
-                    let data: Vec<u8> = row.try_get(1).map_err(backend)?;
-                    let attempt: i64 = row.try_get(2).map_err(backend)?;
-                    Ok(Chunk {
-                        attempt: attempt as u64,
-                        seq: seq as u64,
-                        data: Bytes::from(data),
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                if self.job(tenant, job_id).await?.is_none() {
+                    return Ok(None);
+                }
+                let from = i64::try_from(from_seq).unwrap_or(i64::MAX);
+                let rows = self
+                    .query(&self.inner.sql.chunks, &[&job_id, &from])
+                    .await?;
+                rows.iter()
+                    .map(|row| {
+                        let seq: i64 = row.try_get(0).map_err(backend)?;
+                        let data: Vec<u8> = row.try_get(1).map_err(backend)?;
+                        let attempt: i64 = row.try_get(2).map_err(backend)?;
+                        Ok(Chunk {
+                            attempt: attempt as u64,
+                            seq: seq as u64,
+                            data: Bytes::from(data),
+                        })
                     })
-                })
-                .collect::<Result<_, _>>()
-                .map(Some)
-        })
-        .await
+                    .collect::<Result<_, _>>()
+                    .map(Some)
+            })
+            .await
     }
 
     async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
-        self.timed(async {
-            let rows = self.query(&self.inner.sql.artifact, &[&job_id]).await?;
-            let Some(row) = rows.first() else {
-                return Ok(ArtifactLookup::Unknown);
-            };
-            let owner: String = row.try_get(0).map_err(backend)?;
-            if owner != tenant {
-                return Ok(ArtifactLookup::OtherTenant);
-            }
-            let artifact: Option<Vec<u8>> = row.try_get(2).map_err(backend)?;
-            Ok(match artifact {
-                Some(bytes) => ArtifactLookup::Found(Bytes::from(bytes)),
-                None => {
-                    let status: String = row.try_get(1).map_err(backend)?;
-                    ArtifactLookup::NotReady(JobStatus::parse(&status).unwrap_or(JobStatus::Queued))
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let rows = self.query(&self.inner.sql.artifact, &[&job_id]).await?;
+                let Some(row) = rows.first() else {
+                    return Ok(ArtifactLookup::Unknown);
+                };
+                let owner: String = row.try_get(0).map_err(backend)?;
+                if owner != tenant {
+                    return Ok(ArtifactLookup::OtherTenant);
                 }
+                let artifact: Option<Vec<u8>> = row.try_get(2).map_err(backend)?;
+                Ok(match artifact {
+                    Some(bytes) => ArtifactLookup::Found(Bytes::from(bytes)),
+                    None => {
+                        let status: String = row.try_get(1).map_err(backend)?;
+                        ArtifactLookup::NotReady(
+                            JobStatus::parse(&status).unwrap_or(JobStatus::Queued),
+                        )
+                    }
+                })
             })
-        })
-        .await
+            .await
     }
 }
 
 #[async_trait]
 impl JobMaintenance for PostgresJobStore {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
-        self.timed(async {
-            let client = self.client().await?;
-            client
-                .execute(&self.inner.sql.sweep_stale, &[])
-                .await
-                .map_err(backend)
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let client = self.client().await?;
+                client
+                    .execute(&self.inner.sql.sweep_stale, &[])
+                    .await
+                    .map_err(backend)
+            })
+            .await
     }
 
     async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError> {
-        self.timed(async {
-            let unit = period_unit(Budget {
-                allowance: 0,
-                period,
-            });
-            let client = self.client().await?;
-            client
-                .execute(&self.inner.sql.reset_budget, &[&tenant, &unit])
-                .await
-                .map_err(backend)
-        })
-        .await
+        self.inner
+            .settings
+            .timed(OPERATION, async {
+                let unit = period_unit(Budget {
+                    allowance: 0,
+                    period,
+                });
+                let client = self.client().await?;
+                client
+                    .execute(&self.inner.sql.reset_budget, &[&tenant, &unit])
+                    .await
+                    .map_err(backend)
+            })
+            .await
     }
 
     async fn purge_finished(&self, older_than: Duration) -> Result<u64, JobStoreError> {

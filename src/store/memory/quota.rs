@@ -1,4 +1,4 @@
-//! Records held per scope, for [`MemoryStore::with_scope_quota`](super::MemoryStore::with_scope_quota).
+//! Records held per scope, for [`MemoryStoreBuilder::with_scope_quota`](super::MemoryStoreBuilder::with_scope_quota).
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -19,6 +19,11 @@ impl ScopeQuota {
             quota,
             held: DashMap::new(),
         }
+    }
+
+    /// The most records a scope may hold.
+    pub(super) fn quota(&self) -> usize {
+        self.quota
     }
 
     /// Whether `scope` may hold one more record.

@@ -22,10 +22,11 @@
 //!     .wait_timeout(Some(Duration::from_secs(2)))
 //!     .create_timeout(Some(Duration::from_secs(2)))
 //!     .build()?;
-//! let store = PostgresStore::new(pool)
+//! let store = PostgresStore::builder(pool)
 //!     .with_table("idempotency_records")
 //!     .with_lock_timeout(Duration::from_secs(30))
-//!     .with_listener(pg);
+//!     .with_listener(pg)
+//!     .build();
 //! store.migrate().await?;
 //! let layer = IdempotencyLayer::new(store.clone());
 //! # let _ = layer;
@@ -33,6 +34,7 @@
 //! # }
 //! ```
 
+mod builder;
 #[cfg(feature = "test-util")]
 mod instrumentation;
 pub(crate) mod migrate;
@@ -42,17 +44,18 @@ pub(crate) mod sql;
 mod transaction;
 mod wait;
 
+pub use builder::PostgresStoreBuilder;
 pub use transaction::{PostgresTransaction, TransactionClient};
 
 use self::single_flight::{Flights, Leader};
-use self::sql::{is_identifier, Sql};
-use self::wait::{listener_connect, ListenerConnect};
+use self::sql::Sql;
+use self::wait::ListenerConnect;
 use super::encoding::decode_headers;
 use super::near_cache::{Cache, Claims, Completed, NearCache};
+use super::settings::Settings;
 use super::waiters::Waits;
 use super::{Begin, Claim, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::body::BoxError;
-use crate::limits;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use http::StatusCode;
@@ -64,13 +67,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
-use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Socket, Statement};
+use tokio_postgres::{Row, Statement};
 
 /// How often `begin` re-runs its statement when a concurrent transaction keeps
 /// committing a live row after the statement's snapshot was taken.
 pub(super) const BEGIN_ATTEMPTS: usize = 8;
+
+/// What an operation past its timeout is called in the error.
+const OPERATION: &str = "PostgreSQL operation";
 
 /// A [`Store`](crate::Store) in a PostgreSQL table, shared by every instance of an application.
 ///
@@ -83,7 +88,7 @@ pub(super) const BEGIN_ATTEMPTS: usize = 8;
 /// - **Crash safe**: a claim whose process died stays in progress until its lock
 ///   expires; a retry then takes it over with a higher token from a sequence, and
 ///   the dead owner's late `complete` fails with [`StoreError::ClaimLost`].
-/// - **Waiting**: with [`with_listener`](Self::with_listener), duplicates waiting
+/// - **Waiting**: with [`with_listener`](PostgresStoreBuilder::with_listener), duplicates waiting
 ///   for a request in progress are woken by `NOTIFY` from `complete`/`release`;
 ///   they also re-check the record on a coalesced backoff (at most about four
 ///   queries a second per key in one process, whatever the number of waiters),
@@ -91,7 +96,7 @@ pub(super) const BEGIN_ATTEMPTS: usize = 8;
 ///   one process (the waiters a completion wakes, a burst of duplicates) share one
 ///   query; a claim is never shared.
 /// - **Outages**: pool and database errors, and operations slower than
-///   [`with_operation_timeout`](Self::with_operation_timeout), are
+///   [`with_operation_timeout`](PostgresStoreBuilder::with_operation_timeout), are
 ///   [`StoreError::Backend`]; the layer answers `503` and runs nothing. The pool
 ///   reconnects by itself when the database returns. Give the pool wait and
 ///   create timeouts (and `connect_timeout` in its config) so a dead database
@@ -100,9 +105,8 @@ pub(super) const BEGIN_ATTEMPTS: usize = 8;
 /// Call [`migrate`](Self::migrate) once at startup (any number of instances may
 /// run it at once), and [`purge_expired`](crate::store::Maintenance::purge_expired) periodically.
 ///
-/// Clones share the pool, the listener and the waiters. Configure a store
-/// before cloning or using it: a `with_*` call on one that has clones panics
-/// rather than make a second store that shares nothing with the first.
+/// Clones share the pool, the listener and the waiters. A store is
+/// configured before it exists, by its [`builder`](Self::builder):
 ///
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
@@ -111,10 +115,11 @@ pub(super) const BEGIN_ATTEMPTS: usize = 8;
 /// use tower_idempotency::store::Maintenance;
 /// use tower_idempotency::PostgresStore;
 ///
-/// let store = PostgresStore::new(pool)
+/// let store = PostgresStore::builder(pool)
 ///     .with_schema("billing")
 ///     .with_retention(Duration::from_secs(48 * 3600))
-///     .with_listener(pg);
+///     .with_listener(pg)
+///     .build();
 /// store.migrate().await?;
 /// let purged = store.purge_expired().await?;
 /// # let _ = purged;
@@ -128,6 +133,7 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: Pool,
+    settings: Settings,
     config: Config,
     sql: Sql,
     waits: Waits,
@@ -139,13 +145,11 @@ struct Inner {
     claims: Claims,
 }
 
+/// What a store is configured with besides its [`Settings`].
 #[derive(Clone)]
 struct Config {
     schema: String,
     table: String,
-    retention: Duration,
-    lock_timeout: Duration,
-    operation_timeout: Duration,
     listener: Option<ListenerConnect>,
     near_cache: NearCache,
 }
@@ -161,13 +165,13 @@ struct Stats {
 
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.inner.config;
+        let (c, s) = (&self.inner.config, &self.inner.settings);
         f.debug_struct("PostgresStore")
             .field("schema", &c.schema)
             .field("table", &c.table)
-            .field("retention", &c.retention)
-            .field("lock_timeout", &c.lock_timeout)
-            .field("operation_timeout", &c.operation_timeout)
+            .field("retention", &s.retention())
+            .field("lock_timeout", &s.lock_timeout())
+            .field("operation_timeout", &s.operation_timeout())
             .field("listener", &c.listener.is_some())
             .finish_non_exhaustive()
     }
@@ -178,21 +182,16 @@ impl PostgresStore {
     /// for 24 hours, locking claims for 10 seconds (extended while their handler runs), failing operations that take
     /// longer than 5 seconds, without a listener (waiters re-check on a backoff).
     pub fn new(pool: Pool) -> Self {
-        Self::build(
-            pool,
-            Config {
-                schema: "public".to_owned(),
-                table: "idempotency_records".to_owned(),
-                retention: Duration::from_secs(24 * 3600),
-                lock_timeout: Duration::from_secs(10),
-                operation_timeout: Duration::from_secs(5),
-                listener: None,
-                near_cache: NearCache::default(),
-            },
-        )
+        Self::builder(pool).build()
     }
 
-    fn build(pool: Pool, config: Config) -> Self {
+    /// A [`PostgresStoreBuilder`] on `pool` with the defaults of
+    /// [`new`](Self::new), to configure the store before it exists.
+    pub fn builder(pool: Pool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(pool)
+    }
+
+    fn of(pool: Pool, settings: Settings, config: Config) -> Self {
         let channel = format!(
             "tower_idempotency_{}",
             &hex_sha256(format!("{}.{}", config.schema, config.table).as_bytes())[..16]
@@ -201,13 +200,14 @@ impl PostgresStore {
             &config.schema,
             &config.table,
             &channel,
-            config.lock_timeout,
-            config.retention,
+            settings.lock_timeout(),
+            settings.retention(),
         );
         Self {
             inner: Arc::new(Inner {
                 pool,
                 near_cache: Cache::new(config.near_cache),
+                settings,
                 config,
                 sql,
                 waits: Waits::default(),
@@ -216,110 +216,6 @@ impl PostgresStore {
                 claims: Claims::default(),
             }),
         }
-    }
-
-    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
-        // Clones share waiters, flights and counters: one configured apart
-        // would be a second store.
-        assert!(
-            Arc::strong_count(&self.inner) == 1,
-            "configure a PostgresStore before cloning or using it: a clone configured on its own \
-             would be a second store, sharing nothing with the first"
-        );
-        let mut config = self.inner.config.clone();
-        f(&mut config);
-        Self::build(self.inner.pool.clone(), config)
-    }
-
-    /// The schema holding the table (default `public`); [`migrate`](Self::migrate)
-    /// creates it if missing.
-    ///
-    /// # Panics
-    ///
-    /// If `schema` is not a plain lower-case identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_schema(self, schema: &str) -> Self {
-        assert_identifier("schema", schema);
-        self.reconfigure(|c| c.schema = schema.to_owned())
-    }
-
-    /// The table's name (default `idempotency_records`). The store also uses a
-    /// sequence `<table>_token_seq` and an index `<table>_expires_at_idx`.
-    ///
-    /// # Panics
-    ///
-    /// If `table` is not a plain lower-case identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_table(self, table: &str) -> Self {
-        assert_identifier("table", table);
-        self.reconfigure(|c| c.table = table.to_owned())
-    }
-
-    /// How long a completed response is replayed (default 24 h), from its completion
-    /// on the database's clock.
-    ///
-    /// Clamped to between 100 ms and 100 years (`Duration::MAX` means "forever":
-    /// 100 years; a longer interval would overflow PostgreSQL's timestamps,
-    /// and every completion would fail).
-    pub fn with_retention(self, retention: Duration) -> Self {
-        let retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
-        self.reconfigure(|c| c.retention = retention)
-    }
-
-    /// How long a claim holds its key unless it is extended (default 10 s), on
-    /// the database's clock.
-    ///
-    /// The layer extends a claim every twentieth of this while its handler runs
-    /// (one `UPDATE` each time), so it bounds how long a *dead* owner (a
-    /// crashed process, a lost network) blocks its key, not how long a handler
-    /// may take. A store stall of up to 9/10 of this, less one round trip, is survived by a
-    /// running claim: extensions go out every 1/20 of it, each time-boxed to a
-    /// third of the claim's remaining life (counted from the last successful
-    /// extension's sending) and retried at once when it fails or times out
-    /// (`docs/idempotency.md`, *Locks and retention*, derives the bound).
-    ///
-    /// Clamped to between 100 ms and 100 years.
-    pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
-        let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);
-        self.reconfigure(|c| c.lock_timeout = lock_timeout)
-    }
-
-    /// The longest one operation may take, pool checkout included (default 5 s);
-    /// slower ones fail with [`StoreError::Backend`].
-    ///
-    /// At most 100 years.
-    pub fn with_operation_timeout(self, timeout: Duration) -> Self {
-        let timeout = limits::clamp(timeout, Duration::ZERO);
-        self.reconfigure(|c| c.operation_timeout = timeout)
-    }
-
-    /// Wakes waiting duplicates by `LISTEN`/`NOTIFY` on one dedicated connection
-    /// opened with `config` without TLS (pooled connections cannot receive
-    /// notifications). It connects on first use and reconnects with a backoff.
-    pub fn with_listener(self, config: tokio_postgres::Config) -> Self {
-        self.with_listener_tls(config, tokio_postgres::NoTls)
-    }
-
-    /// Like [`with_listener`](Self::with_listener), connecting with `tls`.
-    pub fn with_listener_tls<T>(self, config: tokio_postgres::Config, tls: T) -> Self
-    where
-        T: MakeTlsConnect<Socket> + Clone + Send + Sync + 'static,
-        T::Stream: Send + 'static,
-        T::TlsConnect: Send,
-        <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
-    {
-        let connect = listener_connect(config, tls);
-        self.reconfigure(|c| c.listener = Some(connect))
-    }
-
-    /// The near cache of completed records (default: 16 MiB, entries trusted
-    /// for 10 s; [`NearCache::disabled`] turns it off).
-    ///
-    /// A retry of a record this instance completed or already read is then
-    /// answered from memory, with no round trip. It is used only while the
-    /// [listener](Self::with_listener) is connected, because that is how a
-    /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another instance reaches this
-    /// one: without a listener every `begin` asks the database.
-    pub fn with_near_cache(self, near_cache: NearCache) -> Self {
-        self.reconfigure(|c| c.near_cache = near_cache)
     }
 
     /// Creates or upgrades the schema, sequence, table and index: the numbered
@@ -333,7 +229,8 @@ impl PostgresStore {
         let inner = &self.inner;
         let (schema, table) = (&inner.config.schema, &inner.config.table);
         inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let mut client = inner.client().await?;
                 migrate::apply(&mut client, schema, table, &inner.sql.migrations)
                     .await
@@ -347,13 +244,6 @@ impl PostgresStore {
     pub fn table(&self) -> String {
         format!("{}.{}", self.inner.config.schema, self.inner.config.table)
     }
-}
-
-fn assert_identifier(what: &str, name: &str) {
-    assert!(
-        is_identifier(name),
-        "PostgresStore {what} name {name:?} is not a plain identifier [a-z_][a-z0-9_]{{0,62}}"
-    );
 }
 
 pub(super) fn backend(error: impl Into<BoxError>) -> StoreError {
@@ -417,19 +307,6 @@ fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
 }
 
 impl Inner {
-    async fn timed<T>(
-        &self,
-        op: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let limit = self.config.operation_timeout;
-        match tokio::time::timeout(limit, op).await {
-            Ok(result) => result,
-            Err(_) => Err(backend(format!(
-                "PostgreSQL operation timed out after {limit:?}"
-            ))),
-        }
-    }
-
     async fn client(&self) -> Result<Object, StoreError> {
         self.pool.get().await.map_err(backend)
     }
@@ -588,7 +465,7 @@ impl Inner {
         sent: tokio::time::Instant,
         epoch: u64,
     ) {
-        let expires = sent + self.config.retention;
+        let expires = sent + self.settings.retention();
         let near = self.near();
         self.claims
             .completed(near, key, token, completed, expires, epoch);
@@ -597,20 +474,21 @@ impl Inner {
     /// The lock's remaining time on the database's clock, if `key` is in progress.
     async fn lock_remaining(&self, key: &RecordKey) -> Result<Option<Duration>, StoreError> {
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        self.timed(async {
-            let client = self.client().await?;
-            let rows = self
-                .query(&client, &self.sql.lock_remaining, &[&scope, &k])
-                .await?;
-            match rows.first() {
-                None => Ok(None),
-                Some(row) => {
-                    let ms: i64 = row.try_get(0).map_err(backend)?;
-                    Ok(Some(Duration::from_millis(ms.max(0) as u64)))
+        self.settings
+            .timed(OPERATION, async {
+                let client = self.client().await?;
+                let rows = self
+                    .query(&client, &self.sql.lock_remaining, &[&scope, &k])
+                    .await?;
+                match rows.first() {
+                    None => Ok(None),
+                    Some(row) => {
+                        let ms: i64 = row.try_get(0).map_err(backend)?;
+                        Ok(Some(Duration::from_millis(ms.max(0) as u64)))
+                    }
                 }
-            }
-        })
-        .await
+            })
+            .await
     }
 }
 

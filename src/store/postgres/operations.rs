@@ -2,7 +2,7 @@
 
 use super::single_flight::{Join, Landed};
 use super::sql::PURGE_BATCH;
-use super::PostgresStore;
+use super::{PostgresStore, OPERATION};
 use crate::store::encoding::{encode_headers, key_id};
 use crate::store::near_cache::Completed;
 use crate::store::{
@@ -33,7 +33,8 @@ impl Store for PostgresStore {
         // Concurrent identical calls share one query (see `single_flight`): after a
         // completion's NOTIFY, its waiters would otherwise all queue up behind the pool.
         inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 loop {
                     match inner.flights.join(key, fp) {
                         Join::Lead(mut leader) => {
@@ -75,15 +76,15 @@ impl Store for PostgresStore {
     }
 
     fn timings(&self) -> Timings {
-        let config = &self.inner.config;
-        Timings::new(config.lock_timeout).with_retention(config.retention)
+        self.inner.settings.timings()
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
         inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let client = inner.client().await?;
                 let rows = inner
                     .query(&client, &inner.sql.extend, &[&scope, &k, &token.0])
@@ -103,7 +104,8 @@ impl Store for PostgresStore {
         let id = key_id(key);
         inner.claims.forget(key, token);
         inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let client = inner.client().await?;
                 let params: [&(dyn ToSql + Sync); 3] = [&scope, &k, &token.0];
                 inner
@@ -128,12 +130,13 @@ impl Store for PostgresStore {
 impl Maintenance for PostgresStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let client = inner.timed(inner.client()).await?;
+        let client = inner.settings.timed(OPERATION, inner.client()).await?;
         let mut purged = 0;
         // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
         loop {
             let deleted = inner
-                .timed(inner.execute(&client, &inner.sql.purge, &[]))
+                .settings
+                .timed(OPERATION, inner.execute(&client, &inner.sql.purge, &[]))
                 .await?;
             purged += deleted;
             if deleted < PURGE_BATCH {
@@ -144,12 +147,16 @@ impl Maintenance for PostgresStore {
 
     async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let client = inner.timed(inner.client()).await?;
+        let client = inner.settings.timed(OPERATION, inner.client()).await?;
         let name = scope.as_str();
         let mut purged = 0;
         loop {
             let deleted = inner
-                .timed(inner.execute(&client, &inner.sql.purge_scope, &[&name]))
+                .settings
+                .timed(
+                    OPERATION,
+                    inner.execute(&client, &inner.sql.purge_scope, &[&name]),
+                )
                 .await?;
             purged += deleted;
             if deleted < PURGE_BATCH {
@@ -162,7 +169,11 @@ impl Maintenance for PostgresStore {
             cache.purge_scope(scope);
         }
         inner
-            .timed(inner.execute(&client, &inner.sql.notify_purge, &[]))
+            .settings
+            .timed(
+                OPERATION,
+                inner.execute(&client, &inner.sql.notify_purge, &[]),
+            )
             .await?;
         Ok(purged)
     }
@@ -184,7 +195,8 @@ impl PostgresStore {
         let params: [&(dyn ToSql + Sync); 6] = [&scope, &k, &token.0, &status, &headers, &body];
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let completed = inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let client = inner.client().await?;
                 let rows = inner
                     .query_then_notify(&client, &inner.sql.complete, &params, &id)
@@ -217,7 +229,8 @@ impl PostgresStore {
         let id = key_id(key);
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let completed = inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let client = inner.client().await?;
                 let params: [&(dyn ToSql + Sync); 3] = [&scope, &k, &token.0];
                 let sql = &inner.sql.complete_unavailable;

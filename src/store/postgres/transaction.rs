@@ -22,7 +22,7 @@
 //! transaction.
 
 use super::single_flight::{Join, Landed, Leader};
-use super::{backend, pipelined, Inner, PostgresStore};
+use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::store::near_cache::Completed;
 use crate::store::{
     Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
@@ -218,7 +218,8 @@ impl TransactionalStore for PostgresStore {
         }
         // Coalesced as `begin` is: only a flight's leader opens a transaction.
         let (begun, connection) = inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 loop {
                     match inner.flights.join(key, fp) {
                         Join::Lead(mut leader) => {
@@ -253,9 +254,10 @@ impl TransactionalStore for PostgresStore {
     ) -> Result<Box<dyn RecordTransaction>, StoreError> {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        let connection = Guarded::new(inner.timed(inner.client()).await?);
+        let connection = Guarded::new(inner.settings.timed(OPERATION, inner.client()).await?);
         let locked = inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let statement = inner
                     .prepare(connection.client(), &inner.sql.lock_claim)
                     .await?;
@@ -294,7 +296,8 @@ async fn rollback(inner: &Inner, connection: Guarded, notify: Option<&RecordKey>
         None => "ROLLBACK".to_owned(),
     };
     let ended = inner
-        .timed(async {
+        .settings
+        .timed(OPERATION, async {
             connection
                 .client()
                 .batch_execute(&sql)
@@ -344,7 +347,8 @@ impl PgRecordTransaction {
         let connection = self.take_connection().await?;
         let id = crate::store::encoding::key_id(&self.key);
         let committed = inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let statement = inner.prepare(connection.client(), sql).await?;
                 let notify = inner
                     .prepare(connection.client(), &inner.sql.notify)
@@ -369,7 +373,7 @@ impl PgRecordTransaction {
         if committed.is_ok() {
             connection.ended();
             if let (Some(cache), Some(fp)) = (inner.near(), self.fingerprint) {
-                let expires = sent + inner.config.retention;
+                let expires = sent + inner.settings.retention();
                 cache.insert(&self.key, fp, completed(), expires, epoch);
             }
         }
@@ -380,7 +384,8 @@ impl PgRecordTransaction {
     async fn take_connection(&self) -> Result<Guarded, StoreError> {
         let taken = self
             .inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 // Guarded before this future can be dropped again.
                 Ok(self.handle.connection.lock().await.0.take())
             })

@@ -1,5 +1,6 @@
-//! The `maxmemory-policy` check at connect, and the builder that can turn it
-//! off.
+//! The `maxmemory-policy` check at connect, which
+//! [`RedisStoreBuilder::assume_noeviction`](super::RedisStoreBuilder::assume_noeviction)
+//! turns off.
 //!
 //! Every record has a TTL, so every evicting policy may delete one under
 //! memory pressure: `volatile-ttl` the in-flight claim first (its TTL is the
@@ -7,92 +8,55 @@
 //! claim or record is a key nobody holds: its retry runs the handler again.
 //! Only `noeviction` (writes fail instead, a `503`) keeps the guarantee.
 
-use super::{backend, Connection, RedisStore};
+use super::{backend, Connection, RedisStore, OPERATION};
 use crate::store::StoreError;
 use std::collections::HashMap;
 
-/// Options of a [`RedisStore`] that apply before it connects: see
-/// [`RedisStore::builder`].
-#[derive(Clone, Debug, Default)]
-pub struct RedisStoreBuilder {
-    assume_noeviction: bool,
-}
-
-impl RedisStoreBuilder {
-    /// Skips the `maxmemory-policy` check, for servers that refuse `CONFIG`
-    /// (most managed services rename or forbid it), and logs a warning at
-    /// every connect that nothing was checked.
-    ///
-    /// The operator must then ensure that every node (replicas included, as
-    /// one may be promoted) runs with `maxmemory-policy noeviction`, or
-    /// without a `maxmemory` limit it can reach: under any other policy the
-    /// server deletes claims and records when memory runs short, and the
-    /// retries of those requests run their handlers again.
-    pub fn assume_noeviction(mut self) -> Self {
-        self.assume_noeviction = true;
-        self
+/// Fails unless every primary that answers has `maxmemory-policy noeviction`
+/// (or `assume_noeviction`, which only warns).
+pub(super) async fn check(store: &RedisStore, assume_noeviction: bool) -> Result<(), StoreError> {
+    if assume_noeviction {
+        tracing::warn!(
+            "RedisStore: maxmemory-policy not checked (assume_noeviction): unless every \
+             Redis node runs with maxmemory-policy noeviction, memory pressure deletes \
+             claims and records, and their retries run their handlers again"
+        );
+        return Ok(());
     }
-
-    /// [`RedisStore::connect`] with these options.
-    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
-        let store = RedisStore::open(url).await?;
-        self.check(&store).await?;
-        Ok(store)
-    }
-
-    /// [`RedisStore::connect_cluster`] with these options.
-    pub async fn connect_cluster(self, nodes: &[&str]) -> Result<RedisStore, StoreError> {
-        let store = RedisStore::open_cluster(nodes).await?;
-        self.check(&store).await?;
-        Ok(store)
-    }
-
-    async fn check(&self, store: &RedisStore) -> Result<(), StoreError> {
-        if self.assume_noeviction {
-            tracing::warn!(
-                "RedisStore: maxmemory-policy not checked (assume_noeviction): unless every \
-                 Redis node runs with maxmemory-policy noeviction, memory pressure deletes \
-                 claims and records, and their retries run their handlers again"
-            );
-            return Ok(());
-        }
-        let inner = &store.inner;
-        let primaries = match &inner.connection {
-            Connection::Server(_) => vec![None],
-            Connection::Cluster(_) => inner.primaries().await?.into_iter().map(Some).collect(),
+    let inner = &store.inner;
+    let primaries = match &inner.connection {
+        Connection::Server(_) => vec![None],
+        Connection::Cluster(_) => inner.primaries().await?.into_iter().map(Some).collect(),
+    };
+    let mut checked = 0;
+    for primary in &primaries {
+        let node = match primary {
+            Some((host, port)) => format!("{host}:{port}"),
+            None => "the server".to_owned(),
         };
-        let mut checked = 0;
-        for primary in &primaries {
-            let node = match primary {
-                Some((host, port)) => format!("{host}:{port}"),
-                None => "the server".to_owned(),
-            };
-            let mut get = redis::cmd("CONFIG");
-            get.arg("GET").arg("maxmemory-policy");
-            let policy = match inner
-                .timed(inner.on_node::<HashMap<String, String>>(get, primary.as_ref()))
-                .await
-            {
-                Ok(reply) => reply.get("maxmemory-policy").cloned(),
-                // A primary that cannot be reached now is not checked; the
-                // others are, and the store fails for its keys anyway.
-                Err(error) if primary.is_some() && unreachable(&error) => {
-                    tracing::warn!(%error, node, "RedisStore: maxmemory-policy not checked");
-                    continue;
-                }
-                Err(error) => return Err(unreadable(&node, &error.to_string())),
-            };
-            match policy.as_deref() {
-                Some("noeviction") => checked += 1,
-                Some(policy) => return Err(evicting(&node, policy)),
-                None => return Err(unreadable(&node, "no such parameter")),
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg("maxmemory-policy");
+        let get = inner.on_node::<HashMap<String, String>>(get, primary.as_ref());
+        let policy = match inner.settings.timed(OPERATION, get).await {
+            Ok(reply) => reply.get("maxmemory-policy").cloned(),
+            // A primary that cannot be reached now is not checked; the
+            // others are, and the store fails for its keys anyway.
+            Err(error) if primary.is_some() && unreachable(&error) => {
+                tracing::warn!(%error, node, "RedisStore: maxmemory-policy not checked");
+                continue;
             }
+            Err(error) => return Err(unreadable(&node, &error.to_string())),
+        };
+        match policy.as_deref() {
+            Some("noeviction") => checked += 1,
+            Some(policy) => return Err(evicting(&node, policy)),
+            None => return Err(unreadable(&node, "no such parameter")),
         }
-        if checked == 0 {
-            return Err(unreadable("the Cluster", "no primary answered"));
-        }
-        Ok(())
     }
+    if checked == 0 {
+        return Err(unreadable("the Cluster", "no primary answered"));
+    }
+    Ok(())
 }
 
 fn unreachable(error: &StoreError) -> bool {

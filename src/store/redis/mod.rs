@@ -18,15 +18,17 @@
 //! use tower_idempotency::{IdempotencyLayer, RedisStore};
 //!
 //! # async fn run() -> Result<(), tower_idempotency::StoreError> {
-//! let store = RedisStore::connect("redis://127.0.0.1:6379")
-//!     .await?
-//!     .with_lock_timeout(Duration::from_secs(30));
+//! let store = RedisStore::builder()
+//!     .with_lock_timeout(Duration::from_secs(30))
+//!     .connect("redis://127.0.0.1:6379")
+//!     .await?;
 //! let layer = IdempotencyLayer::new(store.clone());
 //! # let _ = layer;
 //! # Ok(())
 //! # }
 //! ```
 
+mod builder;
 mod eviction;
 #[cfg(feature = "test-util")]
 mod instrumentation;
@@ -34,20 +36,19 @@ mod listen;
 mod operations;
 mod scripts;
 
-pub use self::eviction::RedisStoreBuilder;
+pub use self::builder::RedisStoreBuilder;
 use self::scripts::Scripts;
 use super::encoding::hex;
 use super::near_cache::{Cache, Claims, Completed, NearCache};
+use super::settings::Settings;
 use super::waiters::Waits;
 use super::{Begin, FencingToken, RecordKey, StoreError};
-use crate::limits;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use sha2::{Digest, Sha256};
 use std::fmt;
-use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,7 +62,7 @@ use std::time::Duration;
 ///   `complete`, `extend` and `release` are scripts fenced by the claim's token.
 /// - **Near cache**: a retry of a completed record this instance wrote or
 ///   read is answered from memory, no round trip, while the subscriber is
-///   connected (see [`with_near_cache`](Self::with_near_cache)); a
+///   connected (see [`with_near_cache`](RedisStoreBuilder::with_near_cache)); a
 ///   `purge_scope` anywhere reaches every instance's cache through it.
 /// - **Server clock only**: a claim's lock expiry is a field in server
 ///   milliseconds and a record's retention a key TTL; tokens are at least the
@@ -86,17 +87,31 @@ use std::time::Duration;
 ///   second per key in one process, whatever the number of waiters).
 /// - **Outages**: connection errors, a Cluster without a reachable primary for
 ///   the key's slot, and operations slower than
-///   [`with_operation_timeout`](Self::with_operation_timeout) are
+///   [`with_operation_timeout`](RedisStoreBuilder::with_operation_timeout) are
 ///   [`StoreError::Backend`]; the layer answers `503` and runs nothing. The
 ///   connections reconnect by themselves.
 /// - **Failover**: replication is asynchronous, so a failover may lose the
 ///   latest claims and completions, and a retry of a lost one runs again.
-///   [`with_replica_acks`](Self::with_replica_acks) makes claims and
+///   [`with_replica_acks`](RedisStoreBuilder::with_replica_acks) makes claims and
 ///   completions wait for replicas to acknowledge them first.
 ///
-/// Clones share the connection, the subscriber and the waiters. Configure a
-/// store before cloning or using it: a `with_*` call on one that has clones
-/// panics rather than make a second store that shares nothing with the first.
+/// Clones share the connection, the subscriber and the waiters. A store is
+/// configured before it exists, by its [`builder`](Self::builder):
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::RedisStore;
+///
+/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// let store = RedisStore::builder()
+///     .with_retention(Duration::from_secs(48 * 3600))
+///     .with_replica_acks(1, Duration::from_millis(500))
+///     .connect_cluster(&["redis://10.0.0.1:6379", "redis://10.0.0.2:6379"])
+///     .await?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Clone)]
 pub struct RedisStore {
     inner: Arc<Inner>,
@@ -106,6 +121,7 @@ struct Inner {
     connection: Connection,
     /// Where the subscriber connects: the server, or each Cluster node in turn.
     subscribe_to: Vec<redis::Client>,
+    settings: Settings,
     config: Config,
     channel: String,
     scripts: Scripts,
@@ -117,12 +133,10 @@ struct Inner {
     claims: Claims,
 }
 
+/// What a store is configured with besides its [`Settings`].
 #[derive(Clone)]
 struct Config {
     prefix: String,
-    retention: Duration,
-    lock_timeout: Duration,
-    operation_timeout: Duration,
     replica_acks: Option<ReplicaAcks>,
     near_cache: NearCache,
 }
@@ -178,7 +192,7 @@ impl ConnectionLike for Connection {
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let c = &self.inner.config;
+        let (c, s) = (&self.inner.config, &self.inner.settings);
         let mode = match self.inner.connection {
             Connection::Server(_) => "server",
             Connection::Cluster(_) => "cluster",
@@ -186,9 +200,9 @@ impl fmt::Debug for RedisStore {
         f.debug_struct("RedisStore")
             .field("mode", &mode)
             .field("prefix", &c.prefix)
-            .field("retention", &c.retention)
-            .field("lock_timeout", &c.lock_timeout)
-            .field("operation_timeout", &c.operation_timeout)
+            .field("retention", &s.retention())
+            .field("lock_timeout", &s.lock_timeout())
+            .field("operation_timeout", &s.operation_timeout())
             .field("replica_acks", &c.replica_acks)
             .field("near_cache", &c.near_cache)
             .finish_non_exhaustive()
@@ -198,6 +212,9 @@ impl fmt::Debug for RedisStore {
 /// How long connecting and each command may take at the connection level;
 /// the store's own operation timeout bounds whole operations.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What an operation past its timeout is called in the error.
+const OPERATION: &str = "Redis operation";
 
 impl RedisStore {
     /// A store on the server at `url` (`redis://`, or `rediss://` with one of
@@ -224,14 +241,16 @@ impl RedisStore {
         Self::builder().connect_cluster(nodes).await
     }
 
-    /// Options that apply before connecting, such as
+    /// A [`RedisStoreBuilder`] with the defaults of [`connect`](Self::connect),
+    /// to configure the store before it exists, such as
     /// [`assume_noeviction`](RedisStoreBuilder::assume_noeviction):
     /// `RedisStore::builder().assume_noeviction().connect(url)`.
     pub fn builder() -> RedisStoreBuilder {
         RedisStoreBuilder::default()
     }
 
-    async fn open(url: &str) -> Result<Self, StoreError> {
+    /// A connection to the server at `url`, and where its subscriber connects.
+    async fn open(url: &str) -> Result<(Connection, Vec<redis::Client>), StoreError> {
         let client = redis::Client::open(url).map_err(backend)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECTION_TIMEOUT))
@@ -245,14 +264,12 @@ impl RedisStore {
         .await
         .map_err(|_| backend("connecting to Redis timed out"))?
         .map_err(backend)?;
-        Ok(Self::build(
-            Connection::Server(manager),
-            vec![client],
-            Config::default(),
-        ))
+        Ok((Connection::Server(manager), vec![client]))
     }
 
-    async fn open_cluster(nodes: &[&str]) -> Result<Self, StoreError> {
+    /// A connection to the Cluster `nodes` belong to, and where its
+    /// subscriber connects.
+    async fn open_cluster(nodes: &[&str]) -> Result<(Connection, Vec<redis::Client>), StoreError> {
         let cluster = ClusterClientBuilder::new(nodes.to_vec())
             .connection_timeout(CONNECTION_TIMEOUT)
             .response_timeout(CONNECTION_TIMEOUT)
@@ -268,14 +285,15 @@ impl RedisStore {
             .map(|url| redis::Client::open(*url))
             .collect::<Result<_, _>>()
             .map_err(backend)?;
-        Ok(Self::build(
-            Connection::Cluster(connection),
-            subscribe_to,
-            Config::default(),
-        ))
+        Ok((Connection::Cluster(connection), subscribe_to))
     }
 
-    fn build(connection: Connection, subscribe_to: Vec<redis::Client>, config: Config) -> Self {
+    fn of(
+        connection: Connection,
+        subscribe_to: Vec<redis::Client>,
+        settings: Settings,
+        config: Config,
+    ) -> Self {
         let channel = format!("{}:done", config.prefix);
         let near_cache = Cache::new(config.near_cache);
         Self {
@@ -283,6 +301,7 @@ impl RedisStore {
                 connection,
                 subscribe_to,
                 channel,
+                settings,
                 config,
                 scripts: Scripts::new(),
                 waits: Waits::default(),
@@ -293,126 +312,9 @@ impl RedisStore {
         }
     }
 
-    fn reconfigure(self, f: impl FnOnce(&mut Config)) -> Self {
-        // Clones share waiters and counters: one configured apart would be a
-        // second store.
-        assert!(
-            Arc::strong_count(&self.inner) == 1,
-            "configure a RedisStore before cloning or using it: a clone configured on its own \
-             would be a second store, sharing nothing with the first"
-        );
-        let mut config = self.inner.config.clone();
-        f(&mut config);
-        let inner = &self.inner;
-        Self::build(inner.connection.clone(), inner.subscribe_to.clone(), config)
-    }
-
-    /// The prefix of every key and of the pub/sub channel (default
-    /// `idempotency`): stores with different prefixes share nothing.
-    ///
-    /// # Panics
-    ///
-    /// If `prefix` is empty, longer than 64 bytes, or has a byte other than
-    /// ASCII letters, digits, `_`, `-`, `.` and `:` (braces would change the
-    /// hash tag).
-    pub fn with_prefix(self, prefix: &str) -> Self {
-        let valid = !prefix.is_empty()
-            && prefix.len() <= 64
-            && prefix
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
-        assert!(
-            valid,
-            "RedisStore prefix {prefix:?} must be 1 to 64 of [A-Za-z0-9_.:-]"
-        );
-        self.reconfigure(|c| c.prefix = prefix.to_owned())
-    }
-
-    /// How long a completed response is replayed (default 24 h), from its
-    /// completion on the server's clock. Clamped to between 100 ms and 100
-    /// years.
-    pub fn with_retention(self, retention: Duration) -> Self {
-        let retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
-        self.reconfigure(|c| c.retention = retention)
-    }
-
-    /// How long a claim holds its key unless it is extended (default 10 s), on
-    /// the server's clock. The layer extends a claim every twentieth of this
-    /// while its handler runs, so it bounds how long a *dead* owner blocks its
-    /// key.
-    ///
-    /// A store stall of up to 9/10 of this, less one round trip, is survived by a
-    /// running claim: extensions go out every 1/20 of it, each time-boxed to a
-    /// third of the claim's remaining life (counted from the last successful
-    /// extension's sending) and retried at once when it fails or times out
-    /// (`docs/idempotency.md`, *Locks and retention*, derives the bound).
-    ///
-    /// Clamped to between 100 ms and 100 years.
-    pub fn with_lock_timeout(self, lock_timeout: Duration) -> Self {
-        let lock_timeout = limits::clamp(lock_timeout, limits::SHORTEST_LOCK);
-        self.reconfigure(|c| c.lock_timeout = lock_timeout)
-    }
-
-    /// The longest one operation may take (default 5 s), replica
-    /// acknowledgements included; slower ones fail with
-    /// [`StoreError::Backend`]. At most 100 years.
-    pub fn with_operation_timeout(self, timeout: Duration) -> Self {
-        let timeout = limits::clamp(timeout, Duration::ZERO);
-        self.reconfigure(|c| c.operation_timeout = timeout)
-    }
-
-    /// Waits, after every claim and completion, until `replicas` replicas of
-    /// the key's primary acknowledged it (`WAIT`), for at most `timeout`.
-    ///
-    /// A claim not acknowledged in time is released and answered as a store
-    /// error (`503`, the handler does not run); a completion not acknowledged
-    /// fails as a store error, and the request's key stays in progress until
-    /// its lock runs out. So once a handler ran, its claim exists on
-    /// `replicas` replicas, and a failover that promotes one of them keeps the
-    /// key from running again. Costs one more round trip per claim and per
-    /// completion, and the replication delay. `docs/redis.md` compares what
-    /// each mode guarantees.
-    pub fn with_replica_acks(self, replicas: usize, timeout: Duration) -> Self {
-        let timeout = limits::clamp(timeout, Duration::from_millis(1));
-        self.reconfigure(|c| c.replica_acks = Some(ReplicaAcks { replicas, timeout }))
-    }
-
-    /// The near cache of completed records (default: 16 MiB, entries trusted
-    /// for 10 s; [`NearCache::disabled`] turns it off).
-    ///
-    /// A retry of a record this instance completed or already read is then
-    /// answered from memory, with no round trip. It is used only while the
-    /// store's subscriber is connected, because that is how a
-    /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another instance reaches
-    /// this one: while it is not, every `begin` asks Redis.
-    pub fn with_near_cache(self, near_cache: NearCache) -> Self {
-        self.reconfigure(|c| c.near_cache = near_cache)
-    }
-
     /// The key prefix.
     pub fn prefix(&self) -> &str {
         &self.inner.config.prefix
-    }
-}
-
-impl Config {
-    /// How long a claim's key is kept: past its lock, so that its owner's late
-    /// `extend` or `complete` still finds it when nobody took it over.
-    fn claim_kept(&self) -> Duration {
-        self.lock_timeout.saturating_add(self.retention)
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Self {
-            prefix: "idempotency".to_owned(),
-            retention: Duration::from_secs(24 * 3600),
-            lock_timeout: Duration::from_secs(10),
-            operation_timeout: Duration::from_secs(5),
-            replica_acks: None,
-            near_cache: NearCache::default(),
-        }
     }
 }
 
@@ -450,17 +352,11 @@ impl Inner {
         names(&self.config.prefix, key)
     }
 
-    async fn timed<T>(
-        &self,
-        op: impl Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let limit = self.config.operation_timeout;
-        match tokio::time::timeout(limit, op).await {
-            Ok(result) => result,
-            Err(_) => Err(backend(format!(
-                "Redis operation timed out after {limit:?}"
-            ))),
-        }
+    /// How long a claim's key is kept: past its lock, so that its owner's late
+    /// `extend` or `complete` still finds it when nobody took it over.
+    fn claim_kept(&self) -> Duration {
+        let s = &self.settings;
+        s.lock_timeout().saturating_add(s.retention())
     }
 
     fn count_round_trip(&self) {
@@ -520,7 +416,7 @@ impl Inner {
         sent: tokio::time::Instant,
         epoch: u64,
     ) {
-        let expires = sent + self.config.retention;
+        let expires = sent + self.settings.retention();
         let near = self.near();
         self.claims
             .completed(near, key, token, completed, expires, epoch);

@@ -1,7 +1,7 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
 use super::listen::PURGED;
-use super::{backend, millis, Connection, Inner, RedisStore};
+use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::{decode_headers, encode_headers};
 use crate::store::near_cache::Completed;
 use crate::store::{
@@ -67,7 +67,10 @@ impl Inner {
     async fn lock_remaining(&self, key: &RecordKey) -> Result<Option<Duration>, StoreError> {
         let names = self.names(key);
         let invocation = self.scripts.lock_remaining.key(&names.record);
-        let ms: i64 = self.timed(self.invoke(&invocation)).await?;
+        let ms: i64 = self
+            .settings
+            .timed(OPERATION, self.invoke(&invocation))
+            .await?;
         // -1: not in progress; -2 (gone) cannot follow a present state.
         Ok((ms >= 0).then(|| Duration::from_millis(ms as u64)))
     }
@@ -110,7 +113,7 @@ impl Inner {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
-            .arg(millis(self.config.retention))
+            .arg(millis(self.settings.retention()))
             .arg(&self.channel)
             // The record's name already names it uniquely: the message's id.
             .arg(&names.record);
@@ -122,39 +125,40 @@ impl Inner {
                 .arg(&response.body[..]),
             None => invocation.arg("u"),
         };
-        self.timed(async {
-            let done: i64 = self.invoke(&invocation).await?;
-            if done != 1 {
-                return Err(StoreError::ClaimLost);
-            }
-            // Written: its replication is awaited again until the operation's
-            // timeout. After a failover the new primary may not have it: the
-            // claim is then still ours and in progress there, and the caller
-            // runs the completion again.
-            loop {
-                let error = match self.replicated(&names.record).await {
-                    Ok(()) => return Ok(()),
-                    Err(error) => error,
-                };
-                tracing::warn!(%error, "a completion is not replicated yet");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                let mut read = redis::cmd("HMGET");
-                read.arg(&names.record).arg("st").arg("tok");
-                self.count_round_trip();
-                let state: (Option<String>, Option<String>) = read
-                    .query_async(&mut self.connection.clone())
-                    .await
-                    .map_err(backend)?;
-                match state {
-                    (Some(st), Some(tok)) if st != "p" && tok == token.0.to_string() => {}
-                    (Some(st), Some(tok)) if st == "p" && tok == token.0.to_string() => {
-                        return Err(backend("the completion was lost in a failover"));
-                    }
-                    _ => return Err(StoreError::ClaimLost),
+        self.settings
+            .timed(OPERATION, async {
+                let done: i64 = self.invoke(&invocation).await?;
+                if done != 1 {
+                    return Err(StoreError::ClaimLost);
                 }
-            }
-        })
-        .await
+                // Written: its replication is awaited again until the operation's
+                // timeout. After a failover the new primary may not have it: the
+                // claim is then still ours and in progress there, and the caller
+                // runs the completion again.
+                loop {
+                    let error = match self.replicated(&names.record).await {
+                        Ok(()) => return Ok(()),
+                        Err(error) => error,
+                    };
+                    tracing::warn!(%error, "a completion is not replicated yet");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    let mut read = redis::cmd("HMGET");
+                    read.arg(&names.record).arg("st").arg("tok");
+                    self.count_round_trip();
+                    let state: (Option<String>, Option<String>) = read
+                        .query_async(&mut self.connection.clone())
+                        .await
+                        .map_err(backend)?;
+                    match state {
+                        (Some(st), Some(tok)) if st != "p" && tok == token.0.to_string() => {}
+                        (Some(st), Some(tok)) if st == "p" && tok == token.0.to_string() => {
+                            return Err(backend("the completion was lost in a failover"));
+                        }
+                        _ => return Err(StoreError::ClaimLost),
+                    }
+                }
+            })
+            .await
     }
 }
 
@@ -168,7 +172,8 @@ impl Inner {
         let mut kept: isize = 0;
         loop {
             let members: Vec<String> = self
-                .timed(async {
+                .settings
+                .timed(OPERATION, async {
                     self.count_round_trip();
                     redis::cmd("ZRANGE")
                         .arg(&index)
@@ -187,7 +192,10 @@ impl Inner {
             for member in &members {
                 invocation.key(format!("{tag}r:{member}")).arg(member);
             }
-            let (deleted, removed): (u64, isize) = self.timed(self.invoke(&invocation)).await?;
+            let (deleted, removed): (u64, isize) = self
+                .settings
+                .timed(OPERATION, self.invoke(&invocation))
+                .await?;
             purged += deleted;
             kept += members.len() as isize - removed;
         }
@@ -210,11 +218,16 @@ impl Inner {
                     .arg(&pattern)
                     .arg("COUNT")
                     .arg(1000);
-                let (next, indexes): (u64, Vec<String>) =
-                    self.timed(self.on_node(scan, primary.as_ref())).await?;
+                let (next, indexes): (u64, Vec<String>) = self
+                    .settings
+                    .timed(OPERATION, self.on_node(scan, primary.as_ref()))
+                    .await?;
                 for index in indexes {
                     let invocation = self.scripts.trim_index.key(&index);
-                    let removed: u64 = self.timed(self.invoke(&invocation)).await?;
+                    let removed: u64 = self
+                        .settings
+                        .timed(OPERATION, self.invoke(&invocation))
+                        .await?;
                     trimmed += removed;
                 }
                 if next == 0 {
@@ -352,10 +365,11 @@ impl Store for RedisStore {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
-            .arg(millis(inner.config.lock_timeout))
-            .arg(millis(inner.config.claim_kept()));
+            .arg(millis(inner.settings.lock_timeout()))
+            .arg(millis(inner.claim_kept()));
         inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
                 let reply: Vec<Value> = inner.invoke(&invocation).await?;
                 let (begun, remaining) = decode_begin(reply)?;
@@ -386,8 +400,7 @@ impl Store for RedisStore {
     }
 
     fn timings(&self) -> Timings {
-        let config = &self.inner.config;
-        Timings::new(config.lock_timeout).with_retention(config.retention)
+        self.inner.settings.timings()
     }
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
@@ -399,9 +412,12 @@ impl Store for RedisStore {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
-            .arg(millis(inner.config.lock_timeout))
-            .arg(millis(inner.config.claim_kept()));
-        let extended: i64 = inner.timed(inner.invoke(&invocation)).await?;
+            .arg(millis(inner.settings.lock_timeout()))
+            .arg(millis(inner.claim_kept()));
+        let extended: i64 = inner
+            .settings
+            .timed(OPERATION, inner.invoke(&invocation))
+            .await?;
         match extended {
             1 => Ok(()),
             _ => {
@@ -424,7 +440,10 @@ impl Store for RedisStore {
             .arg(&inner.channel)
             // The record's name already names it uniquely: the message's id.
             .arg(&names.record);
-        let _released: i64 = inner.timed(inner.invoke(&invocation)).await?;
+        let _released: i64 = inner
+            .settings
+            .timed(OPERATION, inner.invoke(&invocation))
+            .await?;
         Ok(())
     }
 
@@ -461,7 +480,8 @@ impl Maintenance for RedisStore {
             cache.purge_scope(scope);
         }
         let published = inner
-            .timed(async {
+            .settings
+            .timed(OPERATION, async {
                 inner.count_round_trip();
                 redis::cmd("PUBLISH")
                     .arg(&inner.channel)

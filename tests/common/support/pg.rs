@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
-use tower_idempotency::PostgresStore;
+use tower_idempotency::{PostgresStore, PostgresStoreBuilder};
 
 /// `DATABASE_URL`, or `None` after a loud skip message; panics when
 /// `REQUIRE_POSTGRES=1` (CI and `scripts/test`) and it is missing.
@@ -92,12 +92,12 @@ pub fn unique_table(prefix: &str) -> String {
 pub async fn store(
     url: &str,
     table: &str,
-    configure: impl FnOnce(PostgresStore) -> PostgresStore,
+    configure: impl FnOnce(PostgresStoreBuilder) -> PostgresStoreBuilder,
 ) -> PostgresStore {
-    let store = PostgresStore::new(pool(pg_config(url), 8))
+    let builder = PostgresStore::builder(pool(pg_config(url), 8))
         .with_table(table)
         .with_listener(pg_config(url));
-    let store = configure(store);
+    let store = configure(builder).build();
     store.migrate().await.expect("migrate");
     store
 }

@@ -6,7 +6,7 @@
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tower_idempotency::RedisStore;
+use tower_idempotency::{RedisStore, RedisStoreBuilder};
 
 fn required(test: &str, what: &str) -> Option<String> {
     match std::env::var(what) {
@@ -55,18 +55,26 @@ pub fn unique_prefix(name: &str) -> String {
 }
 
 /// A store on the standalone server under a fresh prefix, configured by `f`.
-pub async fn standalone(url: &str, f: impl FnOnce(RedisStore) -> RedisStore) -> RedisStore {
-    let store = RedisStore::connect(url).await.expect("connect to Redis");
-    f(store.with_prefix(&unique_prefix("s")))
+pub async fn standalone(
+    url: &str,
+    f: impl FnOnce(RedisStoreBuilder) -> RedisStoreBuilder,
+) -> RedisStore {
+    f(RedisStore::builder().with_prefix(&unique_prefix("s")))
+        .connect(url)
+        .await
+        .expect("connect to Redis")
 }
 
 /// A store on a Cluster under a fresh prefix, configured by `f`.
-pub async fn on_cluster(nodes: &[String], f: impl FnOnce(RedisStore) -> RedisStore) -> RedisStore {
+pub async fn on_cluster(
+    nodes: &[String],
+    f: impl FnOnce(RedisStoreBuilder) -> RedisStoreBuilder,
+) -> RedisStore {
     let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    let store = RedisStore::connect_cluster(&nodes)
+    f(RedisStore::builder().with_prefix(&unique_prefix("c")))
+        .connect_cluster(&nodes)
         .await
-        .expect("connect to the Redis Cluster");
-    f(store.with_prefix(&unique_prefix("c")))
+        .expect("connect to the Redis Cluster")
 }
 
 /// A plain connection for the test's own commands.

@@ -13,7 +13,9 @@ use http_body_util::BodyExt;
 use std::time::Duration;
 use tokio::time::{sleep, timeout, Instant};
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction, Scope};
+use tower_idempotency::{
+    IdempotencyLayer, PostgresStore, PostgresStoreBuilder, PostgresTransaction, Scope,
+};
 
 /// Where the two-effect handler writes its charge and its order.
 #[derive(Clone)]
@@ -139,10 +141,21 @@ async fn send(app: &Router, key: &str, outcome: Option<&str>) -> (StatusCode, St
 
 /// A store on its own table with a short lock, and an effects table.
 async fn setup(url: &str, lock: Duration, pool_size: usize) -> (PostgresStore, String) {
-    let store = PostgresStore::new(pg::pool(pg::pg_config(url), pool_size))
+    setup_with(url, lock, pool_size, |store| store).await
+}
+
+/// `setup`, the store configured further by `configure`.
+async fn setup_with(
+    url: &str,
+    lock: Duration,
+    pool_size: usize,
+    configure: impl FnOnce(PostgresStoreBuilder) -> PostgresStoreBuilder,
+) -> (PostgresStore, String) {
+    let builder = PostgresStore::builder(pg::pool(pg::pg_config(url), pool_size))
         .with_table(&pg::unique_table("exactly_once"))
         .with_lock_timeout(lock)
         .with_listener(pg::pg_config(url));
+    let store = configure(builder).build();
     store.migrate().await.unwrap();
     (store, effects_table(url).await)
 }
@@ -258,8 +271,10 @@ async fn waiting_duplicates_never_hold_pooled_connections_behind_the_row_lock() 
         return;
     };
     let lock = Duration::from_millis(200);
-    let (store, table) = setup(&url, lock, 4).await;
-    let store = store.with_operation_timeout(Duration::from_secs(2));
+    let (store, table) = setup_with(&url, lock, 4, |store| {
+        store.with_operation_timeout(Duration::from_secs(2))
+    })
+    .await;
     let effects = Effects {
         pool: None,
         table: table.clone(),
@@ -425,10 +440,11 @@ async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
     // under way in the background (a replay's rollback) holds it.
     let instance = |table: Option<&str>| {
         let pool = pg::pool(pg::pg_config(&url), 1);
-        let store = PostgresStore::new(pool.clone())
+        let store = PostgresStore::builder(pool.clone())
             .with_table(&table.map_or_else(|| pg::unique_table("exactly_once"), str::to_owned))
             .with_lock_timeout(Duration::from_secs(10))
-            .with_listener(pg::pg_config(&url));
+            .with_listener(pg::pg_config(&url))
+            .build();
         (store, pool)
     };
     let (store, pool) = instance(None);

@@ -83,10 +83,11 @@ async fn send(app: &Router, req: Request) -> (StatusCode, String) {
 async fn setup(url: &str) -> (Router, Provider) {
     let mut config = pg::pg_config(url);
     config.options("-c idle_in_transaction_session_timeout=300");
-    let store = PostgresStore::new(pg::pool(config, 4))
+    let store = PostgresStore::builder(pg::pool(config, 4))
         .with_table(&pg::unique_table("liveness"))
         .with_lock_timeout(Duration::from_millis(500))
-        .with_listener(pg::pg_config(url));
+        .with_listener(pg::pg_config(url))
+        .build();
     store.migrate().await.unwrap();
     let table = pg::unique_table("liveness_orders");
     pg::connect(url)

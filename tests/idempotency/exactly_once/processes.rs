@@ -57,10 +57,11 @@ struct Shop {
 }
 
 async fn serve(url: String, mode: String, table: String) {
-    let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 16))
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
         .with_table(&table)
         .with_lock_timeout(LOCK)
-        .with_listener(pg::pg_config(&url));
+        .with_listener(pg::pg_config(&url))
+        .build();
     let (layer, pool) = match mode.as_str() {
         "transactional" => (IdempotencyLayer::transactional(store), None),
         _ => (
@@ -163,7 +164,9 @@ struct Shops {
 impl Shops {
     async fn new(url: &str, mode: &'static str) -> Self {
         let table = pg::unique_table("killed");
-        let store = PostgresStore::new(pg::pool(pg::pg_config(url), 2)).with_table(&table);
+        let store = PostgresStore::builder(pg::pool(pg::pg_config(url), 2))
+            .with_table(&table)
+            .build();
         store.migrate().await.unwrap();
         pg::connect(url)
             .await

@@ -7,10 +7,11 @@ use tower_idempotency::store::Maintenance;
 /// Counts every insertion and removal path against a model.
 #[tokio::test(start_paused = true)]
 async fn len_never_drifts_across_every_path() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(2))
-        .with_capacity(20);
+        .with_capacity(20)
+        .build();
     let a = |i: usize| record("a", &format!("a-key-{i:08}"));
     let mut tokens = Vec::new();
     for i in 0..10 {
@@ -104,7 +105,7 @@ async fn len_never_drifts_across_every_path() {
 /// (completed, packed or large) still answer while it is full.
 #[tokio::test]
 async fn capacity_is_exact_and_freed_by_every_removal() {
-    let store = MemoryStore::new().with_capacity(5);
+    let store = MemoryStore::builder().with_capacity(5).build();
     let k = |i: usize| record("cap", &format!("cap-key-{i:08}"));
     let mut tokens: Vec<_> = Vec::new();
     for i in 0..5 {

@@ -116,9 +116,10 @@ async fn a_claim_from_non_canonical_bytes_matches_canonical_retries() {
 /// digest: the old request's bytes must not match the new record by digest.
 #[tokio::test(start_paused = true)]
 async fn a_new_claim_does_not_inherit_the_old_exact_digest() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_millis(100))
-        .with_retention(Duration::from_millis(300));
+        .with_retention(Duration::from_millis(300))
+        .build();
     let r = Requests::new(record("acme", "exact-00000003"));
     let key = r.key.clone();
     let (old, new) = (r#"{"v":1}"#, r#"{"v":2}"#);

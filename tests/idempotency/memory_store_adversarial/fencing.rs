@@ -8,9 +8,10 @@ use tower_idempotency::store::Maintenance;
 /// nor touch the record after the new owner completed it.
 #[tokio::test(start_paused = true)]
 async fn a_stale_token_is_fenced_after_a_takeover() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_millis(100))
-        .with_retention(Duration::from_secs(60));
+        .with_retention(Duration::from_secs(60))
+        .build();
     let key = record("acme", "fence-00000001");
     let a = fp("a");
     let dead = claim(&store, &key, &a).await;
@@ -154,9 +155,10 @@ async fn complete_fillers(store: &MemoryStore, scope: &str, n: usize) {
 /// the newer claim (nor, later, the newer completion).
 #[tokio::test(start_paused = true)]
 async fn a_stale_queue_entry_never_evicts_a_newer_record() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
-        .with_retention(Duration::from_millis(100));
+        .with_retention(Duration::from_millis(100))
+        .build();
     complete_fillers(&store, "fill", 20).await;
     let key = record("acme", "queue-00000001");
     let old = claim(&store, &key, &fp("a")).await;
@@ -191,9 +193,10 @@ async fn a_stale_queue_entry_never_evicts_a_newer_record() {
 /// The same, with the newer record already completed when the old entry is due.
 #[tokio::test(start_paused = true)]
 async fn a_stale_queue_entry_never_evicts_a_newer_completion() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
-        .with_retention(Duration::from_millis(100));
+        .with_retention(Duration::from_millis(100))
+        .build();
     complete_fillers(&store, "fill", 20).await;
     let key = record("acme", "queue-00000002");
     let old = claim(&store, &key, &fp("a")).await;
@@ -229,9 +232,10 @@ async fn a_stale_queue_entry_never_evicts_a_newer_completion() {
 /// re-claim) removes nothing and decrements nothing when it comes due.
 #[tokio::test(start_paused = true)]
 async fn queue_entries_of_removed_records_do_not_decrement_len() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(10))
-        .with_retention(Duration::from_millis(100));
+        .with_retention(Duration::from_millis(100))
+        .build();
     complete_fillers(&store, "gone", 30).await;
     assert_eq!(store.purge_scope(&Scope::new("gone")).await.unwrap(), 30);
     assert_eq!(store.len(), 0);

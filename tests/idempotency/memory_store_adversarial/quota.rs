@@ -15,11 +15,12 @@ fn over_quota(result: Result<Begin, StoreError>) {
 
 #[tokio::test(start_paused = true)]
 async fn one_scope_at_its_quota_cannot_lock_the_others_out() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(10))
         .with_capacity(100)
-        .with_scope_quota(3);
+        .with_scope_quota(3)
+        .build();
     let key = |scope: &str, i: usize| record(scope, &format!("{scope}-key-{i:08}"));
     // The noisy scope: two completed records and one claim in progress.
     let mut tokens = Vec::new();
@@ -85,10 +86,11 @@ async fn one_scope_at_its_quota_cannot_lock_the_others_out() {
 
 #[tokio::test(start_paused = true)]
 async fn the_count_follows_every_removal_path() {
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(2))
-        .with_scope_quota(1_000);
+        .with_scope_quota(1_000)
+        .build();
     let key = |i: usize| record("s", &format!("s-key-{i:08}"));
     let mut tokens = Vec::new();
     for i in 0..20 {
@@ -127,7 +129,7 @@ async fn the_count_follows_every_removal_path() {
 
 #[tokio::test]
 async fn a_quota_of_zero_refuses_every_new_key_and_nothing_else_breaks() {
-    let store = MemoryStore::new().with_scope_quota(0);
+    let store = MemoryStore::builder().with_scope_quota(0).build();
     over_quota(store.begin(&record("s", "s-key-00000001"), &fp("x")).await);
     assert_eq!(store.len(), 0);
     // Without a quota, the scan counts.
@@ -143,7 +145,7 @@ async fn a_quota_of_zero_refuses_every_new_key_and_nothing_else_breaks() {
 /// records each scope holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_quota_is_exact_under_concurrency() {
-    let store = MemoryStore::new().with_scope_quota(10);
+    let store = MemoryStore::builder().with_scope_quota(10).build();
     let scopes = ["a", "b", "c", "d"];
     let over = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();

@@ -69,7 +69,9 @@ async fn waiters_wake_on_a_large_completion_and_on_release() {
 /// its own timeout; the takeover then gets a new claim.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_on_an_abandoned_claim_returns_at_lock_expiry() {
-    let store = MemoryStore::new().with_lock_timeout(Duration::from_millis(200));
+    let store = MemoryStore::builder()
+        .with_lock_timeout(Duration::from_millis(200))
+        .build();
     let key = record("acme", "wait-00000004");
     let dead = claim(&store, &key, &fp("a")).await;
     let waiter = spawn_waiter(&store, &key, Duration::from_secs(30));
@@ -109,9 +111,10 @@ async fn wait_with_an_unbounded_timeout_does_not_overflow() {
     woken(waiter, "the completion").await;
 
     // Unbounded lock and retention saturate rather than overflow.
-    let store = MemoryStore::new()
+    let store = MemoryStore::builder()
         .with_lock_timeout(Duration::MAX)
-        .with_retention(Duration::MAX);
+        .with_retention(Duration::MAX)
+        .build();
     let token = claim(&store, &key, &fp("a")).await;
     let waiter = spawn_waiter(&store, &key, Duration::from_millis(100));
     woken(waiter, "its own timeout").await;

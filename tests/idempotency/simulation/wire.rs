@@ -99,7 +99,7 @@ pub type StoreLog = Arc<Mutex<Vec<Applied>>>;
 /// The store host's software: a fresh `MemoryStore` (its clock is this
 /// host's tokio clock, which turmoil drives), served until the end.
 pub async fn serve_store(log: StoreLog) -> turmoil::Result {
-    let store = MemoryStore::new().with_lock_timeout(LOCK);
+    let store = MemoryStore::builder().with_lock_timeout(LOCK).build();
     let listener = TcpListener::bind(("0.0.0.0", PORT)).await?;
     loop {
         let (stream, peer) = listener.accept().await?;

@@ -92,14 +92,15 @@ impl Backend {
     /// A new, empty job store with `lease`.
     pub async fn store(&self, lease: Duration) -> Arc<dyn app::Jobs> {
         match self {
-            Self::Memory => Arc::new(MemoryJobStore::new().with_lease(lease)),
+            Self::Memory => Arc::new(MemoryJobStore::builder().with_lease(lease).build()),
             #[cfg(feature = "postgres")]
             Self::Postgres { url } => {
                 use support::pg;
                 use tower_idempotency::lease::store::PostgresJobStore;
-                let store = PostgresJobStore::new(pg::pool(pg::pg_config(url), 16))
+                let store = PostgresJobStore::builder(pg::pool(pg::pg_config(url), 16))
                     .with_table(&pg::unique_table("reports"))
-                    .with_lease(lease);
+                    .with_lease(lease)
+                    .build();
                 store.migrate().await.expect("migrate the job store");
                 Arc::new(store)
             }

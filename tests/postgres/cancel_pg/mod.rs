@@ -171,11 +171,12 @@ pub async fn postgres() -> Option<Harness<PostgresStore, PgProbe>> {
     let mut config = pg::pg_config(&url);
     config.application_name(&application_name);
     let pool = pg::pool(config, POOL_SIZE);
-    let store = PostgresStore::new(pool.clone())
+    let store = PostgresStore::builder(pool.clone())
         .with_table(&table)
         .with_lock_timeout(LOCK)
         .with_operation_timeout(Duration::from_secs(2))
-        .with_listener(pg::pg_config(&url));
+        .with_listener(pg::pg_config(&url))
+        .build();
     store.migrate().await.expect("migrate");
     let monitor = pg::connect(&url).await;
     monitor

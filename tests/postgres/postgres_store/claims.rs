@@ -10,7 +10,9 @@ async fn claim_is_one_atomic_insert_across_two_pools_300_concurrent_begins() {
     let table = pg::unique_table("two_pools");
     let first = pg::store(&url, &table, |s| s).await;
     // A second, independent pool on the same table, as another app instance has.
-    let second = PostgresStore::new(pg::pool(pg::pg_config(&url), 16)).with_table(&table);
+    let second = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
+        .with_table(&table)
+        .build();
     let stores = [Arc::new(first), Arc::new(second)];
     for round in 0..3 {
         let key = fresh_key();

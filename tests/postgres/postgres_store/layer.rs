@@ -71,7 +71,9 @@ async fn round_trips_fresh_request_two_replay_one() {
     };
     let table = pg::unique_table("round_trips");
     // One connection, so its statement cache is warm after the first request.
-    let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 1)).with_table(&table);
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
+        .with_table(&table)
+        .build();
     store.migrate().await.unwrap();
     let service = ServiceBuilder::new()
         .layer(IdempotencyLayer::new(store.clone()))

@@ -12,10 +12,11 @@ async fn two_instances(url: &str, retention: Duration) -> (PostgresStore, Postgr
     let table = pg::unique_table("near");
     // One connection each, so that one `begin` prepares its statement for good.
     let instance = || {
-        PostgresStore::new(pg::pool(pg::pg_config(url), 1))
+        PostgresStore::builder(pg::pool(pg::pg_config(url), 1))
             .with_table(&table)
             .with_retention(retention)
             .with_listener(pg::pg_config(url))
+            .build()
     };
     let (a, b) = (instance(), instance());
     a.migrate().await.unwrap();
@@ -126,7 +127,9 @@ async fn without_a_listener_or_disabled_every_begin_asks_the_database() {
         return;
     };
     let table = pg::unique_table("near_off");
-    let unheard = PostgresStore::new(pg::pool(pg::pg_config(&url), 2)).with_table(&table);
+    let unheard = PostgresStore::builder(pg::pool(pg::pg_config(&url), 2))
+        .with_table(&table)
+        .build();
     unheard.migrate().await.unwrap();
     let disabled = pg::store(&url, &table, |s| s.with_near_cache(NearCache::disabled())).await;
     until_listening(&disabled).await;

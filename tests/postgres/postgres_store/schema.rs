@@ -12,18 +12,20 @@ async fn migrate_is_idempotent_and_safe_from_many_instances_at_once() {
     let table = "idempotency_records";
     let tasks: Vec<_> = (0..8)
         .map(|_| {
-            let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 1))
+            let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
                 .with_schema(&schema)
-                .with_table(table);
+                .with_table(table)
+                .build();
             tokio::spawn(async move { store.migrate().await })
         })
         .collect();
     for task in tasks {
         task.await.unwrap().expect("concurrent migrate");
     }
-    let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 1))
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
         .with_schema(&schema)
-        .with_table(table);
+        .with_table(table)
+        .build();
     store.migrate().await.expect("migrate again");
     assert_eq!(store.table(), format!("{schema}.{table}"));
     let key = fresh_key();
@@ -88,7 +90,9 @@ async fn migrate_upgrades_a_dead_claim_of_the_first_release_to_a_first_attempt()
         .await
         .unwrap()
         .get(0);
-    let store = PostgresStore::new(pg::pool(pg::pg_config(&url), 2)).with_table(&table);
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 2))
+        .with_table(&table)
+        .build();
     store.migrate().await.expect("upgrade");
     store.migrate().await.expect("upgrade is idempotent");
 
@@ -125,9 +129,10 @@ fn identifiers_are_validated_as_plain_lower_case_names() {
     let pool = || pg::pool(pg::pg_config("postgres://nobody@127.0.0.1:1/none"), 1);
     let long = "a".repeat(63);
     for good in ["idempotency_records", "_t", "t1", "select", long.as_str()] {
-        PostgresStore::new(pool())
+        PostgresStore::builder(pool())
             .with_table(good)
-            .with_schema(good);
+            .with_schema(good)
+            .build();
     }
     let too_long = "a".repeat(64);
     let bad = [
@@ -143,9 +148,11 @@ fn identifiers_are_validated_as_plain_lower_case_names() {
         too_long.as_str(),
     ];
     for name in bad {
-        let table = std::panic::catch_unwind(|| PostgresStore::new(pool()).with_table(name));
+        let table =
+            std::panic::catch_unwind(|| PostgresStore::builder(pool()).with_table(name).build());
         assert!(table.is_err(), "table name {name:?} was accepted");
-        let schema = std::panic::catch_unwind(|| PostgresStore::new(pool()).with_schema(name));
+        let schema =
+            std::panic::catch_unwind(|| PostgresStore::builder(pool()).with_schema(name).build());
         assert!(schema.is_err(), "schema name {name:?} was accepted");
     }
 }

@@ -19,7 +19,9 @@ async fn one_connection_store(
     key: &RecordKey,
 ) -> (PostgresStore, deadpool_postgres::Pool) {
     let pool = pg::pool(pg::pg_config(url), 1);
-    let store = PostgresStore::new(pool.clone()).with_table(&pg::unique_table("flight"));
+    let store = PostgresStore::builder(pool.clone())
+        .with_table(&pg::unique_table("flight"))
+        .build();
     store.migrate().await.unwrap();
     let token = claim(&store, key, "a").await;
     store
@@ -215,7 +217,9 @@ async fn a_failed_leader_shares_no_answer_and_strands_no_follower() {
     let proxy =
         tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
     let pool = pg::pool(pg::pg_config_at(&url, proxy.port), 1);
-    let store = PostgresStore::new(pool.clone()).with_table(&table);
+    let store = PostgresStore::builder(pool.clone())
+        .with_table(&table)
+        .build();
     let key = fresh_key();
     let token = claim(&store, &key, "a").await;
     store

@@ -11,7 +11,9 @@ async fn waiters_are_woken_by_notify_from_another_instance() {
     let table = pg::unique_table("notify");
     let waiting = Arc::new(pg::store(&url, &table, |s| s).await);
     // The completing instance has its own pool and no listener.
-    let completing = PostgresStore::new(pg::pool(pg::pg_config(&url), 2)).with_table(&table);
+    let completing = PostgresStore::builder(pg::pool(pg::pg_config(&url), 2))
+        .with_table(&table)
+        .build();
     until_listening(&waiting).await;
     let key = fresh_key();
     let token = claim(&completing, &key, "a").await;
@@ -55,7 +57,11 @@ async fn waiters_without_a_listener_notice_completion_by_rechecking() {
         return;
     };
     let table = pg::unique_table("no_listener");
-    let store = Arc::new(PostgresStore::new(pg::pool(pg::pg_config(&url), 4)).with_table(&table));
+    let store = Arc::new(
+        PostgresStore::builder(pg::pool(pg::pg_config(&url), 4))
+            .with_table(&table)
+            .build(),
+    );
     store.migrate().await.unwrap();
     let key = fresh_key();
     let token = claim(&store, &key, "a").await;

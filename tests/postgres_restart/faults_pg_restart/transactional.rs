@@ -83,11 +83,12 @@ async fn database_killed_mid_transaction_never_two_orders() {
     let mut config = pg::pg_config(&url);
     config.options("-c synchronous_commit=on");
     config.connect_timeout(Duration::from_secs(1));
-    let store = PostgresStore::new(pg::pool(config.clone(), 16))
+    let store = PostgresStore::builder(pg::pool(config.clone(), 16))
         .with_table(&table)
         .with_lock_timeout(Duration::from_secs(2))
         .with_operation_timeout(Duration::from_secs(2))
-        .with_listener(config);
+        .with_listener(config)
+        .build();
     store.migrate().await.unwrap();
     let app = Router::new()
         .route("/orders", post(charge_then_order))

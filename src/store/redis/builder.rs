@@ -1,0 +1,187 @@
+//! [`RedisStoreBuilder`]: a [`RedisStore`]'s configuration, consumed by
+//! [`connect`](RedisStoreBuilder::connect) or
+//! [`connect_cluster`](RedisStoreBuilder::connect_cluster).
+
+use super::{eviction, Config, RedisStore, ReplicaAcks};
+use crate::limits;
+use crate::store::near_cache::NearCache;
+use crate::store::settings::Settings;
+use crate::store::StoreError;
+use std::fmt;
+use std::time::Duration;
+
+/// The configuration of a [`RedisStore`], from [`RedisStore::builder`]:
+/// every option is set here, and [`connect`](Self::connect) or
+/// [`connect_cluster`](Self::connect_cluster) makes the store.
+///
+/// A clone of a builder connects a second store of its own: its own
+/// connection, subscriber, waiters and near cache (on the same keys, unless
+/// its [prefix](Self::with_prefix) differs).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::RedisStore;
+///
+/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// let store = RedisStore::builder()
+///     .with_prefix("checkout")
+///     .with_lock_timeout(Duration::from_secs(30))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// # let _ = store;
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a builder does nothing until `connect` or `connect_cluster` makes the store"]
+#[derive(Clone)]
+pub struct RedisStoreBuilder {
+    assume_noeviction: bool,
+    settings: Settings,
+    config: Config,
+}
+
+impl Default for RedisStoreBuilder {
+    fn default() -> Self {
+        Self {
+            assume_noeviction: false,
+            settings: Settings::RECORDS,
+            config: Config {
+                prefix: "idempotency".to_owned(),
+                replica_acks: None,
+                near_cache: NearCache::default(),
+            },
+        }
+    }
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (c, s) = (&self.config, &self.settings);
+        f.debug_struct("RedisStoreBuilder")
+            .field("assume_noeviction", &self.assume_noeviction)
+            .field("prefix", &c.prefix)
+            .field("retention", &s.retention())
+            .field("lock_timeout", &s.lock_timeout())
+            .field("operation_timeout", &s.operation_timeout())
+            .field("replica_acks", &c.replica_acks)
+            .field("near_cache", &c.near_cache)
+            .finish()
+    }
+}
+
+impl RedisStoreBuilder {
+    /// Skips the `maxmemory-policy` check, for servers that refuse `CONFIG`
+    /// (most managed services rename or forbid it), and logs a warning at
+    /// every connect that nothing was checked.
+    ///
+    /// The operator must then ensure that every node (replicas included, as
+    /// one may be promoted) runs with `maxmemory-policy noeviction`, or
+    /// without a `maxmemory` limit it can reach: under any other policy the
+    /// server deletes claims and records when memory runs short, and the
+    /// retries of those requests run their handlers again.
+    pub fn assume_noeviction(mut self) -> Self {
+        self.assume_noeviction = true;
+        self
+    }
+
+    /// The prefix of every key and of the pub/sub channel (default
+    /// `idempotency`): stores with different prefixes share nothing.
+    ///
+    /// # Panics
+    ///
+    /// If `prefix` is empty, longer than 64 bytes, or has a byte other than
+    /// ASCII letters, digits, `_`, `-`, `.` and `:` (braces would change the
+    /// hash tag).
+    pub fn with_prefix(mut self, prefix: &str) -> Self {
+        let valid = !prefix.is_empty()
+            && prefix.len() <= 64
+            && prefix
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
+        assert!(
+            valid,
+            "RedisStore prefix {prefix:?} must be 1 to 64 of [A-Za-z0-9_.:-]"
+        );
+        self.config.prefix = prefix.to_owned();
+        self
+    }
+
+    /// How long a completed response is replayed (default 24 h), from its
+    /// completion on the server's clock. Clamped to between 100 ms and 100
+    /// years.
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.settings.set_retention(retention);
+        self
+    }
+
+    /// How long a claim holds its key unless it is extended (default 10 s), on
+    /// the server's clock. The layer extends a claim every twentieth of this
+    /// while its handler runs, so it bounds how long a *dead* owner blocks its
+    /// key.
+    ///
+    /// A store stall of up to 9/10 of this, less one round trip, is survived by a
+    /// running claim: extensions go out every 1/20 of it, each time-boxed to a
+    /// third of the claim's remaining life (counted from the last successful
+    /// extension's sending) and retried at once when it fails or times out
+    /// (`docs/idempotency.md`, *Locks and retention*, derives the bound).
+    ///
+    /// Clamped to between 100 ms and 100 years.
+    pub fn with_lock_timeout(mut self, lock_timeout: Duration) -> Self {
+        self.settings.set_lock_timeout(lock_timeout);
+        self
+    }
+
+    /// The longest one operation may take (default 5 s), replica
+    /// acknowledgements included; slower ones fail with
+    /// [`StoreError::Backend`]. At most 100 years.
+    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
+        self.settings.set_operation_timeout(timeout);
+        self
+    }
+
+    /// Waits, after every claim and completion, until `replicas` replicas of
+    /// the key's primary acknowledged it (`WAIT`), for at most `timeout`.
+    ///
+    /// A claim not acknowledged in time is released and answered as a store
+    /// error (`503`, the handler does not run); a completion not acknowledged
+    /// fails as a store error, and the request's key stays in progress until
+    /// its lock runs out. So once a handler ran, its claim exists on
+    /// `replicas` replicas, and a failover that promotes one of them keeps the
+    /// key from running again. Costs one more round trip per claim and per
+    /// completion, and the replication delay. `docs/redis.md` compares what
+    /// each mode guarantees.
+    pub fn with_replica_acks(mut self, replicas: usize, timeout: Duration) -> Self {
+        let timeout = limits::clamp(timeout, Duration::from_millis(1));
+        self.config.replica_acks = Some(ReplicaAcks { replicas, timeout });
+        self
+    }
+
+    /// The near cache of completed records (default: 16 MiB, entries trusted
+    /// for 10 s; [`NearCache::disabled`] turns it off).
+    ///
+    /// A retry of a record this instance completed or already read is then
+    /// answered from memory, with no round trip. It is used only while the
+    /// store's subscriber is connected, because that is how a
+    /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another instance reaches
+    /// this one: while it is not, every `begin` asks Redis.
+    pub fn with_near_cache(mut self, near_cache: NearCache) -> Self {
+        self.config.near_cache = near_cache;
+        self
+    }
+
+    /// [`RedisStore::connect`] with these options.
+    pub async fn connect(self, url: &str) -> Result<RedisStore, StoreError> {
+        let (connection, subscribe_to) = RedisStore::open(url).await?;
+        let store = RedisStore::of(connection, subscribe_to, self.settings, self.config);
+        eviction::check(&store, self.assume_noeviction).await?;
+        Ok(store)
+    }
+
+    /// [`RedisStore::connect_cluster`] with these options.
+    pub async fn connect_cluster(self, nodes: &[&str]) -> Result<RedisStore, StoreError> {
+        let (connection, subscribe_to) = RedisStore::open_cluster(nodes).await?;
+        let store = RedisStore::of(connection, subscribe_to, self.settings, self.config);
+        eviction::check(&store, self.assume_noeviction).await?;
+        Ok(store)
+    }
+}
