@@ -2,6 +2,8 @@
 
 mod builder;
 
+pub use builder::PostgresJobStoreBuilder;
+
 use crate::body::BoxError;
 use crate::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
@@ -11,7 +13,6 @@ use crate::store::postgres::sql::derived_name;
 use crate::store::settings::{Settings, TimedOut};
 use crate::store::FencingToken;
 use async_trait::async_trait;
-pub use builder::PostgresJobStoreBuilder;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use std::sync::Arc;
@@ -30,6 +31,9 @@ use tokio_postgres::Row;
 /// - **Fenced writes**: heartbeat, append, finalize and fail match the job's
 ///   `(lease_owner, lease_token)`; tokens come from a sequence, so a steal always
 ///   issues a higher one and the dead owner's writes change nothing.
+///
+/// Clones share the pool; a store is configured before it exists, by its
+/// [`builder`](Self::builder).
 ///
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::lease::store::JobStoreError> {
