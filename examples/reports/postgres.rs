@@ -93,7 +93,7 @@ fn describe(config: &tokio_postgres::Config) -> String {
     format!("database {database} on {host}:{port}")
 }
 
-/// What `PostgresJobStore::with_table` accepts (it panics on anything else).
+/// What `PostgresJobStoreBuilder::with_table` accepts (it panics on anything else).
 fn is_identifier(name: &str) -> bool {
     let b = name.as_bytes();
     (1..=63).contains(&b.len())
