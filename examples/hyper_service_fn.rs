@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tokio::net::TcpListener;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_idempotency::{IdempotencyLayer, MemoryStore, ResponseBody, Scope};
+use tower_idempotency::{body::ResponseBody, IdempotencyLayer, MemoryStore, Scope};
 
 /// The largest request body read (the layer's own limit is the same 1 MiB).
 pub const MAX_BODY: usize = 1024 * 1024;

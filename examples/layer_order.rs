@@ -73,7 +73,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tower_http::validate_request::ValidateRequestHeaderLayer;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
+use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 /// The knobs whose relations matter.
 #[derive(Clone, Copy, Debug)]

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
-    /// Response body of [`IdempotencyService`](crate::IdempotencyService): the inner
+    /// Response body of [`IdempotencyService`](crate::idempotency::IdempotencyService): the inner
     /// service's body passed through, or bytes the layer holds (a replay, a refusal,
     /// or a recorded response).
     pub struct ResponseBody<B> {

@@ -14,7 +14,7 @@
 //! and every store, for each `(scope, idempotency key, name)`.
 //!
 //! ```
-//! use tower_idempotency::{DownstreamKeys, IdempotencyKey, Scope};
+//! use tower_idempotency::{IdempotencyKey, Scope, downstream::DownstreamKeys};
 //!
 //! let keys = DownstreamKeys::new(Scope::new("acme"), IdempotencyKey::parse(b"order-0001").unwrap());
 //! let charge = keys.key_for("card-processor");
@@ -201,7 +201,7 @@ impl From<DownstreamKey> for String {
 /// A secret that keys the derivation of downstream keys (HMAC-SHA-256
 /// instead of SHA-256), given to
 /// [`IdempotencyLayer::with_downstream_secret`](crate::IdempotencyLayer::with_downstream_secret)
-/// and [`Engine::with_downstream_secret`](crate::Engine::with_downstream_secret).
+/// and [`Engine::with_downstream_secret`](crate::engine::Engine::with_downstream_secret).
 ///
 /// Without one, anyone who knows a request's scope, key and a call's name
 /// can compute its downstream key; with one, only holders of the secret can.

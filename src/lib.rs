@@ -16,7 +16,7 @@
 //! | record more than `201` | a [`CachePolicy`]: [`CacheSuccess`] records every 2xx |
 //! | shape the refusals (`409`, `422`, `503`, ...) | [`ErrorFormat`], or a [`RefusalResponse`] hook that sees the [`Refusal`] |
 //! | commit the handler's writes with the record | `IdempotencyLayer::transactional` and `PostgresTransaction` |
-//! | hand the key on to a payment processor | the [`DownstreamKeys`] in a claimed request's extensions; [`Attempt`] says whether it took over |
+//! | hand the key on to a payment processor | the [`DownstreamKeys`](downstream::DownstreamKeys) in a claimed request's extensions; [`Attempt`](engine::Attempt) says whether it took over |
 //! | drain running handlers at shutdown | [`InFlight`], from `IdempotencyLayer::in_flight` |
 //! | give a job named by what it is one live run | [`LeaseLayer`] and its fenced [`Lease`] (feature `leases`) |
 //! | run an operation once outside HTTP | the [`engine`] |
@@ -169,8 +169,8 @@
 //! # async fn run(
 //! #     pool: deadpool_postgres::Pool,
 //! #     pg_config: tokio_postgres::Config,
-//! # ) -> Result<(), tower_idempotency::StoreError> {
-//! use tower_idempotency::{IdempotencyLayer, PostgresStore, Store};
+//! # ) -> Result<(), tower_idempotency::store::StoreError> {
+//! use tower_idempotency::{IdempotencyLayer, PostgresStore, store::Store};
 //!
 //! let store = PostgresStore::builder(pool).with_listener(pg_config).build();
 //! store.migrate().await?;
@@ -216,7 +216,7 @@
 //!
 //! # Outside HTTP
 //!
-//! [`Engine`] is the machinery the layer runs on, for queue consumers,
+//! [`Engine`](engine::Engine) is the machinery the layer runs on, for queue consumers,
 //! webhooks and scheduled jobs: it runs an async operation at most once per
 //! `(scope, key)` over any store and gives repeats the recorded result. See
 //! [`engine`] and `examples/consumer.rs`.
@@ -273,15 +273,11 @@ mod scope;
 pub mod store;
 pub mod telemetry;
 
-pub use body::{BoxError, ResponseBody};
-pub use downstream::{DownstreamKey, DownstreamKeys, DownstreamSecret};
 pub use engine::in_flight::InFlight;
-pub use engine::{Attempt, Engine};
-pub use fingerprint::{Fingerprint, RequestFingerprint};
-pub use idempotency::{IdempotencyLayer, IdempotencyService};
+pub use idempotency::layer::IdempotencyLayer;
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 #[cfg(feature = "leases")]
-pub use lease::{Lease, LeaseLayer};
+pub use lease::{handle::Lease, layer::LeaseLayer};
 
 /// The README's quick start, compiled as a doctest so that it works as written.
 #[cfg(doctest)]
@@ -317,11 +313,8 @@ pub struct CompatibilityGuide;
 pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
 pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
-pub use store::{
-    Begin, FencingToken, MemoryStore, MemoryStoreBuilder, RecordKey, RecordTransaction, Store,
-    StoreError, StoredResponse, TransactionalStore,
-};
+pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use store::{PostgresStore, PostgresStoreBuilder, PostgresTransaction};
+pub use store::postgres::{PostgresStore, PostgresTransaction};
 #[cfg(feature = "redis")]
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::redis::RedisStore;

@@ -39,8 +39,9 @@ use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::{
-    Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint, Scope, Store,
-    StoredResponse,
+    fingerprint::{Fingerprint, RequestFingerprint},
+    store::{Begin, RecordKey, Store, StoredResponse},
+    IdempotencyKey, MemoryStore, Scope,
 };
 use tower_idempotency_bench::*;
 

@@ -25,8 +25,9 @@ use tower_idempotency::fingerprint::canonicalize_json;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::{
-    Begin, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, RecordKey,
-    RequestFingerprint, Scope, Store, StoredResponse,
+    fingerprint::{Fingerprint, RequestFingerprint},
+    store::{Begin, RecordKey, Store, StoredResponse},
+    IdempotencyKey, IdempotencyLayer, MemoryStore, Scope,
 };
 use tower_idempotency_bench::*;
 

@@ -24,8 +24,9 @@ use tokio_postgres::NoTls;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::{
-    Begin, Fingerprint, IdempotencyKey, PostgresStore, RecordKey, RequestFingerprint, Scope, Store,
-    StoredResponse,
+    fingerprint::{Fingerprint, RequestFingerprint},
+    store::{Begin, RecordKey, Store, StoredResponse},
+    IdempotencyKey, PostgresStore, Scope,
 };
 use tower_idempotency_bench::*;
 

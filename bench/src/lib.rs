@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
+use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 pub mod mounted;
 pub mod realistic;

@@ -42,7 +42,7 @@ use serde_json::{json, Value};
 use std::future::{ready, Ready};
 use std::time::Duration;
 use tower_http::auth::{AsyncAuthorizeRequest, AsyncRequireAuthorizationLayer};
-use tower_idempotency::{DownstreamKeys, IdempotencyLayer, Scope, Store};
+use tower_idempotency::{downstream::DownstreamKeys, store::Store, IdempotencyLayer, Scope};
 
 /// The cents one unit costs.
 const UNIT_PRICE: u64 = 1250;

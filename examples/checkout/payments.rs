@@ -10,7 +10,7 @@ use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 use serde_json::{json, Value};
 use std::time::Duration;
-use tower_idempotency::DownstreamKey;
+use tower_idempotency::downstream::DownstreamKey;
 
 /// The name of the processor's call among the handler's downstream keys.
 pub const CARD_PROCESSOR: &str = "card-processor";

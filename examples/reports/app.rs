@@ -38,8 +38,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_http::auth::AsyncRequireAuthorizationLayer;
 use tower_idempotency::lease::store::{Budget, Job, JobMaintenance, JobReader, JobStore};
-use tower_idempotency::lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey, LeaseLayer};
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
+use tower_idempotency::{
+    lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey},
+    LeaseLayer,
+};
+use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 /// All the demo calls on its store: starts and worker writes, the readers'
 /// queries, and upkeep. The crate keeps them in three traits, by caller.

@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::lease::store::Budget;
 use tower_idempotency::lease::store::{JobStore, MemoryJobStore};
-use tower_idempotency::{MemoryStore, Store};
+use tower_idempotency::{store::Store, MemoryStore};
 
 /// How often jobs whose lease expired with nobody behind them are failed.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use serde::Deserialize;
 use std::time::Duration;
-use tower_idempotency::lease::Lease;
+use tower_idempotency::Lease;
 use tower_idempotency::Scope;
 
 #[derive(Deserialize)]

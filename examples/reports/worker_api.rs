@@ -14,7 +14,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 use tower_idempotency::lease::store::{Appended, LeaseGrant};
-use tower_idempotency::{FencingToken, Scope};
+use tower_idempotency::{store::FencingToken, Scope};
 
 /// `X-Worker-Id`: 1 to 128 visible ASCII characters.
 fn worker_id(headers: &HeaderMap) -> Result<String, ApiError> {

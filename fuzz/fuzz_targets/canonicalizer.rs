@@ -13,7 +13,7 @@ mod exact_json;
 use http::{HeaderValue, Method};
 use libfuzzer_sys::fuzz_target;
 use tower_idempotency::fingerprint::canonicalize_json;
-use tower_idempotency::{Fingerprint, IdempotencyKey};
+use tower_idempotency::{IdempotencyKey, fingerprint::Fingerprint};
 
 /// serde_json's nesting limit (127 levels), which the crate keeps.
 const MAX_DEPTH: usize = 127;

@@ -28,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyKey, IdempotencyLayer, MemoryStore, Scope};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Scope, body::BoxError};
 
 const KEYS: [&str; 4] = ["order-0001", "order-0002", "abcdefgh", "A.b_C-9.z"];
 const PATHS: [&str; 4] = ["/v1/orders", "/v1/orders?coupon=1", "/v1/refunds", "/"];

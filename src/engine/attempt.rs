@@ -15,7 +15,7 @@ use std::time::SystemTime;
 ///
 /// [`IdempotencyLayer`](crate::IdempotencyLayer) puts it in the request's
 /// extensions of every run it claims (plain and transactional);
-/// [`Engine`](crate::Engine) operations find it in
+/// [`Engine`](crate::engine::Engine) operations find it in
 /// [`Context::attempt`](crate::engine::Context::attempt).
 ///
 /// The count restarts at 1 whenever the key is free: a claim that was
@@ -32,7 +32,7 @@ use std::time::SystemTime;
 ///
 /// ```
 /// use axum::{http::StatusCode, routing::post, Extension, Router};
-/// use tower_idempotency::{Attempt, DownstreamKeys, IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore, downstream::DownstreamKeys, engine::Attempt};
 ///
 /// # struct Payments;
 /// # impl Payments {

@@ -1,11 +1,11 @@
 //! What every front door does first: ask the store, and wait out a request
 //! in progress.
 
+use crate::fingerprint::RequestFingerprint;
 use crate::store::{
     Begin, Claim, RecordKey, RecordTransaction, Store, StoreError, StoredResponse,
     TransactionalStore,
 };
-use crate::RequestFingerprint;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

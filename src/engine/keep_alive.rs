@@ -252,7 +252,7 @@ mod tests {
     use super::*;
 
     use crate::store::Begin;
-    use crate::{MemoryStore, RequestFingerprint};
+    use crate::{fingerprint::RequestFingerprint, MemoryStore};
 
     const LOCK: Duration = Duration::from_millis(1000);
 

@@ -11,7 +11,10 @@ use crate::engine::record::Recorder;
 use crate::store::{
     Claim, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
 };
-use crate::{Fingerprint, IdempotencyKey, RequestFingerprint, Scope};
+use crate::{
+    fingerprint::{Fingerprint, RequestFingerprint},
+    IdempotencyKey, Scope,
+};
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use std::future::Future;

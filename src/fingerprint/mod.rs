@@ -53,7 +53,7 @@ use self::serde_path::*;
 ///
 /// ```
 /// use http::{HeaderValue, Method};
-/// use tower_idempotency::{Fingerprint, IdempotencyKey};
+/// use tower_idempotency::{IdempotencyKey, fingerprint::Fingerprint};
 ///
 /// let key = IdempotencyKey::parse(b"order-0001").unwrap();
 /// let json = HeaderValue::from_static("application/json");

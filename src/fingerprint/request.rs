@@ -6,7 +6,7 @@ use highway::{HighwayHash, HighwayHasher, Key};
 use std::fmt;
 use std::sync::OnceLock;
 
-/// What a [`Store`](crate::Store) compares to tell a retry from key reuse.
+/// What a [`Store`](crate::store::Store) compares to tell a retry from key reuse.
 ///
 /// Three digests of one request, each computed on first use and never for a
 /// request that does not need it:
@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 ///
 /// ```
 /// use http::{HeaderValue, Method};
-/// use tower_idempotency::{IdempotencyKey, RequestFingerprint};
+/// use tower_idempotency::{IdempotencyKey, fingerprint::RequestFingerprint};
 ///
 /// let key = IdempotencyKey::parse(b"order-0001").unwrap();
 /// let json = HeaderValue::from_static("application/json");

@@ -243,10 +243,10 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
         self
     }
 
-    /// Derives the [`DownstreamKeys`](crate::DownstreamKeys) that every
+    /// Derives the [`DownstreamKeys`](crate::downstream::DownstreamKeys) that every
     /// claimed request finds in its extensions with HMAC-SHA-256 keyed by
     /// `secret` (default: SHA-256, no secret). Every instance, and every
-    /// [`Engine`](crate::Engine) whose keys must agree with this layer's,
+    /// [`Engine`](crate::engine::Engine) whose keys must agree with this layer's,
     /// needs the same secret; changing it changes every downstream key (see
     /// [`DownstreamSecret`]).
     pub fn with_downstream_secret(mut self, secret: DownstreamSecret) -> Self {

@@ -2,7 +2,7 @@
 //!
 //! For a request whose method it applies to (POST and PATCH by default), the
 //! layer takes the tenant's [`Scope`](crate::Scope) and the `Idempotency-Key`,
-//! buffers and fingerprints the body, and asks the [`Store`](crate::Store), in
+//! buffers and fingerprints the body, and asks the [`Store`](crate::store::Store), in
 //! one atomic step, whether to run the handler, replay the recorded response
 //! or refuse. A claimed handler runs to completion and its response is
 //! recorded for the retries; with
@@ -70,12 +70,11 @@ pub mod contract {}
 
 mod answer;
 mod config;
-mod layer;
+pub(crate) mod layer;
 mod run_claimed;
 mod service;
 mod warn_once;
 
 pub use config::{IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED};
 pub use future::ResponseFuture;
-pub use layer::IdempotencyLayer;
 pub use service::IdempotencyService;

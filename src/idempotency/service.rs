@@ -19,7 +19,7 @@ use crate::store::{
     Completion, FencingToken, RecordKey, RecordTransaction, StoredResponse, TransactionalStore,
 };
 use crate::telemetry::{self, Outcome};
-use crate::{IdempotencyKey, RequestFingerprint};
+use crate::{fingerprint::RequestFingerprint, IdempotencyKey};
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{Request, Response};

@@ -1,6 +1,6 @@
 use crate::engine::keep_alive::Schedule;
 use crate::lease::store::{Appended, JobStore, LeaseError, LeaseGrant};
-use crate::FencingToken;
+use crate::store::FencingToken;
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;

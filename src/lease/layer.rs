@@ -109,7 +109,7 @@ impl<K, E> LeaseLayer<K, E> {
     /// ```
     /// use bytes::Bytes;
     /// use http::request::Parts;
-    /// use tower_idempotency::lease::{JsonJobKey, LeaseLayer};
+    /// use tower_idempotency::{LeaseLayer, lease::JsonJobKey};
     /// use tower_idempotency::lease::store::{Budget, MemoryJobStore};
     /// use tower_idempotency::Scope;
     ///

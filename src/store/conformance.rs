@@ -35,8 +35,9 @@
 
 use crate::store::{Claim, Completion, Maintenance};
 use crate::{
-    Begin, FencingToken, Fingerprint, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store,
-    StoreError, StoredResponse,
+    fingerprint::{Fingerprint, RequestFingerprint},
+    store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse},
+    IdempotencyKey, Scope,
 };
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, StatusCode};

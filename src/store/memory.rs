@@ -7,7 +7,7 @@ pub use builder::MemoryStoreBuilder;
 
 use super::settings::Settings;
 use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, Timings};
-use crate::{RequestFingerprint, Scope};
+use crate::{fingerprint::RequestFingerprint, Scope};
 use async_trait::async_trait;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
@@ -55,7 +55,7 @@ thread_local! {
 /// instances serve the same clients or when replays must survive a restart.
 /// Because they never leave it, a record keeps the request's
 /// [`local`](RequestFingerprint::local) digest (the canonical form under a
-/// per-process key), not its SHA-256 [`Fingerprint`](crate::Fingerprint): the
+/// per-process key), not its SHA-256 [`Fingerprint`](crate::fingerprint::Fingerprint): the
 /// same requests match, without the SHA-256. A request given as a fingerprint
 /// computed elsewhere (`RequestFingerprint::from(Fingerprint)`) therefore
 /// matches only records claimed the same way.
@@ -643,7 +643,7 @@ mod tests {
     /// by its key; a remembered token never completes another key's record.
     #[tokio::test]
     async fn a_remembered_claim_never_stands_in_for_another() {
-        let fp = RequestFingerprint::from(crate::Fingerprint([7; 32]));
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([7; 32]));
         let (x, y) = (
             RecordKey::for_test("s", "key-x-0001"),
             RecordKey::for_test("s", "key-y-0001"),
@@ -666,7 +666,7 @@ mod tests {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let fp = RequestFingerprint::from(crate::Fingerprint([7; 32]));
+                let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([7; 32]));
                 let y = RecordKey::for_test("s", "key-y-0001");
                 match other.begin(&y, &fp).await {
                     Ok(Begin::Claimed(claim)) => claim.token,

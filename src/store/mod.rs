@@ -1,7 +1,7 @@
 //! Storage for idempotency records.
 //!
 //! A [`Store`] decides atomically, per `(scope, key)`, whether a request runs,
-//! replays, or is refused. Three stores ship with the crate: [`MemoryStore`] for
+//! replays, or is refused. Three stores ship with the crate: [`MemoryStore`](crate::MemoryStore) for
 //! a single process, `PostgresStore` (feature `postgres`) for many app
 //! instances sharing one database, and `RedisStore` (feature `redis`) on Redis
 //! or Valkey, one server or a Cluster. All pass the same conformance suite.
@@ -10,27 +10,27 @@
 pub mod conformance;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod encoding;
-mod memory;
+pub(crate) mod memory;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 pub(crate) mod settings;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod waiters;
 
-pub use memory::{MemoryStore, MemoryStoreBuilder, MemoryStoreError};
+pub use memory::{MemoryStoreBuilder, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, PostgresStoreBuilder, PostgresTransaction, TransactionClient};
+pub use postgres::{PostgresStoreBuilder, TransactionClient};
 #[cfg(feature = "redis")]
-pub use redis::{RedisStore, RedisStoreBuilder};
+pub use redis::RedisStoreBuilder;
 
 use crate::body::BoxError;
-use crate::{IdempotencyKey, RequestFingerprint, Scope};
+use crate::{fingerprint::RequestFingerprint, IdempotencyKey, Scope};
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::{sleep, Instant};
 use tower_idempotency::engine::{Engine, Identity, Outcome};
-use tower_idempotency::{IdempotencyKey, Scope, Store};
+use tower_idempotency::{store::Store, IdempotencyKey, Scope};
 
 /// Between two tries of the competitor: many within the moment a lost claim
 /// would be free.

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::Arc;
 use tower::{Service, ServiceExt};
-use tower_idempotency::ResponseBody;
+use tower_idempotency::body::ResponseBody;
 
 /// What the layered service answers.
 pub type Answer = Response<ResponseBody<Body>>;

@@ -38,7 +38,10 @@ use tokio::sync::{watch, Notify};
 use tokio::time::{sleep, timeout, Instant};
 use tower::util::BoxCloneService;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyLayer, ResponseBody, Scope};
+use tower_idempotency::{
+    body::{BoxError, ResponseBody},
+    IdempotencyLayer, Scope,
+};
 use verdict::{Answer, Observed, Who};
 
 /// The stores' lock: short, so a case takes a few seconds.

@@ -12,7 +12,7 @@
 //! processor the request's downstream key, and the processor replays.
 
 use serde_json::Value;
-use tower_idempotency::{DownstreamKeys, IdempotencyKey, Scope};
+use tower_idempotency::{downstream::DownstreamKeys, IdempotencyKey, Scope};
 use tower_idempotency_tests::http::{HttpClient, RunningExample};
 // The kill tests' (they need PostgreSQL).
 #[cfg(feature = "postgres")]

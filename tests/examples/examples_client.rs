@@ -25,7 +25,9 @@ use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_idempotency::client::{IdempotencyKeyLayer, IdempotentRetry};
 use tower_idempotency::store::{Begin, FencingToken, RecordKey, Timings};
 use tower_idempotency::{
-    IdempotencyLayer, MemoryStore, RequestFingerprint, Scope, Store, StoreError,
+    fingerprint::RequestFingerprint,
+    store::{Store, StoreError},
+    IdempotencyLayer, MemoryStore, Scope,
 };
 
 /// A store whose `begin` fails while `failures` is above zero (decremented

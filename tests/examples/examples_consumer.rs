@@ -8,7 +8,7 @@
 //! downstream key, on PostgreSQL and even on the memory store that forgot it.
 
 use std::process::Command;
-use tower_idempotency::{DownstreamKeys, IdempotencyKey, Scope};
+use tower_idempotency::{downstream::DownstreamKeys, IdempotencyKey, Scope};
 use tower_idempotency_tests::http::{example_binary, HttpClient, RunningExample};
 
 /// Runs the consumer to its end with `env`; returns its output lines.

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_idempotency::store::{Begin, RecordKey};
-use tower_idempotency::{IdempotencyKey, MemoryStore, RequestFingerprint, Scope, Store};
+use tower_idempotency::{
+    fingerprint::RequestFingerprint, store::Store, IdempotencyKey, MemoryStore, Scope,
+};
 
 const BODY: &str = r#"{"sku":"A-1","qty":2}"#;
 

@@ -17,7 +17,8 @@ use std::sync::Arc;
 use tower::ServiceExt;
 use tower_idempotency::engine::{Engine, Identity, Outcome};
 use tower_idempotency::{
-    DownstreamKeys, DownstreamSecret, IdempotencyKey, IdempotencyLayer, MemoryStore, Scope,
+    downstream::{DownstreamKeys, DownstreamSecret},
+    IdempotencyKey, IdempotencyLayer, MemoryStore, Scope,
 };
 
 const NAME: &str = "card-processor";

@@ -12,7 +12,11 @@ use tower_idempotency::engine::{Engine, EngineError, Identity, OnFailure, Outcom
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::{Begin, RecordKey};
-use tower_idempotency::{Fingerprint, IdempotencyKey, MemoryStore, Scope, Store, StoreError};
+use tower_idempotency::{
+    fingerprint::Fingerprint,
+    store::{Store, StoreError},
+    IdempotencyKey, MemoryStore, Scope,
+};
 
 fn key(k: &str) -> IdempotencyKey {
     IdempotencyKey::parse(k.as_bytes()).unwrap()

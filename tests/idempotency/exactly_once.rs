@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, timeout};
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyLayer, InFlight, MemoryStore, Scope, Store};
+use tower_idempotency::{store::Store, IdempotencyLayer, InFlight, MemoryStore, Scope};
 
 /// How long each await of the two-effect handler takes.
 const STEP: Duration = Duration::from_millis(120);

@@ -39,7 +39,7 @@ use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::fingerprint::canonicalize_json;
 use tower_idempotency::{
-    Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Scope, MAX_KEY_LEN,
+    fingerprint::Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Scope, MAX_KEY_LEN,
 };
 
 // ---------------------------------------------------------------------------

@@ -25,7 +25,7 @@ use std::time::Duration;
 use tokio::sync::{Barrier, Notify};
 use tokio::time::{sleep, timeout, Instant};
 use tower::{Layer, Service, ServiceExt};
-use tower_idempotency::{BoxError, IdempotencyLayer, MemoryStore, Refusal, Refused, Scope};
+use tower_idempotency::{body::BoxError, IdempotencyLayer, MemoryStore, Refusal, Refused, Scope};
 
 const KEY: &str = "order-7f3a9c2e";
 const ORDER: &str = r#"{"sku":"A-1","qty":2}"#;

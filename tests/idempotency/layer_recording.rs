@@ -104,7 +104,7 @@ fn layer_over(
 ) -> impl tower::Service<
     Request<Full<Bytes>>,
     Response = Response<
-        tower_idempotency::ResponseBody<
+        tower_idempotency::body::ResponseBody<
             http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>,
         >,
     >,

@@ -6,7 +6,10 @@ use tower_idempotency::store::Completion;
 
 use conformance::Durations;
 use std::time::Duration;
-use tower_idempotency::{Begin, MemoryStore, Store, StoreError};
+use tower_idempotency::{
+    store::{Begin, Store, StoreError},
+    MemoryStore,
+};
 
 async fn memory_store(d: Durations) -> Option<MemoryStore> {
     Some(

@@ -33,7 +33,11 @@ use serde_json::{Map, Number, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 use tower_idempotency::fingerprint::canonicalize_json;
-use tower_idempotency::{Begin, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, Scope, Store};
+use tower_idempotency::{
+    fingerprint::Fingerprint,
+    store::{Begin, RecordKey, Store},
+    IdempotencyKey, MemoryStore, Scope,
+};
 
 // ---------------------------------------------------------------------------
 // Strategies and renderers

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::sync::Notify;
 use tower::ServiceExt;
-use tower_idempotency::{Attempt, IdempotencyLayer, MemoryStore, Scope};
+use tower_idempotency::{engine::Attempt, IdempotencyLayer, MemoryStore, Scope};
 
 const LOCK: Duration = Duration::from_millis(300);
 

@@ -12,8 +12,8 @@ use std::time::Duration;
 use tower::{service_fn, Layer, ServiceExt};
 use tower_idempotency::lease::store::MemoryJobStore;
 use tower_idempotency::lease::store::{JobReader, JobStatus, JobStore};
-use tower_idempotency::lease::{JsonJobKey, Lease, LeaseLayer};
 use tower_idempotency::Scope;
+use tower_idempotency::{lease::JsonJobKey, Lease, LeaseLayer};
 
 fn start_request(tenant: Option<&str>, body: &str) -> Request<Body> {
     let mut req = Request::post("/reports/start")

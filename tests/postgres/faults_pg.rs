@@ -33,7 +33,9 @@ use support::pg;
 use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::{
-    BoxError, IdempotencyLayer, PostgresStore, PostgresStoreBuilder, ResponseBody, Scope,
+    body::{BoxError, ResponseBody},
+    store::PostgresStoreBuilder,
+    IdempotencyLayer, PostgresStore, Scope,
 };
 
 const LOCK: Duration = Duration::from_secs(2);

@@ -416,7 +416,7 @@ async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() 
     let dead = tower_idempotency::lease::store::LeaseGrant {
         job_id: job_id.clone(),
         owner: "doomed-worker".into(),
-        token: tower_idempotency::FencingToken(dead_token),
+        token: tower_idempotency::store::FencingToken(dead_token),
     };
     assert!(matches!(
         store.append(&dead, 99, Bytes::from_static(b"x")).await,
@@ -689,7 +689,7 @@ async fn weighted_starts_from_two_instances_never_overshoot() {
 /// store of its own on the same pool, with its own table and timings.
 #[test]
 fn a_cloned_postgres_builder_builds_a_store_of_its_own() {
-    use tower_idempotency::Store;
+    use tower_idempotency::store::Store;
     let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
     let builder = tower_idempotency::PostgresStore::builder(pool);
     let other = builder
@@ -740,7 +740,11 @@ async fn a_cloned_postgres_job_builder_builds_a_store_of_its_own() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn durations_of_max_mean_forever_on_postgres() {
     use tower_idempotency::store::Claim;
-    use tower_idempotency::{Begin, IdempotencyKey, RecordKey, RequestFingerprint, Scope, Store};
+    use tower_idempotency::{
+        fingerprint::RequestFingerprint,
+        store::{Begin, RecordKey, Store},
+        IdempotencyKey, Scope,
+    };
     let Some(url) = pg::database_url("durations_of_max_mean_forever_on_postgres") else {
         return;
     };
@@ -758,7 +762,7 @@ async fn durations_of_max_mean_forever_on_postgres() {
         panic!("claim")
     };
     records.extend(&record, token).await.unwrap();
-    let response = tower_idempotency::StoredResponse {
+    let response = tower_idempotency::store::StoredResponse {
         status: http::StatusCode::CREATED,
         headers: Vec::new(),
         body: Bytes::from_static(b"done"),

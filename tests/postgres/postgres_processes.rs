@@ -27,8 +27,8 @@ use support::child::ChildServer;
 use support::pg;
 use tokio::time::Instant;
 use tower_idempotency::{
-    FencingToken, IdempotencyKey, IdempotencyLayer, PostgresStore, RecordKey, Scope, Store,
-    StoreError, StoredResponse,
+    store::{FencingToken, RecordKey, Store, StoreError, StoredResponse},
+    IdempotencyKey, IdempotencyLayer, PostgresStore, Scope,
 };
 
 const SERVER_ENV: &str = "TOWER_IDEMPOTENCY_TEST_SERVER";

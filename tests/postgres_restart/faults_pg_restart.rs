@@ -40,8 +40,9 @@ use tokio::time::{sleep, Instant};
 use tower::{Layer, Service, ServiceExt};
 use tower_idempotency::store::{Completion, Timings};
 use tower_idempotency::{
-    Begin, FencingToken, IdempotencyLayer, PostgresStore, RecordKey, RequestFingerprint, Scope,
-    Store, StoreError,
+    fingerprint::RequestFingerprint,
+    store::{Begin, FencingToken, RecordKey, Store, StoreError},
+    IdempotencyLayer, PostgresStore, Scope,
 };
 
 /// Tests in this binary stop the shared server: never two at once.
@@ -246,7 +247,7 @@ async fn send<S>(svc: &S, key: &str) -> Reply
 where
     S: Service<
             Request<Full<Bytes>>,
-            Response = Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+            Response = Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
             Error = Infallible,
         > + Clone,
 {

@@ -13,7 +13,10 @@ use tokio::time::Instant;
 use tower_idempotency::store::conformance::{fingerprint, record, response};
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
-use tower_idempotency::{Begin, RedisStore, Store, StoreError};
+use tower_idempotency::{
+    store::{Begin, Store, StoreError},
+    RedisStore,
+};
 use tower_idempotency_tests::support::redis as r;
 
 async fn set_config(url: &str, name: &str, value: &str) {

@@ -11,7 +11,10 @@ use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::store::NearCache;
-use tower_idempotency::{Begin, FencingToken, RecordKey, RedisStore, RedisStoreBuilder, Store};
+use tower_idempotency::{
+    store::{Begin, FencingToken, RecordKey, RedisStoreBuilder, Store},
+    RedisStore,
+};
 use tower_idempotency_tests::support::redis as r;
 
 /// How to reach one deployment: the standalone server or the Cluster.

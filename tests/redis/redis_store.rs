@@ -15,7 +15,10 @@ use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::store::conformance::{fingerprint, record, response, Durations};
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
-use tower_idempotency::{Begin, IdempotencyLayer, RedisStore, Store, StoreError};
+use tower_idempotency::{
+    store::{Begin, Store, StoreError},
+    IdempotencyLayer, RedisStore,
+};
 use tower_idempotency_tests::support::proxy::Proxy;
 use tower_idempotency_tests::support::redis as r;
 
@@ -55,7 +58,7 @@ mod cluster {
 
 type App = tower::util::BoxCloneService<
     Request<Full<Bytes>>,
-    Response<tower_idempotency::ResponseBody<Full<Bytes>>>,
+    Response<tower_idempotency::body::ResponseBody<Full<Bytes>>>,
     Infallible,
 >;
 

@@ -40,7 +40,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tower_http::validate_request::ValidateRequestHeaderLayer;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope, Store};
+use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 /// How many times each handler ran (the tests check "once").
 #[derive(Default)]

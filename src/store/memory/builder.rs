@@ -74,7 +74,7 @@ impl MemoryStoreBuilder {
     ///
     /// A full store refuses new keys with
     /// [`MemoryStoreError::Full`](crate::store::MemoryStoreError::Full) (inside
-    /// [`StoreError::Backend`](crate::StoreError::Backend)) (`503`) until
+    /// [`StoreError::Backend`](crate::store::StoreError::Backend)) (`503`) until
     /// records expire; see [`with_scope_quota`](Self::with_scope_quota) for
     /// keeping one scope from filling it.
     pub fn with_capacity(mut self, capacity: usize) -> Self {
@@ -86,7 +86,7 @@ impl MemoryStoreBuilder {
     /// completed (default: no quota, only the capacity).
     ///
     /// A scope at its quota is refused new keys with
-    /// [`StoreError::QuotaExceeded`](crate::StoreError::QuotaExceeded) (the
+    /// [`StoreError::QuotaExceeded`](crate::store::StoreError::QuotaExceeded) (the
     /// layer answers `429 idempotency_quota_exceeded`) until its own records
     /// expire or are purged; its replays and every other scope are
     /// unaffected. Without a quota, one scope sending fresh keys can fill the

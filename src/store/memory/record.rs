@@ -162,7 +162,7 @@ pub(super) enum Cold {
 
 pub(super) struct Claim {
     pub(super) key: RecordKey,
-    /// The claiming request's [`RequestFingerprint::local`](crate::RequestFingerprint::local):
+    /// The claiming request's [`RequestFingerprint::local`](crate::fingerprint::RequestFingerprint::local):
     /// records never leave the process, so no SHA-256 fingerprint is kept.
     pub(super) local: LocalDigest,
     /// 1, or one more than the claim this one took over.

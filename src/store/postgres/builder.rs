@@ -20,7 +20,7 @@ use tokio_postgres::Socket;
 ///
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
-/// #     -> Result<(), tower_idempotency::StoreError> {
+/// #     -> Result<(), tower_idempotency::store::StoreError> {
 /// use std::time::Duration;
 /// use tower_idempotency::PostgresStore;
 ///
@@ -124,7 +124,7 @@ impl PostgresStoreBuilder {
     }
 
     /// The longest one operation may take, pool checkout included (default 5 s);
-    /// slower ones fail with [`StoreError::Backend`](crate::StoreError::Backend).
+    /// slower ones fail with [`StoreError::Backend`](crate::store::StoreError::Backend).
     ///
     /// At most 100 years.
     pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {

@@ -77,7 +77,7 @@ pub(super) const BEGIN_ATTEMPTS: usize = 8;
 /// What an operation past its timeout is called in the error.
 const OPERATION: &str = "PostgreSQL operation";
 
-/// A [`Store`](crate::Store) in a PostgreSQL table, shared by every instance of an application.
+/// A [`Store`](crate::store::Store) in a PostgreSQL table, shared by every instance of an application.
 ///
 /// - **Atomic, one round trip**: `begin` is a single statement that claims a free
 ///   or expired key (upsert), or reads the live record (replay, mismatch, in
@@ -110,7 +110,7 @@ const OPERATION: &str = "PostgreSQL operation";
 ///
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
-/// #     -> Result<(), tower_idempotency::StoreError> {
+/// #     -> Result<(), tower_idempotency::store::StoreError> {
 /// use std::time::Duration;
 /// use tower_idempotency::store::Maintenance;
 /// use tower_idempotency::PostgresStore;

@@ -3,13 +3,13 @@
 use super::single_flight::{Join, Landed};
 use super::sql::PURGE_BATCH;
 use super::{PostgresStore, OPERATION};
+use crate::fingerprint::RequestFingerprint;
 use crate::store::encoding::{encode_headers, key_id};
 use crate::store::near_cache::Completed;
 use crate::store::{
     Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
     Timings,
 };
-use crate::RequestFingerprint;
 use async_trait::async_trait;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

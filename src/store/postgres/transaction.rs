@@ -23,11 +23,11 @@
 
 use super::single_flight::{Join, Landed, Leader};
 use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
+use crate::fingerprint::RequestFingerprint;
 use crate::store::near_cache::Completed;
 use crate::store::{
     Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
 };
-use crate::RequestFingerprint;
 use async_trait::async_trait;
 use deadpool_postgres::Object;
 use std::ops::Deref;
@@ -45,7 +45,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 ///
 /// ```no_run
 /// use axum::{http::StatusCode, Extension};
-/// use tower_idempotency::store::PostgresTransaction;
+/// use tower_idempotency::PostgresTransaction;
 ///
 /// async fn create_order(Extension(tx): Extension<PostgresTransaction>) -> StatusCode {
 ///     let Ok(client) = tx.client().await else {

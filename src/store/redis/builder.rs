@@ -22,7 +22,7 @@ use std::time::Duration;
 /// use std::time::Duration;
 /// use tower_idempotency::RedisStore;
 ///
-/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = RedisStore::builder()
 ///     .with_prefix("checkout")
 ///     .with_lock_timeout(Duration::from_secs(30))

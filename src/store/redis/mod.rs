@@ -17,7 +17,7 @@
 //! use std::time::Duration;
 //! use tower_idempotency::{IdempotencyLayer, RedisStore};
 //!
-//! # async fn run() -> Result<(), tower_idempotency::StoreError> {
+//! # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 //! let store = RedisStore::builder()
 //!     .with_lock_timeout(Duration::from_secs(30))
 //!     .connect("redis://127.0.0.1:6379")
@@ -53,7 +53,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A [`Store`](crate::Store) in Redis or Valkey, shared by every instance of
+/// A [`Store`](crate::store::Store) in Redis or Valkey, shared by every instance of
 /// an application: one server ([`connect`](Self::connect)) or a Cluster
 /// ([`connect_cluster`](Self::connect_cluster)).
 ///
@@ -102,7 +102,7 @@ use std::time::Duration;
 /// use std::time::Duration;
 /// use tower_idempotency::RedisStore;
 ///
-/// # async fn run() -> Result<(), tower_idempotency::StoreError> {
+/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
 /// let store = RedisStore::builder()
 ///     .with_retention(Duration::from_secs(48 * 3600))
 ///     .with_replica_acks(1, Duration::from_millis(500))

@@ -8,7 +8,7 @@ use crate::store::{
     Begin, Claim, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError,
     StoredResponse, Timings,
 };
-use crate::{RequestFingerprint, Scope};
+use crate::{fingerprint::RequestFingerprint, Scope};
 use async_trait::async_trait;
 use bytes::Bytes;
 use http::StatusCode;

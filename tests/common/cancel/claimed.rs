@@ -17,7 +17,7 @@ use std::time::Duration;
 use tower::util::BoxCloneService;
 use tower::ServiceExt;
 use tower_idempotency::engine::{Context, Engine, Identity, Outcome};
-use tower_idempotency::{IdempotencyKey, InFlight, ResponseBody, Scope};
+use tower_idempotency::{body::ResponseBody, IdempotencyKey, InFlight, Scope};
 
 pub type App =
     BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;

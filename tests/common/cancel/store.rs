@@ -14,7 +14,10 @@ use tower_idempotency::store::conformance::{fingerprint, record};
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::Maintenance;
-use tower_idempotency::{Begin, FencingToken, RecordKey, Scope, Store, StoredResponse};
+use tower_idempotency::{
+    store::{Begin, FencingToken, RecordKey, Store, StoredResponse},
+    Scope,
+};
 
 /// What a store's backend can tell beyond the `Store` API.
 pub trait Probe {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio_postgres::config::Host;
 use tokio_postgres::NoTls;
-use tower_idempotency::{PostgresStore, PostgresStoreBuilder};
+use tower_idempotency::{store::PostgresStoreBuilder, PostgresStore};
 
 /// `DATABASE_URL`, or `None` after a loud skip message; panics when
 /// `REQUIRE_POSTGRES=1` (CI and `scripts/test`) and it is missing.

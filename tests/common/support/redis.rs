@@ -6,7 +6,7 @@
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tower_idempotency::{RedisStore, RedisStoreBuilder};
+use tower_idempotency::{store::RedisStoreBuilder, RedisStore};
 
 fn required(test: &str, what: &str) -> Option<String> {
     match std::env::var(what) {

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::{sleep, timeout, Instant};
 use tower::ServiceExt;
 use tower_idempotency::{
-    IdempotencyLayer, PostgresStore, PostgresStoreBuilder, PostgresTransaction, Scope,
+    store::PostgresStoreBuilder, IdempotencyLayer, PostgresStore, PostgresTransaction, Scope,
 };
 
 /// Where the two-effect handler writes its charge and its order.

@@ -23,7 +23,9 @@ use axum::Router;
 use http::StatusCode;
 use std::time::Duration;
 use tokio::time::{sleep, Instant};
-use tower_idempotency::{DownstreamKeys, IdempotencyLayer, PostgresStore, PostgresTransaction};
+use tower_idempotency::{
+    downstream::DownstreamKeys, IdempotencyLayer, PostgresStore, PostgresTransaction,
+};
 
 const CHILD_ENV: &str = "TOWER_IDEMPOTENCY_EXACTLY_ONCE_CHILD";
 /// The lock timeout of both instances: how long a dead owner's key is blocked.

@@ -23,8 +23,9 @@ use std::time::Duration;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Maintenance;
 use tower_idempotency::{
-    Begin, FencingToken, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint,
-    Scope, Store, StoreError, StoredResponse,
+    fingerprint::{Fingerprint, RequestFingerprint},
+    store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse},
+    IdempotencyKey, MemoryStore, Scope,
 };
 
 fn record(scope: &str, key: &str) -> RecordKey {

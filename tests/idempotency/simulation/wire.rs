@@ -15,8 +15,9 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tower_idempotency::store::{Claim, Completion, Maintenance, MemoryStoreError, Timings};
 use tower_idempotency::{
-    Begin, FencingToken, Fingerprint, IdempotencyKey, MemoryStore, RecordKey, RequestFingerprint,
-    Scope, Store, StoreError, StoredResponse,
+    fingerprint::{Fingerprint, RequestFingerprint},
+    store::{Begin, FencingToken, RecordKey, Store, StoreError, StoredResponse},
+    IdempotencyKey, MemoryStore, Scope,
 };
 use turmoil::net::{TcpListener, TcpStream};
 

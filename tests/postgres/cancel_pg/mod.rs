@@ -22,7 +22,7 @@ use cases::{Harness, Probe};
 use deadpool_postgres::Pool;
 use driver::eventually;
 use std::time::Duration;
-use tower_idempotency::{PostgresStore, RecordKey};
+use tower_idempotency::{store::RecordKey, PostgresStore};
 use tower_idempotency_tests::cancel::{claimed, driver, store as cases};
 use tower_idempotency_tests::store_cut_tests;
 use tower_idempotency_tests::support::pg;

@@ -9,7 +9,10 @@ use tower_idempotency::store::conformance::fingerprint;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
 use tower_idempotency::store::{RecordTransaction, TransactionalStore};
-use tower_idempotency::{Begin, PostgresStore, PostgresTransaction, RecordKey, Store};
+use tower_idempotency::{
+    store::{Begin, RecordKey, Store},
+    PostgresStore, PostgresTransaction,
+};
 
 type Harness = super::Harness<PostgresStore, PgProbe>;
 

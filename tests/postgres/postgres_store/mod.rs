@@ -32,8 +32,10 @@ use tokio::time::Instant;
 use tower::util::BoxCloneService;
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::{
-    Attempt, Begin, FencingToken, IdempotencyLayer, PostgresStore, PostgresTransaction, RecordKey,
-    ResponseBody, Scope, Store, StoreError,
+    body::ResponseBody,
+    engine::Attempt,
+    store::{Begin, FencingToken, RecordKey, Store, StoreError},
+    IdempotencyLayer, PostgresStore, PostgresTransaction, Scope,
 };
 
 async fn postgres_store(d: Durations) -> Option<PostgresStore> {

@@ -71,7 +71,7 @@ async fn a_thousand_concurrent_begins_for_a_completed_key_share_one_query() {
     .await;
     assert_eq!(store.begins_open(), 1);
     drop(held);
-    let mut first: Option<Arc<tower_idempotency::StoredResponse>> = None;
+    let mut first: Option<Arc<tower_idempotency::store::StoredResponse>> = None;
     for begin in begins {
         match begin.await.unwrap().expect("begin") {
             Begin::Replay(stored) => {
