@@ -35,6 +35,7 @@ fn unique(prefix: &str) -> String {
 /// The [`Engine`] over the store: of 20 concurrent calls with
 /// one identity, one runs the operation and the others get its value;
 /// another identity under the key is refused; a failed operation frees its key.
+#[doc(hidden)]
 pub async fn the_engine_runs_an_operation_once_per_key<S: Store>(store: S) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let engine = Engine::new(store).with_wait_timeout(Duration::from_secs(10));

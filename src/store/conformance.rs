@@ -30,8 +30,9 @@
 //! (`store_conformance_tests!(factory, expires_by_itself)`): its
 //! `purge_expired` may find nothing left to delete.
 //!
-//! Each check is also a plain `async fn` taking the store, for harnesses of
-//! their own. Not covered by semver.
+//! Each check is also a public `async fn` of this module taking the store, for
+//! harnesses of their own; they stay out of the documentation's item lists
+//! (the macro's source names every one). Not covered by semver.
 
 use crate::store::{Claim, Completion, Maintenance};
 use crate::{
@@ -126,6 +127,7 @@ async fn claimed<S: Store>(store: &S, key: &RecordKey, fp: &RequestFingerprint<'
 }
 
 /// Conformance check: fresh key is claimed then in progress.
+#[doc(hidden)]
 pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000001");
     let fp = fingerprint("a");
@@ -141,6 +143,7 @@ pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
 }
 
 /// Conformance check: completed record replays exact bytes status and headers.
+#[doc(hidden)]
 pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000002");
     let fp = fingerprint("a");
@@ -158,6 +161,7 @@ pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(s
 }
 
 /// Conformance check: release frees the key for a new claim.
+#[doc(hidden)]
 pub async fn release_frees_the_key_for_a_new_claim<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000003");
     let first = claim(&store, &key, &fingerprint("a")).await;
@@ -168,6 +172,7 @@ pub async fn release_frees_the_key_for_a_new_claim<S: Store>(store: S) {
 }
 
 /// Conformance check: only the token holder completes or releases.
+#[doc(hidden)]
 pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000004");
     let fp = fingerprint("a");
@@ -199,6 +204,7 @@ pub async fn only_the_token_holder_completes_or_releases<S: Store>(store: S) {
 }
 
 /// Conformance check: keys are scoped.
+#[doc(hidden)]
 pub async fn keys_are_scoped<S: Store>(store: S) {
     let (acme, globex) = (unique("acme"), unique("globex"));
     let fp = fingerprint("a");
@@ -211,6 +217,7 @@ pub async fn keys_are_scoped<S: Store>(store: S) {
 }
 
 /// Conformance check: wait is woken by completion.
+#[doc(hidden)]
 pub async fn wait_is_woken_by_completion<S: Store>(store: S) {
     let store = Arc::new(store);
     let key = record(&unique("scope"), "key-00000005");
@@ -237,6 +244,7 @@ pub async fn wait_is_woken_by_completion<S: Store>(store: S) {
 }
 
 /// Conformance check: wait is woken by release.
+#[doc(hidden)]
 pub async fn wait_is_woken_by_release<S: Store>(store: S) {
     let store = Arc::new(store);
     let key = record(&unique("scope"), "key-00000006");
@@ -255,6 +263,7 @@ pub async fn wait_is_woken_by_release<S: Store>(store: S) {
 }
 
 /// Conformance check: wait gives up at its timeout.
+#[doc(hidden)]
 pub async fn wait_gives_up_at_its_timeout<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-00000007");
     let fp = fingerprint("a");
@@ -276,6 +285,7 @@ pub async fn wait_gives_up_at_its_timeout<S: Store>(store: S) {
 }
 
 /// Conformance check: concurrent begins claim exactly once.
+#[doc(hidden)]
 pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
     let store = Arc::new(store);
     let key = record(&unique("scope"), "key-00000009");
@@ -297,6 +307,7 @@ pub async fn concurrent_begins_claim_exactly_once<S: Store>(store: S) {
 }
 
 /// Conformance check: purge scope erases one tenants records only.
+#[doc(hidden)]
 pub async fn purge_scope_erases_one_tenants_records_only<S: Store + Maintenance>(store: S) {
     let (erased, kept) = (unique("erased"), unique("kept"));
     let fp = fingerprint("a");
@@ -336,6 +347,7 @@ pub async fn purge_scope_erases_one_tenants_records_only<S: Store + Maintenance>
 }
 
 /// Needs a store built with [`SHORT`] durations.
+#[doc(hidden)]
 pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-0000000a");
     let fp = fingerprint("a");
@@ -368,6 +380,7 @@ pub async fn expired_lock_is_taken_over_and_the_old_token_is_fenced<S: Store>(st
 /// (on the store's clock: within a second of this process's, no later than
 /// now); the next takeover in a row, by a request with another body too, is
 /// attempt 3 and names the second owner. A released key starts again at 1.
+#[doc(hidden)]
 pub async fn a_takeover_reports_its_attempt_and_the_previous_owner<S: Store>(store: S) {
     const SKEW: Duration = Duration::from_secs(1);
     let key = record(&unique("scope"), "key-attempt01");
@@ -411,6 +424,7 @@ pub async fn a_takeover_reports_its_attempt_and_the_previous_owner<S: Store>(sto
 
 /// Needs a store built with [`SHORT`] durations: its lock timeout is reported,
 /// and a claim extended every third of it outlives it several times over.
+#[doc(hidden)]
 pub async fn an_extended_claim_outlives_its_lock_and_only_its_token_extends<S: Store>(store: S) {
     assert_eq!(store.timings().lock_timeout, SHORT.lock);
     let key = record(&unique("scope"), "key-0000000e");
@@ -453,6 +467,7 @@ pub async fn an_extended_claim_outlives_its_lock_and_only_its_token_extends<S: S
 /// A claim completed without a replayable response: the same request is told
 /// so (never claimed again), another is a mismatch, only its token completes
 /// it, and after the retention the key is free.
+#[doc(hidden)]
 pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(store: S) {
     let key = record(&unique("scope"), "key-0000000u");
     let (fp, other) = (fingerprint("a"), fingerprint("b"));
@@ -494,6 +509,7 @@ pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(st
 }
 
 /// Needs a store built with [`SHORT`] durations.
+#[doc(hidden)]
 pub async fn expired_records_are_reusable_and_purged<S: Store + Maintenance>(store: S) {
     expired_records_are_reusable(store, 2).await;
 }
@@ -501,6 +517,7 @@ pub async fn expired_records_are_reusable_and_purged<S: Store + Maintenance>(sto
 /// For a store whose backend deletes expired records by itself (key TTLs):
 /// [`expired_records_are_reusable_and_purged`] without a count, as nothing may
 /// be left to purge. Needs a store built with [`SHORT`] durations.
+#[doc(hidden)]
 pub async fn expired_records_are_reusable_and_expire_by_themselves<S: Store + Maintenance>(
     store: S,
 ) {
@@ -528,6 +545,7 @@ async fn expired_records_are_reusable<S: Store + Maintenance>(store: S, purged_a
 /// parts. The same bytes, and canonically equal JSON in other bytes, match the
 /// record (in progress, then completed); other content never does, whichever
 /// comparison a store makes first.
+#[doc(hidden)]
 pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(store: S) {
     let scope = unique("scope");
     let key = record(&scope, "key-lazy-0001");
@@ -579,6 +597,7 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
 /// records never leave the process compares
 /// [`RequestFingerprint::local`] instead, which a precomputed fingerprint only
 /// shares with precomputed fingerprints.)
+#[doc(hidden)]
 pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
     S: Store + Maintenance,
 >(
@@ -697,6 +716,7 @@ macro_rules! store_conformance_tests {
 /// again (duplicates wait), and a late `complete` or `complete_unavailable`
 /// records it, which then replays. Only a takeover fences the old token
 /// (`expired_lock_is_taken_over_and_the_old_token_is_fenced`).
+#[doc(hidden)]
 pub async fn a_late_extend_or_complete_without_a_takeover_succeeds<S: Store>(store: S) {
     let late = SHORT.lock + Duration::from_millis(200);
     let fp = fingerprint("a");

@@ -6,7 +6,10 @@
 //! skips) and invokes
 //! [`job_store_conformance_tests!`](crate::job_store_conformance_tests), which
 //! writes one `#[tokio::test]` per check (the test crate needs `tokio` with the
-//! `macros` and `rt-multi-thread` features). Not covered by semver.
+//! `macros` and `rt-multi-thread` features). Each check is also a public
+//! `async fn` of this module taking the store, kept out of the
+//! documentation's item lists (the macro's source names every one). Not
+//! covered by semver.
 
 use crate::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, JobMaintenance, JobReader, JobStatus, JobStore,
@@ -89,6 +92,7 @@ fn colliding_identities(base: &str) -> Vec<[(String, String); 2]> {
 
 /// A job belongs to exactly one `(tenant, kind, key)`: no choice of separators
 /// makes a second tenant join, steal, read or finalize the first one's job.
+#[doc(hidden)]
 pub async fn tenants_never_share_a_job_whatever_the_separators<S: FullJobStore>(store: S) {
     let base = unique("org");
     for [(tenant_a, key_a), (tenant_b, key_b)] in colliding_identities(&base) {
@@ -123,6 +127,7 @@ pub async fn tenants_never_share_a_job_whatever_the_separators<S: FullJobStore>(
 }
 
 /// An expired lease is taken over only by a start of the same tenant, kind and key.
+#[doc(hidden)]
 pub async fn an_expired_job_is_never_stolen_by_another_tenant<S: FullJobStore>(store: S) {
     let lease = store.lease_duration();
     let base = unique("org");
@@ -152,6 +157,7 @@ pub async fn an_expired_job_is_never_stolen_by_another_tenant<S: FullJobStore>(s
 
 /// Retention: ended jobs go with their chunks and artifacts, unfinished ones
 /// stay, and a purged key starts afresh.
+#[doc(hidden)]
 pub async fn purge_finished_removes_ended_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let done = created(&store, &tenant, "r:2026-01").await;
@@ -195,6 +201,7 @@ pub async fn purge_finished_removes_ended_jobs_only<S: FullJobStore>(store: S) {
 
 /// Erasure: every job of one tenant goes, in flight or ended; its worker can
 /// no longer write; other tenants keep theirs.
+#[doc(hidden)]
 pub async fn purge_tenant_erases_one_tenants_jobs_only<S: FullJobStore>(store: S) {
     let (gone, kept) = (unique("erased"), unique("kept"));
     let done = created(&store, &gone, "r:2026-01").await;
@@ -218,6 +225,7 @@ pub async fn purge_tenant_erases_one_tenants_jobs_only<S: FullJobStore>(store: S
 /// Weighted budgets: each start reserves its cost, over the allowance is
 /// refused with when the period resets, a failed job returns its cost and a
 /// completed one keeps it.
+#[doc(hidden)]
 pub async fn weighted_budget_reserves_costs_and_failure_returns_them<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let budget = Some(Budget::per_day(1000));
@@ -275,6 +283,7 @@ pub async fn weighted_budget_reserves_costs_and_failure_returns_them<S: FullJobS
 }
 
 /// Two kinds (two layers on one store) with the same key are two jobs.
+#[doc(hidden)]
 pub async fn kinds_are_separate_jobs<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let export = match start_kind(&store, &tenant, "export", "2026-08", "w", None).await {
@@ -317,6 +326,7 @@ async fn expire(lease: Duration) {
 }
 
 /// Conformance check: second start joins the same job.
+#[doc(hidden)]
 pub async fn second_start_joins_the_same_job<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "customer_health:2026-08").await;
@@ -331,6 +341,7 @@ pub async fn second_start_joins_the_same_job<S: FullJobStore>(store: S) {
 
 /// Conformance check: a lease of `Duration::MAX` means forever: starting
 /// neither panics nor overflows, and the job stays joined.
+#[doc(hidden)]
 pub async fn a_lease_of_duration_max_means_forever_and_never_panics<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "report:2026-08").await;
@@ -341,6 +352,7 @@ pub async fn a_lease_of_duration_max_means_forever_and_never_panics<S: FullJobSt
 }
 
 /// Conformance check: periods and tenants are separate jobs.
+#[doc(hidden)]
 pub async fn periods_and_tenants_are_separate_jobs<S: FullJobStore>(store: S) {
     let (acme, globex) = (unique("acme"), unique("globex"));
     let aug = created(&store, &acme, "customer_health:2026-08").await;
@@ -351,6 +363,7 @@ pub async fn periods_and_tenants_are_separate_jobs<S: FullJobStore>(store: S) {
 }
 
 /// Conformance check: finalize completes once and start returns the artifact.
+#[doc(hidden)]
 pub async fn finalize_completes_once_and_start_returns_the_artifact<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -391,6 +404,7 @@ pub async fn finalize_completes_once_and_start_returns_the_artifact<S: FullJobSt
 }
 
 /// Conformance check: readers see only their tenants jobs.
+#[doc(hidden)]
 pub async fn readers_see_only_their_tenants_jobs<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -408,6 +422,7 @@ pub async fn readers_see_only_their_tenants_jobs<S: FullJobStore>(store: S) {
 }
 
 /// Conformance check: appends are numbered repeats are noops gaps refused.
+#[doc(hidden)]
 pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -444,6 +459,7 @@ pub async fn appends_are_numbered_repeats_are_noops_gaps_refused<S: FullJobStore
 }
 
 /// Conformance check: a foreign worker cannot write.
+#[doc(hidden)]
 pub async fn a_foreign_worker_cannot_write<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -484,6 +500,7 @@ pub async fn a_foreign_worker_cannot_write<S: FullJobStore>(store: S) {
 }
 
 /// Conformance check: acquire hands over queued jobs only.
+#[doc(hidden)]
 pub async fn acquire_hands_over_queued_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -535,6 +552,7 @@ pub async fn acquire_hands_over_queued_jobs_only<S: FullJobStore>(store: S) {
 }
 
 /// Conformance check: failed jobs end and a new start creates a new job.
+#[doc(hidden)]
 pub async fn failed_jobs_end_and_a_new_start_creates_a_new_job<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -554,6 +572,7 @@ pub async fn failed_jobs_end_and_a_new_start_creates_a_new_job<S: FullJobStore>(
 }
 
 /// Needs a store with [`SHORT`] leases.
+#[doc(hidden)]
 pub async fn heartbeat_keeps_a_lease_alive<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -569,6 +588,7 @@ pub async fn heartbeat_keeps_a_lease_alive<S: FullJobStore>(store: S) {
 }
 
 /// Needs a store with [`SHORT`] leases.
+#[doc(hidden)]
 pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: FullJobStore>(store: S) {
     let store = Arc::new(store);
     let tenant = unique("acme");
@@ -629,6 +649,7 @@ pub async fn expired_lease_is_stolen_once_and_the_dead_owner_is_fenced<S: FullJo
 }
 
 /// Needs a store with [`SHORT`] leases.
+#[doc(hidden)]
 pub async fn a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry<S: FullJobStore>(
     store: S,
 ) {
@@ -646,6 +667,7 @@ pub async fn a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry<S
 }
 
 /// Needs a store with [`SHORT`] leases.
+#[doc(hidden)]
 pub async fn an_expired_running_job_is_acquired_as_a_new_attempt<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let grant = created(&store, &tenant, "r:2026-08").await;
@@ -694,6 +716,7 @@ pub async fn an_expired_running_job_is_acquired_as_a_new_attempt<S: FullJobStore
 }
 
 /// Needs a store with [`SHORT`] leases.
+#[doc(hidden)]
 pub async fn stale_sweep_fails_abandoned_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let abandoned = created(&store, &tenant, "r:2026-07").await;
@@ -731,6 +754,7 @@ pub async fn stale_sweep_fails_abandoned_jobs_only<S: FullJobStore>(store: S) {
 }
 
 /// Needs a store with [`SHORT`] leases.
+#[doc(hidden)]
 pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
     let budget = Some(Budget::per_month(2));
@@ -793,6 +817,7 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: 
 }
 
 /// Conformance check: concurrent starts cannot overshoot the budget.
+#[doc(hidden)]
 pub async fn concurrent_starts_cannot_overshoot_the_budget<S: FullJobStore>(store: S) {
     let store = Arc::new(store);
     let tenant = unique("acme");
