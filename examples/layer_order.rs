@@ -94,7 +94,7 @@ impl Default for Limits {
 }
 
 /// The stack; `orders` counts handler runs.
-pub fn app(store: Arc<dyn Store>, limits: Limits, orders: Arc<AtomicU64>) -> Router {
+pub fn app(store: impl Store, limits: Limits, orders: Arc<AtomicU64>) -> Router {
     Router::new()
         .route("/v1/orders", post(create_order))
         // The same limit as the outer one (the layer's default is 1 MiB).
@@ -187,11 +187,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     init_tracing();
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3005".into());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
-    let app = app(
-        Arc::new(MemoryStore::new()),
-        Limits::default(),
-        Arc::default(),
-    );
+    let app = app(MemoryStore::new(), Limits::default(), Arc::default());
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await?;
     Ok(())

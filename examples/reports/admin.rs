@@ -10,7 +10,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
-use tower_idempotency::lease::store::BudgetPeriod;
+use tower_idempotency::lease::store::{BudgetPeriod, JobMaintenance};
 
 #[derive(Deserialize)]
 pub(super) struct ResetBody {

@@ -37,18 +37,12 @@ use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::auth::AsyncRequireAuthorizationLayer;
-use tower_idempotency::lease::store::{Budget, Job, JobMaintenance, JobReader, JobStore};
+use tower_idempotency::lease::store::{AnyJobStore, Budget, Job, JobMaintenance, JobReader};
 use tower_idempotency::{
     lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey},
     LeaseLayer,
 };
 use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
-
-/// All the demo calls on its store: starts and worker writes, the readers'
-/// queries, and upkeep. The crate keeps them in three traits, by caller.
-pub trait Jobs: JobStore + JobReader + JobMaintenance {}
-
-impl<T: JobStore + JobReader + JobMaintenance + ?Sized> Jobs for T {}
 
 /// Report types `POST /reports/start` accepts.
 pub const REPORT_TYPES: &[&str] = &["customer_health", "usage_summary"];
@@ -138,7 +132,9 @@ impl Default for Config {
 /// What every handler shares.
 #[derive(Clone)]
 struct AppState {
-    store: Arc<dyn Jobs>,
+    /// Picked at start-up (memory or PostgreSQL), and called for all of it:
+    /// starts and worker writes, the readers' queries, and upkeep.
+    store: AnyJobStore,
     worker: Worker,
     provider_failure: Option<ProviderFailure>,
     provider_gate: Option<Arc<tokio::sync::Semaphore>>,
@@ -149,17 +145,13 @@ struct AppState {
 /// process. Tenant auth runs on the tenant routes only; the admin route checks
 /// its own token.
 #[allow(dead_code)] // the tests mount it
-pub fn router(store: Arc<dyn Jobs>, config: Config) -> Router {
-    router_with_records(store, Arc::new(MemoryStore::new()), config)
+pub fn router(store: AnyJobStore, config: Config) -> Router {
+    router_with_records(store, MemoryStore::new(), config)
 }
 
 /// [`router`] with the idempotency records of `POST /reports` in `records`
 /// (PostgreSQL when the jobs are, so every instance replays the same answers).
-pub fn router_with_records(
-    store: Arc<dyn Jobs>,
-    records: Arc<dyn Store>,
-    config: Config,
-) -> Router {
+pub fn router_with_records(store: AnyJobStore, records: impl Store, config: Config) -> Router {
     let mut lease = lease_layer(store.clone(), config.budget, config.token_cap);
     if let Some(owner) = &config.owner {
         lease = lease.with_owner(owner.as_str());
@@ -206,7 +198,7 @@ pub fn router_with_records(
 /// The start route's layer: one live job per `tenant:report_type:period`,
 /// within a job allowance or a daily token envelope.
 pub fn lease_layer(
-    store: Arc<dyn Jobs>,
+    store: AnyJobStore,
     budget: Option<Budget>,
     token_cap: Option<u64>,
 ) -> LeaseLayer<impl JobKeyExtractor> {
@@ -268,7 +260,7 @@ fn is_period(period: &str) -> bool {
 }
 
 /// Fails jobs whose lease expired with nobody behind them, every `every`.
-pub fn spawn_stale_sweep(store: Arc<dyn Jobs>, every: Duration) -> tokio::task::JoinHandle<()> {
+pub fn spawn_stale_sweep(store: AnyJobStore, every: Duration) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

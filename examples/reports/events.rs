@@ -16,11 +16,10 @@ use serde::Deserialize;
 use serde_json::json;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tower_idempotency::lease::store::{JobReader, JobStatus};
+use tower_idempotency::lease::store::{AnyJobStore, JobReader, JobStatus};
 use tower_idempotency::Scope;
 
 /// How readers of `/events` poll the store.
@@ -126,7 +125,7 @@ fn last_event_position(value: &HeaderValue) -> Result<Position, ApiError> {
 }
 
 async fn stream_events(
-    store: Arc<dyn super::Jobs>,
+    store: AnyJobStore,
     tenant: Scope,
     job_id: String,
     position: Position,

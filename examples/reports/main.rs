@@ -30,13 +30,11 @@ mod app;
 #[cfg(feature = "postgres")]
 mod postgres;
 
-use app::Jobs;
 use std::error::Error;
-use std::sync::Arc;
 use std::time::Duration;
 use tower_idempotency::lease::store::Budget;
-use tower_idempotency::lease::store::{JobStore, MemoryJobStore};
-use tower_idempotency::{store::Store, MemoryStore};
+use tower_idempotency::lease::store::{AnyJobStore, JobStore, MemoryJobStore};
+use tower_idempotency::MemoryStore;
 
 /// How often jobs whose lease expired with nobody behind them are failed.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
@@ -53,7 +51,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
         }
     };
     app::spawn_stale_sweep(store.clone(), SWEEP_EVERY);
-    let app = app::router_with_records(store.clone(), records, config.clone());
+    let app = match records {
+        Records::Memory(records) => {
+            app::router_with_records(store.clone(), records, config.clone())
+        }
+        #[cfg(feature = "postgres")]
+        Records::Postgres(records) => {
+            app::router_with_records(store.clone(), records, config.clone())
+        }
+    };
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!(
         "job store: {store_name}, lease {:?}",
@@ -69,11 +75,19 @@ async fn main() -> Result<(), Box<dyn Error>> {
     Ok(())
 }
 
+/// Where `POST /reports`'s idempotency records live: with the jobs. Each is
+/// mounted as it is (a layer hides its store's type).
+enum Records {
+    Memory(MemoryStore),
+    #[cfg(feature = "postgres")]
+    Postgres(tower_idempotency::PostgresStore),
+}
+
 /// The one place the job store is chosen: PostgreSQL when built with
 /// `--features postgres` and `DATABASE_URL` is set (migrated here, so a fresh
 /// database works), the in-memory store otherwise. Returns a description of
 /// the store for the start-up banner.
-async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, Arc<dyn Store>, String), Box<dyn Error>> {
+async fn job_store_from_env() -> Result<(AnyJobStore, Records, String), Box<dyn Error>> {
     let lease = match std::env::var("LEASE_SECONDS") {
         Ok(v) => {
             let secs: f64 = v
@@ -93,7 +107,11 @@ async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, Arc<dyn Store>, String),
         {
             let (store, description) = postgres::job_store(&url, lease).await?;
             let records = postgres::records_store(&url).await?;
-            return Ok((Arc::new(store), Arc::new(records), description));
+            return Ok((
+                AnyJobStore::new(store),
+                Records::Postgres(records),
+                description,
+            ));
         }
         // Refuse rather than silently keep jobs in this process only:
         // instances sharing DATABASE_URL expect to share their jobs.
@@ -111,8 +129,8 @@ async fn job_store_from_env() -> Result<(Arc<dyn Jobs>, Arc<dyn Store>, String),
     let store = MemoryJobStore::builder().with_lease(lease).build();
     let records = MemoryStore::new();
     Ok((
-        Arc::new(store),
-        Arc::new(records),
+        AnyJobStore::new(store),
+        Records::Memory(records),
         "memory (this process only)".into(),
     ))
 }

@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tower_idempotency::lease::store::{ArtifactLookup, Chunk, Job};
+use tower_idempotency::lease::store::{ArtifactLookup, Chunk, Job, JobReader};
 use tower_idempotency::Scope;
 
 /// How often a reader reads the job and its chunks again when a takeover

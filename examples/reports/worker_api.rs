@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
-use tower_idempotency::lease::store::{Appended, LeaseGrant};
+use tower_idempotency::lease::store::{Appended, JobReader, JobStore, LeaseGrant};
 use tower_idempotency::{store::FencingToken, Scope};
 
 /// `X-Worker-Id`: 1 to 128 visible ASCII characters.

@@ -2,9 +2,8 @@
 //! released, open its transaction, and run its work to completion whatever
 //! the caller does.
 
-use crate::store::{
-    FencingToken, RecordKey, RecordTransaction, Store, StoreError, TransactionalStore,
-};
+use crate::store::erased::{ErasedStore, ErasedTransaction, ErasedTransactionalStore};
+use crate::store::{FencingToken, RecordKey, StoreError};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -15,7 +14,7 @@ use std::task::Poll;
 /// panicked, or its future was dropped), it releases the key in the
 /// background so a retry can run.
 pub(crate) struct ClaimGuard {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn ErasedStore>,
     /// The claim, until it is kept or released.
     pub(crate) armed: Option<(RecordKey, FencingToken)>,
     /// The claim lives in a transaction: ending that frees it, no release is sent.
@@ -23,7 +22,7 @@ pub(crate) struct ClaimGuard {
 }
 
 impl ClaimGuard {
-    pub(crate) fn new(store: Arc<dyn Store>, record: RecordKey, token: FencingToken) -> Self {
+    pub(crate) fn new(store: Arc<dyn ErasedStore>, record: RecordKey, token: FencingToken) -> Self {
         Self {
             store,
             armed: Some((record, token)),
@@ -82,11 +81,11 @@ pub(crate) enum NotOpened {
 
 /// The claim's transaction: the one `begin` opened with it, or a new one.
 pub(crate) async fn open_transaction(
-    transactions: &dyn TransactionalStore,
+    transactions: &dyn ErasedTransactionalStore,
     claim: ClaimGuard,
     token: FencingToken,
-    opened: Option<Box<dyn RecordTransaction>>,
-) -> Result<(ClaimGuard, Box<dyn RecordTransaction>), NotOpened> {
+    opened: Option<Box<dyn ErasedTransaction>>,
+) -> Result<(ClaimGuard, Box<dyn ErasedTransaction>), NotOpened> {
     let opened = match opened {
         Some(transaction) => Ok(transaction),
         None => transactions.open(claim.record(), token).await,

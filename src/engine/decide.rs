@@ -2,10 +2,8 @@
 //! in progress.
 
 use crate::fingerprint::RequestFingerprint;
-use crate::store::{
-    Begin, Claim, RecordKey, RecordTransaction, Store, StoreError, StoredResponse,
-    TransactionalStore,
-};
+use crate::store::erased::{ErasedStore, ErasedTransaction, ErasedTransactionalStore};
+use crate::store::{Begin, Claim, RecordKey, StoreError, StoredResponse};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -13,7 +11,7 @@ use tokio::time::Instant;
 /// The store's answer for one request, after waiting out a request in progress.
 pub(crate) enum Decision {
     /// This caller owns the key; in transactional mode its transaction may be open.
-    Claimed(Claim, Option<Box<dyn RecordTransaction>>),
+    Claimed(Claim, Option<Box<dyn ErasedTransaction>>),
     /// The recorded result.
     Replay(Arc<StoredResponse>),
     /// The key was used by another request.
@@ -33,8 +31,8 @@ pub(crate) enum Decision {
 /// answer (most requests never wait). Every pass, including the ones after a
 /// wait, compares fingerprints in `begin`.
 pub(crate) async fn decide(
-    store: &Arc<dyn Store>,
-    transactions: Option<&Arc<dyn TransactionalStore>>,
+    store: &Arc<dyn ErasedStore>,
+    transactions: Option<&Arc<dyn ErasedTransactionalStore>>,
     record: &RecordKey,
     fingerprint: &RequestFingerprint<'_>,
     wait_timeout: Duration,

@@ -2,7 +2,8 @@
 //! remaining life, in a task of their own so that work blocking its thread
 //! does not stop them.
 
-use crate::store::{FencingToken, RecordKey, Store, StoreError};
+use crate::store::erased::ErasedStore;
+use crate::store::{FencingToken, RecordKey, StoreError};
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
@@ -98,7 +99,7 @@ struct Lost;
 
 /// Extends the claim on `schedule` until it finds the claim gone.
 async fn heartbeat(
-    store: Arc<dyn Store>,
+    store: Arc<dyn ErasedStore>,
     record: RecordKey,
     token: FencingToken,
     mut schedule: Schedule,
@@ -155,7 +156,7 @@ pin_project! {
 
 enum Heartbeat {
     /// Not started: what it needs.
-    Ready(Arc<dyn Store>, RecordKey, FencingToken, Schedule),
+    Ready(Arc<dyn ErasedStore>, RecordKey, FencingToken, Schedule),
     /// In its own task.
     Spawned(Task),
     /// No runtime to spawn on: polled with the work.
@@ -176,7 +177,7 @@ impl Drop for Task {
 /// `work` for a claim just made: its claim extended while it runs.
 pub(crate) fn kept_alive<W: Future>(
     work: W,
-    store: Arc<dyn Store>,
+    store: Arc<dyn ErasedStore>,
     record: RecordKey,
     token: FencingToken,
 ) -> KeptAlive<W> {
@@ -192,7 +193,7 @@ pub(crate) fn kept_alive<W: Future>(
 /// being recorded after its handler): extended as soon as the work waits.
 pub(crate) fn kept_alive_handed_over<W: Future>(
     work: W,
-    store: Arc<dyn Store>,
+    store: Arc<dyn ErasedStore>,
     record: RecordKey,
     token: FencingToken,
 ) -> KeptAlive<W> {
@@ -366,7 +367,7 @@ mod tests {
             .build();
         let key = RecordKey::for_test("s", "key-kept-0001");
         let token = claimed(&store, &key).await.unwrap();
-        let shared: Arc<dyn Store> = Arc::new(store.clone());
+        let shared: Arc<dyn ErasedStore> = Arc::new(store.clone());
         // Done on its first poll: nothing spawned.
         kept_alive(async {}, shared.clone(), key.clone(), token).await;
         assert_eq!(alive_tasks(), 0);

@@ -57,6 +57,7 @@ pub use self::run::Context;
 
 use self::in_flight::InFlight;
 use crate::downstream::DownstreamSecret;
+use crate::store::erased::{ErasedStore, ErasedTransactionalStore};
 use crate::store::{Store, StoreError, TransactionalStore};
 use std::fmt;
 use std::sync::Arc;
@@ -68,8 +69,8 @@ use std::time::Duration;
 /// Clones share the store and the count of running operations.
 #[derive(Clone)]
 pub struct Engine {
-    store: Arc<dyn Store>,
-    transactions: Option<Arc<dyn TransactionalStore>>,
+    store: Arc<dyn ErasedStore>,
+    transactions: Option<Arc<dyn ErasedTransactionalStore>>,
     wait_timeout: Duration,
     in_flight: InFlight,
     on_failure: OnFailure,
@@ -170,13 +171,13 @@ impl Engine {
     /// `PostgresStore` the operation finds a `PostgresTransaction` with
     /// [`Context::get`].
     pub fn transactional(store: impl TransactionalStore) -> Self {
-        let store: Arc<dyn TransactionalStore> = Arc::new(store);
+        let store: Arc<dyn ErasedTransactionalStore> = Arc::new(store);
         Self::with_store(store.clone(), Some(store))
     }
 
     fn with_store(
-        store: Arc<dyn Store>,
-        transactions: Option<Arc<dyn TransactionalStore>>,
+        store: Arc<dyn ErasedStore>,
+        transactions: Option<Arc<dyn ErasedTransactionalStore>>,
     ) -> Self {
         Self {
             store,

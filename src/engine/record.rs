@@ -10,7 +10,8 @@
 use super::in_flight::Running;
 use super::keep_alive::kept_alive_handed_over;
 use crate::body::{BoxError, ResponseBody};
-use crate::store::{Completion, FencingToken, RecordKey, Store, StoreError, StoredResponse};
+use crate::store::erased::ErasedStore;
+use crate::store::{Completion, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
@@ -198,7 +199,7 @@ where
 
 /// Completes the claim with what the body turned out to be.
 pub(crate) struct Recorder {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn ErasedStore>,
     pub(crate) record: RecordKey,
     pub(crate) token: FencingToken,
     pub(crate) status: StatusCode,
@@ -281,9 +282,13 @@ impl Recorder {
 /// background with a backoff, for up to the store's lock timeout, while the
 /// caller gets its answer: the effect happened, and a key left in progress
 /// would run again once its lock ran out.
-fn retry<F, Fut>(store: Arc<dyn Store>, error: StoreError, what: &'static str, mut completion: F)
-where
-    F: FnMut(Arc<dyn Store>) -> Fut + Send + 'static,
+fn retry<F, Fut>(
+    store: Arc<dyn ErasedStore>,
+    error: StoreError,
+    what: &'static str,
+    mut completion: F,
+) where
+    F: FnMut(Arc<dyn ErasedStore>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), StoreError>> + Send,
 {
     let StoreError::Backend(error) = error else {

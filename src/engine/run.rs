@@ -8,9 +8,8 @@ use super::{Attempt, Engine, EngineError, Identity, OnFailure, Outcome};
 use crate::downstream::DownstreamKeys;
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::Recorder;
-use crate::store::{
-    Claim, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, StoredResponse,
-};
+use crate::store::erased::ErasedTransaction;
+use crate::store::{Claim, Completion, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::{
     fingerprint::{Fingerprint, RequestFingerprint},
     IdempotencyKey, Scope,
@@ -250,7 +249,7 @@ impl Engine {
         &self,
         record: RecordKey,
         claimed: Claim,
-        opened: Option<Box<dyn RecordTransaction>>,
+        opened: Option<Box<dyn ErasedTransaction>>,
         operation: F,
     ) -> Result<Outcome<V>, EngineError<E>>
     where

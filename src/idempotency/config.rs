@@ -4,7 +4,7 @@
 use crate::downstream::DownstreamSecret;
 use crate::engine::in_flight::InFlight;
 use crate::options::Options;
-use crate::store::{Store, TransactionalStore};
+use crate::store::erased::{ErasedStore, ErasedTransactionalStore};
 use http::{HeaderName, HeaderValue};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,7 +32,7 @@ pub(crate) struct Config<E, P> {
 
 #[derive(Clone)]
 pub(crate) struct Settings {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn ErasedStore>,
     pub(crate) header: HeaderName,
     pub(crate) options: Options,
     pub(crate) record_limit: usize,
@@ -45,7 +45,7 @@ pub(crate) struct Settings {
     pub(crate) max_in_flight: Option<usize>,
     /// Set by [`IdempotencyLayer::transactional`](super::IdempotencyLayer::transactional):
     /// the same store as `store`.
-    pub(crate) transactions: Option<Arc<dyn TransactionalStore>>,
+    pub(crate) transactions: Option<Arc<dyn ErasedTransactionalStore>>,
     /// The setup mistakes already warned about, per route.
     pub(crate) warned: WarnOnce,
     /// Keys the derivation of each claimed request's `DownstreamKeys`.

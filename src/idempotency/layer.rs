@@ -8,6 +8,7 @@ use crate::options::Options;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
+use crate::store::erased::{ErasedStore, ErasedTransactionalStore};
 use crate::store::{Store, TransactionalStore};
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
 use http::{HeaderValue, Method, StatusCode};
@@ -49,13 +50,13 @@ impl IdempotencyLayer {
     /// writes back and frees the key, so the retry runs once on a clean slate.
     /// See `docs/idempotency.md` for the guarantees and their limits.
     pub fn transactional(store: impl TransactionalStore) -> Self {
-        let store: Arc<dyn TransactionalStore> = Arc::new(store);
+        let store: Arc<dyn ErasedTransactionalStore> = Arc::new(store);
         Self::with_store(store.clone(), Some(store))
     }
 
     fn with_store(
-        store: Arc<dyn Store>,
-        transactions: Option<Arc<dyn TransactionalStore>>,
+        store: Arc<dyn ErasedStore>,
+        transactions: Option<Arc<dyn ErasedTransactionalStore>>,
     ) -> Self {
         Self {
             config: Arc::new(Config {
@@ -83,7 +84,7 @@ impl IdempotencyLayer {
 
 /// The store's retention in whole seconds (rounded down: the record is kept
 /// at least that long), or nothing for a store that does not say.
-fn retention_header(store: &dyn Store) -> Option<HeaderValue> {
+fn retention_header(store: &dyn ErasedStore) -> Option<HeaderValue> {
     store
         .timings()
         .retention

@@ -15,9 +15,8 @@ use crate::engine::Attempt;
 use crate::policy::CachePolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
-use crate::store::{
-    Completion, FencingToken, RecordKey, RecordTransaction, StoredResponse, TransactionalStore,
-};
+use crate::store::erased::{ErasedTransaction, ErasedTransactionalStore};
+use crate::store::{Completion, FencingToken, RecordKey, StoredResponse};
 use crate::telemetry::{self, Outcome};
 use crate::{fingerprint::RequestFingerprint, IdempotencyKey};
 use bytes::Bytes;
@@ -263,7 +262,7 @@ fn claimed_handler<S, E, P, ReqBody, ResBody>(
     inner: S,
     parts: http::request::Parts,
     bytes: Bytes,
-    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
+    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn ErasedTransaction>>),
     running: Running,
 ) -> Pin<Box<dyn Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)> + Send>>
 where
@@ -302,11 +301,11 @@ where
 #[allow(clippy::manual_async_fn)]
 fn run_in_transaction<S, E, P, ReqBody, ResBody>(
     config: Arc<Config<E, P>>,
-    transactions: Arc<dyn TransactionalStore>,
+    transactions: Arc<dyn ErasedTransactionalStore>,
     mut inner: S,
     mut parts: http::request::Parts,
     bytes: Bytes,
-    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn RecordTransaction>>),
+    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn ErasedTransaction>>),
     running: Running,
 ) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
 where

@@ -1,7 +1,8 @@
 //! The lease layer's configuration, shared by its services.
 
 use super::key::JobCost;
-use crate::lease::store::{Budget, JobStore};
+use crate::lease::store::erased::ErasedJobStore;
+use crate::lease::store::Budget;
 use crate::options::Options;
 use std::sync::Arc;
 
@@ -16,7 +17,7 @@ pub(crate) struct LeaseConfig<K, E> {
 
 #[derive(Clone)]
 pub(crate) struct LeaseSettings {
-    pub(crate) store: Arc<dyn JobStore>,
+    pub(crate) store: Arc<dyn ErasedJobStore>,
     pub(crate) kind: Arc<str>,
     pub(crate) owner: Arc<str>,
     pub(crate) budget: Option<Budget>,

@@ -1,4 +1,5 @@
 use crate::engine::keep_alive::Schedule;
+use crate::lease::store::erased::ErasedJobStore;
 use crate::lease::store::{Appended, JobStore, LeaseError, LeaseGrant};
 use crate::store::FencingToken;
 use bytes::Bytes;
@@ -15,7 +16,7 @@ use tokio::time::Instant;
 /// a heartbeat fails ([`spawn_worker`](Self::spawn_worker) does this for you).
 #[derive(Clone)]
 pub struct Lease {
-    store: Arc<dyn JobStore>,
+    store: Arc<dyn ErasedJobStore>,
     grant: LeaseGrant,
 }
 
@@ -26,8 +27,15 @@ impl std::fmt::Debug for Lease {
 }
 
 impl Lease {
-    /// A lease from a grant, e.g. one [`JobStore::acquire`] returned to an external worker.
-    pub fn new(store: Arc<dyn JobStore>, grant: LeaseGrant) -> Self {
+    /// A lease from a grant, e.g. one [`JobStore::acquire`] returned to an
+    /// external worker, on `store` (a store shared with others as an `Arc` or
+    /// an [`AnyJobStore`](crate::lease::store::AnyJobStore)).
+    pub fn new(store: impl JobStore, grant: LeaseGrant) -> Self {
+        Self::on(Arc::new(store), grant)
+    }
+
+    /// A lease on the store the layer already holds.
+    pub(crate) fn on(store: Arc<dyn ErasedJobStore>, grant: LeaseGrant) -> Self {
         Self { store, grant }
     }
 

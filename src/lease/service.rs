@@ -183,7 +183,7 @@ where
     };
 
     tracing::Span::current().record("job_id", job.id.as_str());
-    let lease = Lease::new(config.store.clone(), grant);
+    let lease = Lease::on(config.store.clone(), grant);
     parts.extensions.insert(lease.clone());
     let guard = FailOnPanic(Some(lease.clone()));
     let result = inner

@@ -8,7 +8,6 @@ pub use builder::MemoryStoreBuilder;
 use super::settings::Settings;
 use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, Timings};
 use crate::{fingerprint::RequestFingerprint, Scope};
-use async_trait::async_trait;
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
 use quota::ScopeQuota;
@@ -427,7 +426,6 @@ impl std::fmt::Display for MemoryStoreError {
 
 impl std::error::Error for MemoryStoreError {}
 
-#[async_trait]
 impl Store for MemoryStore {
     async fn begin(
         &self,
@@ -609,7 +607,6 @@ impl Store for MemoryStore {
     }
 }
 
-#[async_trait]
 impl Maintenance for MemoryStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let now = self.now();

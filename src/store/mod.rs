@@ -10,6 +10,7 @@
 pub mod conformance;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod encoding;
+pub(crate) mod erased;
 pub(crate) mod memory;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;
@@ -25,18 +26,16 @@ pub use memory::{MemoryStoreBuilder, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresStoreBuilder, TransactionClient};
+pub use postgres::{PostgresRecordTransaction, PostgresStoreBuilder, TransactionClient};
 #[cfg(feature = "redis")]
 pub use redis::RedisStoreBuilder;
 
 use crate::body::BoxError;
 use crate::{fingerprint::RequestFingerprint, IdempotencyKey, Scope};
-use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -279,11 +278,77 @@ impl std::error::Error for StoreError {
 /// fenced by the token returned from `begin`. Lock and retention durations
 /// are properties of the store, measured on the store's own clock.
 ///
-/// The methods are declared as `async fn`s and boxed by `async_trait` (so that
-/// `dyn Store` works), which is the signature rustdoc renders; each method's
-/// docs end with it as declared. Implement the trait under
-/// `#[async_trait::async_trait]` the same way.
-#[async_trait]
+/// Each method returns a `Send` future (so the layer's work may run in a task
+/// of its own); implement them as `async fn`s, and the compiler checks that
+/// their futures are `Send`. To share one store between layers, or keep a
+/// handle for its [`Maintenance`], wrap it in an [`Arc`]: `Arc<S>` is a store
+/// whenever `S` is. The trait is not object safe (there is no `dyn Store`):
+/// [`IdempotencyLayer`](crate::IdempotencyLayer) and the
+/// [`Engine`](crate::engine::Engine) hide the store's type themselves, so a
+/// store chosen at run time is handed to `IdempotencyLayer::new` in each branch.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use tower_idempotency::engine::{Engine, Identity};
+/// use tower_idempotency::store::{Begin, Completion, FencingToken, RecordKey, Timings};
+/// use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, fingerprint::RequestFingerprint};
+/// use tower_idempotency::{Scope, store::{Store, StoreError}};
+///
+/// /// A store that counts the requests it decides.
+/// struct Counted {
+///     inner: MemoryStore,
+///     begins: AtomicU64,
+/// }
+///
+/// impl Store for Counted {
+///     async fn begin(
+///         &self,
+///         key: &RecordKey,
+///         request: &RequestFingerprint<'_>,
+///     ) -> Result<Begin, StoreError> {
+///         self.begins.fetch_add(1, Ordering::Relaxed);
+///         self.inner.begin(key, request).await
+///     }
+///
+///     async fn complete(
+///         &self,
+///         key: &RecordKey,
+///         token: FencingToken,
+///         completion: Completion,
+///     ) -> Result<(), StoreError> {
+///         self.inner.complete(key, token, completion).await
+///     }
+///
+///     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+///         self.inner.extend(key, token).await
+///     }
+///
+///     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
+///         self.inner.release(key, token).await
+///     }
+///
+///     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
+///         self.inner.wait(key, timeout).await
+///     }
+///
+///     fn timings(&self) -> Timings {
+///         self.inner.timings()
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let counted = Arc::new(Counted { inner: MemoryStore::new(), begins: AtomicU64::new(0) });
+/// // One store under a layer and an engine, and a handle kept for its counter.
+/// let _layer = IdempotencyLayer::new(counted.clone());
+/// let engine = Engine::new(counted.clone());
+/// let (scope, key) = (Scope::new("payments"), IdempotencyKey::parse(b"msg-000001").unwrap());
+/// let charge = |_| async { Ok::<_, std::io::Error>(bytes::Bytes::from_static(b"charge-17")) };
+/// engine.run_bytes(&scope, &key, Identity::Bytes(b"order 42"), charge).await.unwrap();
+/// assert_eq!(counted.begins.load(Ordering::Relaxed), 1);
+/// # }
+/// ```
 pub trait Store: Send + Sync + 'static {
     /// Decides a request in one atomic step: claim a free (or expired) key, or
     /// report a replay, a fingerprint mismatch, or a request still in progress.
@@ -303,46 +368,48 @@ pub trait Store: Send + Sync + 'static {
     /// [`Claim::first`]: a release ends the count, as the owner ran to an
     /// answer the application chose not to record. The attempt and the
     /// claim's start time must be kept with the claim for this.
-    ///
-    /// Declared as `async fn begin(&self, key: &RecordKey, request: &RequestFingerprint<'_>) -> Result<Begin, StoreError>`.
-    async fn begin(
+    fn begin(
         &self,
         key: &RecordKey,
         request: &RequestFingerprint<'_>,
-    ) -> Result<Begin, StoreError>;
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
 
     /// Records how a claimed request ended, if `token` still owns the claim;
     /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing.
-    ///
-    /// Declared as `async fn complete(&self, key: &RecordKey, token: FencingToken, completion: Completion) -> Result<(), StoreError>`.
-    async fn complete(
+    fn complete(
         &self,
         key: &RecordKey,
         token: FencingToken,
         completion: Completion,
-    ) -> Result<(), StoreError>;
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Extends a claim's lock to its [`lock_timeout`](Timings::lock_timeout)
     /// from now (on the store's clock), if `token` still owns the claim;
     /// otherwise fails with [`StoreError::ClaimLost`] and changes nothing. The
     /// layer calls it while the handler runs, so a healthy slow handler is
     /// never taken over.
-    ///
-    /// Declared as `async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>`.
-    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
+    fn extend(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Frees a claimed key so a later request may run, if `token` still owns it.
     /// Releasing a claim that is already gone is not an error.
-    ///
-    /// Declared as `async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>`.
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError>;
+    fn release(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Waits until the key is no longer in progress (completed, released, or its
     /// lock expired), or until `timeout` elapses. Returns immediately when the key
     /// is not in progress. The caller calls [`begin`](Store::begin) again afterwards.
-    ///
-    /// Declared as `async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError>`.
-    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError>;
+    fn wait(
+        &self,
+        key: &RecordKey,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// The store's lock timeout and retention.
     fn timings(&self) -> Timings;
@@ -350,50 +417,45 @@ pub trait Store: Send + Sync + 'static {
 
 /// Deleting records, called by the application (a periodic task, an erasure
 /// request) rather than by the layer; after tower-sessions' `ExpiredDeletion`.
-#[async_trait]
+/// Implemented with `async fn`s, as [`Store`] is.
 pub trait Maintenance: Send + Sync + 'static {
     /// Deletes expired records; returns how many were deleted.
-    ///
-    /// Declared as `async fn purge_expired(&self) -> Result<u64, StoreError>`.
-    async fn purge_expired(&self) -> Result<u64, StoreError>;
+    fn purge_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Deletes every record of `scope`, completed or in progress (stored
     /// responses may hold personal data: use it when a tenant or user is
     /// erased). Returns how many were deleted. A request of that scope still
     /// running afterwards cannot complete: its claim is gone.
-    ///
-    /// Declared as `async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError>`.
-    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError>;
+    fn purge_scope(&self, scope: &Scope) -> impl Future<Output = Result<u64, StoreError>> + Send;
 }
 
 /// A store that can run a claimed request's handler inside a transaction of
 /// its own, so that the handler's writes and the recorded response commit
 /// together or not at all. Used by [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional).
-#[async_trait]
+/// Implemented with `async fn`s, as [`Store`] is.
 pub trait TransactionalStore: Store {
+    /// The open transaction of one claimed request.
+    type Transaction: RecordTransaction;
+
     /// [`Store::begin`], and for a claim, possibly its transaction already
     /// open (a store that can do both in one round trip). A claim without a
     /// transaction is opened with [`open`](Self::open). The default only begins.
-    ///
-    /// Declared as `async fn begin_in_transaction(&self, key: &RecordKey, request: &RequestFingerprint<'_>) -> Result<(Begin, Option<Box<dyn RecordTransaction>>), StoreError>`.
-    async fn begin_in_transaction(
+    fn begin_in_transaction(
         &self,
         key: &RecordKey,
         request: &RequestFingerprint<'_>,
-    ) -> Result<(Begin, Option<Box<dyn RecordTransaction>>), StoreError> {
-        Ok((self.begin(key, request).await?, None))
+    ) -> impl Future<Output = Result<(Begin, Option<Self::Transaction>), StoreError>> + Send {
+        async move { Ok((self.begin(key, request).await?, None)) }
     }
 
     /// Opens the transaction of a claimed request and locks its record under
     /// `token`. A token that no longer owns the record fails with
     /// [`StoreError::ClaimLost`] before the handler runs.
-    ///
-    /// Declared as `async fn open(&self, key: &RecordKey, token: FencingToken) -> Result<Box<dyn RecordTransaction>, StoreError>`.
-    async fn open(
+    fn open(
         &self,
         key: &RecordKey,
         token: FencingToken,
-    ) -> Result<Box<dyn RecordTransaction>, StoreError>;
+    ) -> impl Future<Output = Result<Self::Transaction, StoreError>> + Send;
 }
 
 /// The open transaction of one claimed request.
@@ -401,8 +463,7 @@ pub trait TransactionalStore: Store {
 /// Dropped without [`commit`](Self::commit) or [`rollback`](Self::rollback)
 /// (a panic, a cancelled handler), it must end the transaction without
 /// committing it.
-#[async_trait]
-pub trait RecordTransaction: Send {
+pub trait RecordTransaction: Send + 'static {
     /// Puts the handle the handler writes through into its request extensions.
     fn share(&self, extensions: &mut http::Extensions);
 
@@ -417,65 +478,54 @@ pub trait RecordTransaction: Send {
     /// everything the handler wrote. On error nothing of it is committed, unless
     /// the connection was lost during the commit itself, when the outcome is
     /// unknown: either both are committed or neither.
-    ///
-    /// Declared as `async fn commit(self: Box<Self>, completion: Completion) -> Result<(), StoreError>`.
-    async fn commit(self: Box<Self>, completion: Completion) -> Result<(), StoreError>;
+    fn commit(self, completion: Completion) -> impl Future<Output = Result<(), StoreError>> + Send;
 
     /// Discards everything the handler wrote.
-    ///
-    /// Declared as `async fn rollback(self: Box<Self>)`.
-    async fn rollback(self: Box<Self>);
+    fn rollback(self) -> impl Future<Output = ()> + Send;
 }
 
-/// The future of a store method, as `async_trait` declares it.
-type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
-
 /// Shares one store between layers (or keeps a handle for its maintenance).
-///
-/// `begin` and `complete`, called on every request, hand on the shared store's
-/// own future rather than boxing a second one around it: written out as
-/// `async_trait` declares them.
-#[async_trait]
+/// Each call hands on the shared store's own future.
 impl<T: Store + ?Sized> Store for Arc<T> {
-    fn begin<'s, 'k, 'r, 'f, 'a>(
-        &'s self,
-        key: &'k RecordKey,
-        request: &'r RequestFingerprint<'f>,
-    ) -> StoreFuture<'a, Begin>
-    where
-        's: 'a,
-        'k: 'a,
-        'r: 'a,
-        'f: 'a,
-        Self: 'a,
-    {
+    fn begin(
+        &self,
+        key: &RecordKey,
+        request: &RequestFingerprint<'_>,
+    ) -> impl Future<Output = Result<Begin, StoreError>> + Send {
         (**self).begin(key, request)
     }
 
-    fn complete<'s, 'k, 'a>(
-        &'s self,
-        key: &'k RecordKey,
+    fn complete(
+        &self,
+        key: &RecordKey,
         token: FencingToken,
         completion: Completion,
-    ) -> StoreFuture<'a, ()>
-    where
-        's: 'a,
-        'k: 'a,
-        Self: 'a,
-    {
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
         (**self).complete(key, token, completion)
     }
 
-    async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        (**self).extend(key, token).await
+    fn extend(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).extend(key, token)
     }
 
-    async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        (**self).release(key, token).await
+    fn release(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).release(key, token)
     }
 
-    async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
-        (**self).wait(key, timeout).await
+    fn wait(
+        &self,
+        key: &RecordKey,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send {
+        (**self).wait(key, timeout)
     }
 
     fn timings(&self) -> Timings {
@@ -483,13 +533,12 @@ impl<T: Store + ?Sized> Store for Arc<T> {
     }
 }
 
-#[async_trait]
 impl<T: Maintenance + ?Sized> Maintenance for Arc<T> {
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        (**self).purge_expired().await
+    fn purge_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).purge_expired()
     }
 
-    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        (**self).purge_scope(scope).await
+    fn purge_scope(&self, scope: &Scope) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).purge_scope(scope)
     }
 }

@@ -38,7 +38,6 @@ struct Flaky {
     failures: Arc<AtomicUsize>,
 }
 
-#[async_trait::async_trait]
 impl Store for Flaky {
     async fn begin(
         &self,

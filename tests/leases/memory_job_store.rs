@@ -1,4 +1,5 @@
-//! The job store conformance suite against `MemoryJobStore`.
+//! The job store conformance suite against `MemoryJobStore`, and against it
+//! behind an `AnyJobStore`.
 
 use std::time::Duration;
 use tower_idempotency::lease::store::MemoryJobStore;
@@ -8,6 +9,19 @@ async fn memory_job_store(lease: Duration) -> Option<MemoryJobStore> {
 }
 
 tower_idempotency::job_store_conformance_tests!(memory_job_store);
+
+/// The same suite through `AnyJobStore`, which must hand every call and its
+/// arguments to the store behind it as they are.
+mod any_job_store {
+    use std::time::Duration;
+    use tower_idempotency::lease::store::AnyJobStore;
+
+    async fn any_memory_job_store(lease: Duration) -> Option<AnyJobStore> {
+        super::memory_job_store(lease).await.map(AnyJobStore::new)
+    }
+
+    tower_idempotency::job_store_conformance_tests!(any_memory_job_store);
+}
 
 /// A clone of a builder is a second configuration: each `build` makes a
 /// store of its own, with its own lease and its own jobs; a clone of a store

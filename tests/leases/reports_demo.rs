@@ -14,7 +14,8 @@ use reports::*;
 use serde_json::{json, Value};
 use std::time::Duration;
 use tower_idempotency::lease::store::{
-    Appended, ArtifactLookup, LeaseError, LeaseGrant, StartJob, StartOutcome,
+    AnyJobStore, Appended, ArtifactLookup, JobReader, JobStore, LeaseError, LeaseGrant, StartJob,
+    StartOutcome,
 };
 
 for_each_store! {
@@ -548,7 +549,10 @@ async fn check_5_download_checks_the_session_tenant(backend: Backend) {
 async fn check_6_the_http_path_behaves_as_the_in_process_one(backend: Backend) {
     let opts = Opts::default();
     let over_http = demo_with(&backend, Opts::default()).await;
-    let in_process = app::router(counting(&backend, opts.lease).await, config(&opts));
+    let in_process = app::router(
+        AnyJobStore::new(counting(&backend, opts.lease).await),
+        config(&opts),
+    );
 
     let http_answers = run_script(&Transport::Http(over_http.client.clone())).await;
     let local_answers = run_script(&Transport::InProcess(in_process)).await;

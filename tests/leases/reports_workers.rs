@@ -8,6 +8,7 @@ use reports::app::Worker;
 use reports::*;
 use serde_json::json;
 use std::time::Duration;
+use tower_idempotency::lease::store::AnyJobStore;
 
 for_each_store! {
     #[tokio::test] appends_are_numbered_a_repeat_is_a_no_op_and_a_gap_is_409,
@@ -143,7 +144,8 @@ async fn the_stale_sweep_fails_an_abandoned_job_and_the_next_start_creates_anew(
         },
     )
     .await;
-    let sweeper = app::spawn_stale_sweep(app.store.clone(), Duration::from_millis(100));
+    let store = AnyJobStore::new(app.store.clone());
+    let sweeper = app::spawn_stale_sweep(store, Duration::from_millis(100));
     let job = app.start_id("acme", &health("2026-08"), 202).await;
     let body = app.wait_for_status("acme", &job, "failed").await;
     assert_eq!(body["error_code"], "stale");

@@ -24,7 +24,6 @@
 use tower_idempotency_tests::support;
 mod transactional;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -159,7 +158,6 @@ struct Acknowledging {
     complete_failures: Arc<AtomicUsize>,
 }
 
-#[async_trait]
 impl Store for Acknowledging {
     async fn begin(
         &self,

@@ -51,7 +51,7 @@ pub struct Ledger {
 }
 
 /// The service: public `/health` and `/metrics`, the API behind bearer auth.
-pub fn app(store: Arc<dyn Store>, ledger: Arc<Ledger>) -> Router {
+pub fn app(store: impl Store, ledger: Arc<Ledger>) -> Router {
     // One layer value, cloned onto each route that opts in: one store, one key space.
     let idempotency = IdempotencyLayer::new(store);
     let openapi = openapi_json(&idempotency);
@@ -279,7 +279,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     prometheus();
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3002".into());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
-    let app = app(Arc::new(MemoryStore::new()), Arc::default());
+    let app = app(MemoryStore::new(), Arc::default());
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await?;
     Ok(())

@@ -4,7 +4,6 @@ use super::{
 };
 use crate::store::settings::Settings;
 use crate::store::FencingToken;
-use async_trait::async_trait;
 use bytes::Bytes;
 use index::{PeriodStarts, TenantJobs};
 use std::collections::HashMap;
@@ -295,7 +294,6 @@ fn new_job_id() -> String {
     format!("job_{:032x}", u128::from_le_bytes(crate::random::bytes()))
 }
 
-#[async_trait]
 impl JobStore for MemoryJobStore {
     fn lease_duration(&self) -> Duration {
         self.shared.lease
@@ -484,7 +482,6 @@ impl JobStore for MemoryJobStore {
     }
 }
 
-#[async_trait]
 impl JobReader for MemoryJobStore {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         let state = self.state();
@@ -533,7 +530,6 @@ impl JobReader for MemoryJobStore {
     }
 }
 
-#[async_trait]
 impl JobMaintenance for MemoryJobStore {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         let now = Instant::now();

@@ -3,10 +3,12 @@
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
+pub(crate) mod erased;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 
+pub use erased::AnyJobStore;
 pub use memory::{MemoryJobStore, MemoryJobStoreBuilder};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
@@ -14,9 +16,10 @@ pub use postgres::{PostgresJobStore, PostgresJobStoreBuilder};
 
 use crate::body::BoxError;
 use crate::store::FencingToken;
-use async_trait::async_trait;
 use bytes::Bytes;
 use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
 
 /// Where a job is in its life. `Complete` and `Failed` are endings.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -327,187 +330,221 @@ impl From<JobStoreError> for LeaseError {
 /// lease on the store's clock. Lease length is a property of the store. What
 /// readers and operators call is split off into [`JobReader`] and
 /// [`JobMaintenance`], so each part of an application holds only what it uses.
-#[async_trait]
+///
+/// Each method returns a `Send` future; implement them as `async fn`s, as for
+/// [`Store`](crate::store::Store). Share a job store between layers, workers and
+/// readers as an [`Arc`] (`Arc<S>` is a job store whenever `S` is), or, to pick
+/// it at run time, as an [`AnyJobStore`]. The trait is not object safe (there
+/// is no `dyn JobStore`).
 pub trait JobStore: Send + Sync + 'static {
     /// How long a lease lives without a heartbeat.
     fn lease_duration(&self) -> std::time::Duration;
 
     /// Starts, joins, steals or reports the job for a natural key, in one atomic step.
-    ///
-    /// Declared as `async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError>`.
-    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError>;
+    fn start(
+        &self,
+        request: &StartJob<'_>,
+    ) -> impl Future<Output = Result<StartOutcome, JobStoreError>> + Send;
 
     /// Hands a queued job (or one whose lease expired) to `owner`, marking it
     /// running with a new token. `None` when the job has ended, is unknown, or
     /// another worker holds a live lease: the caller does nothing.
-    ///
-    /// Declared as `async fn acquire(&self, job_id: &str, owner: &str) -> Result<Option<LeaseGrant>, JobStoreError>`.
-    async fn acquire(&self, job_id: &str, owner: &str)
-        -> Result<Option<LeaseGrant>, JobStoreError>;
+    fn acquire(
+        &self,
+        job_id: &str,
+        owner: &str,
+    ) -> impl Future<Output = Result<Option<LeaseGrant>, JobStoreError>> + Send;
 
     /// Extends a live lease; `LeaseLost` once it expired or was stolen.
-    ///
-    /// Declared as `async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError>`.
-    async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError>;
+    fn heartbeat(&self, lease: &LeaseGrant) -> impl Future<Output = Result<(), LeaseError>> + Send;
 
     /// Appends chunk `seq` under a live lease. A repeated `seq` is a no-op; a
     /// gap is refused.
-    ///
-    /// Declared as `async fn append(&self, lease: &LeaseGrant, seq: u64, chunk: Bytes) -> Result<Appended, LeaseError>`.
-    async fn append(
+    fn append(
         &self,
         lease: &LeaseGrant,
         seq: u64,
         chunk: Bytes,
-    ) -> Result<Appended, LeaseError>;
+    ) -> impl Future<Output = Result<Appended, LeaseError>> + Send;
 
     /// Stores the artifact once, for the current owner of a live lease only,
     /// and ends the job as complete. Returns the artifact id.
-    ///
-    /// Declared as `async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError>`.
-    async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError>;
+    fn finalize(
+        &self,
+        lease: &LeaseGrant,
+        artifact: Bytes,
+    ) -> impl Future<Output = Result<String, LeaseError>> + Send;
 
     /// Ends the job as failed with `code`, for the current owner only.
-    ///
-    /// Declared as `async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError>`.
-    async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError>;
+    fn fail(
+        &self,
+        lease: &LeaseGrant,
+        code: &str,
+    ) -> impl Future<Output = Result<(), LeaseError>> + Send;
 }
 
 /// Reading jobs, always on behalf of a tenant: what status, cursor and
-/// artifact endpoints call.
-#[async_trait]
+/// artifact endpoints call. Implemented with `async fn`s, as [`JobStore`] is.
 pub trait JobReader: Send + Sync + 'static {
     /// The job, if it exists and belongs to `tenant`.
-    ///
-    /// Declared as `async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError>`.
-    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError>;
+    fn job(
+        &self,
+        tenant: &str,
+        job_id: &str,
+    ) -> impl Future<Output = Result<Option<Job>, JobStoreError>> + Send;
 
     /// The cursor's chunks from `from_seq` on, if the job belongs to `tenant`.
-    ///
-    /// Declared as `async fn chunks(&self, tenant: &str, job_id: &str, from_seq: u64) -> Result<Option<Vec<Chunk>>, JobStoreError>`.
-    async fn chunks(
+    fn chunks(
         &self,
         tenant: &str,
         job_id: &str,
         from_seq: u64,
-    ) -> Result<Option<Vec<Chunk>>, JobStoreError>;
+    ) -> impl Future<Output = Result<Option<Vec<Chunk>>, JobStoreError>> + Send;
 
     /// The artifact of a job, checked against `tenant`.
-    ///
-    /// Declared as `async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError>`.
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError>;
+    fn artifact(
+        &self,
+        tenant: &str,
+        job_id: &str,
+    ) -> impl Future<Output = Result<ArtifactLookup, JobStoreError>> + Send;
 }
 
 /// Upkeep an operator or a scheduled task runs: stale sweeps, budget resets,
 /// retention and erasure (as tower-sessions keeps `ExpiredDeletion` apart
-/// from its `SessionStore`).
-#[async_trait]
+/// from its `SessionStore`). Implemented with `async fn`s, as [`JobStore`] is.
 pub trait JobMaintenance: Send + Sync + 'static {
     /// Fails in-flight jobs whose lease expired with nobody behind them;
     /// returns how many.
-    ///
-    /// Declared as `async fn sweep_stale(&self) -> Result<u64, JobStoreError>`.
-    async fn sweep_stale(&self) -> Result<u64, JobStoreError>;
+    fn sweep_stale(&self) -> impl Future<Output = Result<u64, JobStoreError>> + Send;
 
     /// Operator reset: jobs of `tenant` in the current period no longer count
     /// against `period`'s budget. Returns how many were reset.
-    ///
-    /// Declared as `async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError>`.
-    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError>;
+    fn reset_budget(
+        &self,
+        tenant: &str,
+        period: BudgetPeriod,
+    ) -> impl Future<Output = Result<u64, JobStoreError>> + Send;
 
     /// Retention: deletes jobs that completed or failed at least `older_than`
     /// ago, with their chunks and artifacts; returns how many. A start for a
     /// purged job's key creates a new job, and a purged completed job no
     /// longer counts against its period's budget (keep retention longer than
     /// your budget periods). Jobs still in flight are never purged.
-    ///
-    /// Declared as `async fn purge_finished(&self, older_than: std::time::Duration) -> Result<u64, JobStoreError>`.
-    async fn purge_finished(&self, older_than: std::time::Duration) -> Result<u64, JobStoreError>;
+    fn purge_finished(
+        &self,
+        older_than: std::time::Duration,
+    ) -> impl Future<Output = Result<u64, JobStoreError>> + Send;
 
     /// Erasure: deletes every job of `tenant`, in flight or ended, with its
     /// chunks and artifacts; returns how many. A worker still running one of
     /// them can no longer write (its job is unknown).
-    ///
-    /// Declared as `async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError>`.
-    async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError>;
+    fn purge_tenant(&self, tenant: &str)
+        -> impl Future<Output = Result<u64, JobStoreError>> + Send;
 }
 
-/// Shares one job store between layers, workers and readers (e.g. `Arc<dyn JobStore>`).
-#[async_trait]
-impl<T: JobStore + ?Sized> JobStore for std::sync::Arc<T> {
+/// Shares one job store between layers, workers and readers. Each call hands
+/// on the shared store's own future.
+impl<T: JobStore + ?Sized> JobStore for Arc<T> {
     fn lease_duration(&self) -> std::time::Duration {
         (**self).lease_duration()
     }
 
-    async fn start(&self, request: &StartJob<'_>) -> Result<StartOutcome, JobStoreError> {
-        (**self).start(request).await
+    fn start(
+        &self,
+        request: &StartJob<'_>,
+    ) -> impl Future<Output = Result<StartOutcome, JobStoreError>> + Send {
+        (**self).start(request)
     }
 
-    async fn acquire(
+    fn acquire(
         &self,
         job_id: &str,
         owner: &str,
-    ) -> Result<Option<LeaseGrant>, JobStoreError> {
-        (**self).acquire(job_id, owner).await
+    ) -> impl Future<Output = Result<Option<LeaseGrant>, JobStoreError>> + Send {
+        (**self).acquire(job_id, owner)
     }
 
-    async fn heartbeat(&self, lease: &LeaseGrant) -> Result<(), LeaseError> {
-        (**self).heartbeat(lease).await
+    fn heartbeat(&self, lease: &LeaseGrant) -> impl Future<Output = Result<(), LeaseError>> + Send {
+        (**self).heartbeat(lease)
     }
 
-    async fn append(
+    fn append(
         &self,
         lease: &LeaseGrant,
         seq: u64,
         chunk: Bytes,
-    ) -> Result<Appended, LeaseError> {
-        (**self).append(lease, seq, chunk).await
+    ) -> impl Future<Output = Result<Appended, LeaseError>> + Send {
+        (**self).append(lease, seq, chunk)
     }
 
-    async fn finalize(&self, lease: &LeaseGrant, artifact: Bytes) -> Result<String, LeaseError> {
-        (**self).finalize(lease, artifact).await
+    fn finalize(
+        &self,
+        lease: &LeaseGrant,
+        artifact: Bytes,
+    ) -> impl Future<Output = Result<String, LeaseError>> + Send {
+        (**self).finalize(lease, artifact)
     }
 
-    async fn fail(&self, lease: &LeaseGrant, code: &str) -> Result<(), LeaseError> {
-        (**self).fail(lease, code).await
+    fn fail(
+        &self,
+        lease: &LeaseGrant,
+        code: &str,
+    ) -> impl Future<Output = Result<(), LeaseError>> + Send {
+        (**self).fail(lease, code)
     }
 }
 
-#[async_trait]
-impl<T: JobReader + ?Sized> JobReader for std::sync::Arc<T> {
-    async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
-        (**self).job(tenant, job_id).await
+impl<T: JobReader + ?Sized> JobReader for Arc<T> {
+    fn job(
+        &self,
+        tenant: &str,
+        job_id: &str,
+    ) -> impl Future<Output = Result<Option<Job>, JobStoreError>> + Send {
+        (**self).job(tenant, job_id)
     }
 
-    async fn chunks(
+    fn chunks(
         &self,
         tenant: &str,
         job_id: &str,
         from_seq: u64,
-    ) -> Result<Option<Vec<Chunk>>, JobStoreError> {
-        (**self).chunks(tenant, job_id, from_seq).await
+    ) -> impl Future<Output = Result<Option<Vec<Chunk>>, JobStoreError>> + Send {
+        (**self).chunks(tenant, job_id, from_seq)
     }
 
-    async fn artifact(&self, tenant: &str, job_id: &str) -> Result<ArtifactLookup, JobStoreError> {
-        (**self).artifact(tenant, job_id).await
+    fn artifact(
+        &self,
+        tenant: &str,
+        job_id: &str,
+    ) -> impl Future<Output = Result<ArtifactLookup, JobStoreError>> + Send {
+        (**self).artifact(tenant, job_id)
     }
 }
 
-#[async_trait]
-impl<T: JobMaintenance + ?Sized> JobMaintenance for std::sync::Arc<T> {
-    async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
-        (**self).sweep_stale().await
+impl<T: JobMaintenance + ?Sized> JobMaintenance for Arc<T> {
+    fn sweep_stale(&self) -> impl Future<Output = Result<u64, JobStoreError>> + Send {
+        (**self).sweep_stale()
     }
 
-    async fn reset_budget(&self, tenant: &str, period: BudgetPeriod) -> Result<u64, JobStoreError> {
-        (**self).reset_budget(tenant, period).await
+    fn reset_budget(
+        &self,
+        tenant: &str,
+        period: BudgetPeriod,
+    ) -> impl Future<Output = Result<u64, JobStoreError>> + Send {
+        (**self).reset_budget(tenant, period)
     }
 
-    async fn purge_finished(&self, older_than: std::time::Duration) -> Result<u64, JobStoreError> {
-        (**self).purge_finished(older_than).await
+    fn purge_finished(
+        &self,
+        older_than: std::time::Duration,
+    ) -> impl Future<Output = Result<u64, JobStoreError>> + Send {
+        (**self).purge_finished(older_than)
     }
 
-    async fn purge_tenant(&self, tenant: &str) -> Result<u64, JobStoreError> {
-        (**self).purge_tenant(tenant).await
+    fn purge_tenant(
+        &self,
+        tenant: &str,
+    ) -> impl Future<Output = Result<u64, JobStoreError>> + Send {
+        (**self).purge_tenant(tenant)
     }
 }

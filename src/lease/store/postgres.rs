@@ -12,7 +12,6 @@ use crate::lease::store::{
 use crate::store::postgres::sql::derived_name;
 use crate::store::settings::{Settings, TimedOut};
 use crate::store::FencingToken;
-use async_trait::async_trait;
 use bytes::Bytes;
 use deadpool_postgres::{Object, Pool};
 use std::sync::Arc;
@@ -234,7 +233,6 @@ fn period_unit(budget: Budget) -> &'static str {
     }
 }
 
-#[async_trait]
 impl JobStore for PostgresJobStore {
     fn lease_duration(&self) -> Duration {
         self.inner.settings.lock_timeout()
@@ -439,7 +437,6 @@ impl JobStore for PostgresJobStore {
     }
 }
 
-#[async_trait]
 impl JobReader for PostgresJobStore {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         self.inner
@@ -511,7 +508,6 @@ impl JobReader for PostgresJobStore {
     }
 }
 
-#[async_trait]
 impl JobMaintenance for PostgresJobStore {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         self.inner

@@ -45,7 +45,7 @@ mod transaction;
 mod wait;
 
 pub use builder::PostgresStoreBuilder;
-pub use transaction::{PostgresTransaction, TransactionClient};
+pub use transaction::{PostgresRecordTransaction, PostgresTransaction, TransactionClient};
 
 use self::single_flight::{Flights, Leader};
 use self::sql::Sql;

@@ -10,13 +10,11 @@ use crate::store::{
     Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
     Timings,
 };
-use async_trait::async_trait;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
-#[async_trait]
 impl Store for PostgresStore {
     async fn begin(
         &self,
@@ -126,7 +124,6 @@ impl Store for PostgresStore {
     }
 }
 
-#[async_trait]
 impl Maintenance for PostgresStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let inner = &self.inner;

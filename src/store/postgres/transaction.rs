@@ -28,7 +28,6 @@ use crate::store::near_cache::Completed;
 use crate::store::{
     Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
 };
-use async_trait::async_trait;
 use deadpool_postgres::Object;
 use std::ops::Deref;
 use std::sync::atomic::Ordering;
@@ -108,7 +107,10 @@ fn discard(connection: Object) {
     drop(Object::take(connection));
 }
 
-struct PgRecordTransaction {
+/// [`PostgresStore`]'s [`RecordTransaction`]: the layer commits it with the
+/// recorded response or rolls it back; the handler writes through the
+/// [`PostgresTransaction`] it shares.
+pub struct PostgresRecordTransaction {
     inner: Arc<Inner>,
     key: RecordKey,
     token: FencingToken,
@@ -117,6 +119,16 @@ struct PgRecordTransaction {
     /// The claimed request's, when known: its record is then kept near.
     fingerprint: Option<[u8; 32]>,
     handle: PostgresTransaction,
+}
+
+impl std::fmt::Debug for PostgresRecordTransaction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresRecordTransaction")
+            .field("key", &self.key)
+            .field("token", &self.token)
+            .field("holds_claim", &self.holds_claim)
+            .finish_non_exhaustive()
+    }
 }
 
 /// A pooled connection whose transaction state is not known to be idle: from
@@ -203,13 +215,14 @@ async fn begin_locked(
 /// would end a live claim whose handler waits on something slow.
 const OPEN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0";
 
-#[async_trait]
 impl TransactionalStore for PostgresStore {
+    type Transaction = PostgresRecordTransaction;
+
     async fn begin_in_transaction(
         &self,
         key: &RecordKey,
         request: &RequestFingerprint<'_>,
-    ) -> Result<(Begin, Option<Box<dyn RecordTransaction>>), StoreError> {
+    ) -> Result<(Begin, Option<PostgresRecordTransaction>), StoreError> {
         let inner = &self.inner;
         inner.ensure_listener();
         let fp = request.fingerprint().as_bytes();
@@ -239,9 +252,9 @@ impl TransactionalStore for PostgresStore {
         match (begun, connection) {
             (Begin::Claimed(claim), Some(connection)) => {
                 let mut transaction =
-                    PgRecordTransaction::new(inner, key, claim.token, connection, true);
+                    PostgresRecordTransaction::new(inner, key, claim.token, connection, true);
                 transaction.fingerprint = Some(*fp);
-                Ok((Begin::Claimed(claim), Some(Box::new(transaction))))
+                Ok((Begin::Claimed(claim), Some(transaction)))
             }
             (begun, _) => Ok((begun, None)),
         }
@@ -251,7 +264,7 @@ impl TransactionalStore for PostgresStore {
         &self,
         key: &RecordKey,
         token: FencingToken,
-    ) -> Result<Box<dyn RecordTransaction>, StoreError> {
+    ) -> Result<PostgresRecordTransaction, StoreError> {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
         let connection = Guarded::new(inner.settings.timed(OPERATION, inner.client()).await?);
@@ -277,9 +290,9 @@ impl TransactionalStore for PostgresStore {
             rollback(inner, connection, None).await;
             return Err(StoreError::ClaimLost);
         }
-        Ok(Box::new(PgRecordTransaction::new(
+        Ok(PostgresRecordTransaction::new(
             inner, key, token, connection, false,
-        )))
+        ))
     }
 }
 
@@ -310,7 +323,7 @@ async fn rollback(inner: &Inner, connection: Guarded, notify: Option<&RecordKey>
     }
 }
 
-impl PgRecordTransaction {
+impl PostgresRecordTransaction {
     /// The transaction of `key`'s claim under `token`, open on `connection`.
     fn new(
         inner: &Arc<Inner>,
@@ -394,8 +407,7 @@ impl PgRecordTransaction {
     }
 }
 
-#[async_trait]
-impl RecordTransaction for PgRecordTransaction {
+impl RecordTransaction for PostgresRecordTransaction {
     fn share(&self, extensions: &mut http::Extensions) {
         extensions.insert(self.handle.clone());
     }
@@ -404,7 +416,7 @@ impl RecordTransaction for PgRecordTransaction {
         self.holds_claim
     }
 
-    async fn commit(self: Box<Self>, completion: Completion) -> Result<(), StoreError> {
+    async fn commit(self, completion: Completion) -> Result<(), StoreError> {
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
         let response = match completion {
             Completion::Response(response) => response,
@@ -429,7 +441,7 @@ impl RecordTransaction for PgRecordTransaction {
             .await
     }
 
-    async fn rollback(self: Box<Self>) {
+    async fn rollback(self) {
         // Otherwise a clone of the handle holds it past the handler's end: the
         // last clone dropped discards it.
         if let Ok(connection) = self.take_connection().await {
@@ -439,7 +451,7 @@ impl RecordTransaction for PgRecordTransaction {
     }
 }
 
-impl Drop for PgRecordTransaction {
+impl Drop for PostgresRecordTransaction {
     fn drop(&mut self) {
         // Neither committed nor rolled back (a panic, a cancelled handler).
         // At once if no clone of the handle is using it, else when the last goes.

@@ -9,7 +9,6 @@ use crate::store::{
     StoredResponse, Timings,
 };
 use crate::{fingerprint::RequestFingerprint, Scope};
-use async_trait::async_trait;
 use bytes::Bytes;
 use http::StatusCode;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
@@ -344,7 +343,6 @@ fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreErr
     Ok((begun, remaining))
 }
 
-#[async_trait]
 impl Store for RedisStore {
     async fn begin(
         &self,
@@ -459,7 +457,6 @@ impl Store for RedisStore {
     }
 }
 
-#[async_trait]
 impl Maintenance for RedisStore {
     /// Redis deletes expired records itself (key TTLs); this trims the
     /// entries of expired records from every scope index, and returns how

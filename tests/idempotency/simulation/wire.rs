@@ -6,7 +6,6 @@
 //! was applied all the same.
 
 use super::{ms, now_ms, LOCK};
-use async_trait::async_trait;
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use serde::{Deserialize, Serialize};
@@ -312,7 +311,6 @@ fn unexpected(reply: Reply) -> StoreError {
     StoreError::Backend(format!("unexpected reply {reply:?}").into())
 }
 
-#[async_trait]
 impl Store for RemoteStore {
     async fn begin(
         &self,
@@ -387,7 +385,6 @@ impl Store for RemoteStore {
     }
 }
 
-#[async_trait]
 impl Maintenance for RemoteStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         match self.call(Request::PurgeExpired, OP_TIMEOUT).await? {

@@ -19,18 +19,17 @@ pub mod script;
 pub(crate) use tower_idempotency_tests::support;
 
 use app::{Config, Worker};
-use async_trait::async_trait;
 use bytes::Bytes;
 use client::{serve, HttpClient, Reply};
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tower_idempotency::lease::store::{AnyJobStore, JobStoreError, MemoryJobStore};
 use tower_idempotency::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, Chunk, Job, JobMaintenance, JobReader,
     JobStore, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
-use tower_idempotency::lease::store::{JobStoreError, MemoryJobStore};
 
 pub const START: &str = "/reports/start";
 /// A correctness bound for anything that waits, never a speed assertion.
@@ -90,9 +89,9 @@ impl Backend {
     }
 
     /// A new, empty job store with `lease`.
-    pub async fn store(&self, lease: Duration) -> Arc<dyn app::Jobs> {
+    pub async fn store(&self, lease: Duration) -> AnyJobStore {
         match self {
-            Self::Memory => Arc::new(MemoryJobStore::builder().with_lease(lease).build()),
+            Self::Memory => AnyJobStore::new(MemoryJobStore::builder().with_lease(lease).build()),
             #[cfg(feature = "postgres")]
             Self::Postgres { url } => {
                 use support::pg;
@@ -102,7 +101,7 @@ impl Backend {
                     .with_lease(lease)
                     .build();
                 store.migrate().await.expect("migrate the job store");
-                Arc::new(store)
+                AnyJobStore::new(store)
             }
         }
     }
@@ -111,13 +110,13 @@ impl Backend {
 /// A job store that counts what `start` did, so tests can prove a reader
 /// inserted nothing and started nothing. Wraps any store.
 pub struct Counting {
-    inner: Arc<dyn app::Jobs>,
+    inner: AnyJobStore,
     pub starts: AtomicUsize,
     pub created: AtomicUsize,
 }
 
 impl Counting {
-    pub fn new(inner: Arc<dyn app::Jobs>) -> Arc<Self> {
+    pub fn new(inner: AnyJobStore) -> Arc<Self> {
         Arc::new(Self {
             inner,
             starts: AtomicUsize::new(0),
@@ -126,7 +125,6 @@ impl Counting {
     }
 }
 
-#[async_trait]
 impl JobStore for Counting {
     fn lease_duration(&self) -> Duration {
         self.inner.lease_duration()
@@ -171,7 +169,6 @@ impl JobStore for Counting {
     }
 }
 
-#[async_trait]
 impl JobReader for Counting {
     async fn job(&self, tenant: &str, job_id: &str) -> Result<Option<Job>, JobStoreError> {
         self.inner.job(tenant, job_id).await
@@ -191,7 +188,6 @@ impl JobReader for Counting {
     }
 }
 
-#[async_trait]
 impl JobMaintenance for Counting {
     async fn sweep_stale(&self) -> Result<u64, JobStoreError> {
         self.inner.sweep_stale().await
@@ -257,7 +253,7 @@ pub async fn counting(backend: &Backend, lease: Duration) -> Arc<Counting> {
 
 pub async fn demo_with(backend: &Backend, opts: Opts) -> Demo {
     let store = counting(backend, opts.lease).await;
-    let addr = serve(app::router(store.clone(), config(&opts))).await;
+    let addr = serve(app::router(AnyJobStore::new(store.clone()), config(&opts))).await;
     Demo {
         client: HttpClient::new(addr),
         store,

@@ -8,7 +8,7 @@ use super::{postgres, PgProbe};
 use tower_idempotency::store::conformance::fingerprint;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
-use tower_idempotency::store::{RecordTransaction, TransactionalStore};
+use tower_idempotency::store::{PostgresRecordTransaction, RecordTransaction, TransactionalStore};
 use tower_idempotency::{
     store::{Begin, RecordKey, Store},
     PostgresStore, PostgresTransaction,
@@ -17,7 +17,7 @@ use tower_idempotency::{
 type Harness = super::Harness<PostgresStore, PgProbe>;
 
 /// A fresh key's claim with its transaction open, and a row written through it.
-async fn open_with_effect(h: &Harness) -> (RecordKey, Box<dyn RecordTransaction>) {
+async fn open_with_effect(h: &Harness) -> (RecordKey, PostgresRecordTransaction) {
     let key = fresh_key();
     let (begun, opened) = h
         .store
@@ -31,11 +31,11 @@ async fn open_with_effect(h: &Harness) -> (RecordKey, Box<dyn RecordTransaction>
         Some(transaction) => transaction,
         None => h.store.open(&key, token).await.unwrap(),
     };
-    write_effect(&h.probe, &key, &*transaction).await;
+    write_effect(&h.probe, &key, &transaction).await;
     (key, transaction)
 }
 
-async fn write_effect(probe: &PgProbe, key: &RecordKey, transaction: &dyn RecordTransaction) {
+async fn write_effect(probe: &PgProbe, key: &RecordKey, transaction: &PostgresRecordTransaction) {
     let mut extensions = http::Extensions::new();
     transaction.share(&mut extensions);
     let handle = extensions.get::<PostgresTransaction>().unwrap().clone();
@@ -48,8 +48,8 @@ async fn write_effect(probe: &PgProbe, key: &RecordKey, transaction: &dyn Record
 }
 
 /// Completes `key`'s claim, with a write, through the transaction it opened.
-async fn commit_through(h: &Harness, key: &RecordKey, transaction: Box<dyn RecordTransaction>) {
-    write_effect(&h.probe, key, &*transaction).await;
+async fn commit_through(h: &Harness, key: &RecordKey, transaction: PostgresRecordTransaction) {
+    write_effect(&h.probe, key, &transaction).await;
     transaction
         .commit(Completion::Response(done(b"done")))
         .await

@@ -1,0 +1,184 @@
+//! The store traits behind `dyn`, for the layer and the engine, which hold a
+//! store whatever its type.
+//!
+//! [`Store`]'s methods return `impl Future`, which a trait object cannot name.
+//! These traits mirror them with boxed futures (one box per call) and are
+//! implemented for every store, so `Arc<dyn ErasedStore>` is what
+//! `Arc<dyn Store>` would be.
+
+use super::{
+    Begin, Completion, FencingToken, RecordKey, RecordTransaction, Store, StoreError, Timings,
+    TransactionalStore,
+};
+use crate::fingerprint::RequestFingerprint;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+/// A store method's future, boxed.
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// [`Store`], object safe.
+pub(crate) trait ErasedStore: Send + Sync + 'static {
+    fn begin<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        request: &'a RequestFingerprint<'_>,
+    ) -> BoxFuture<'a, Result<Begin, StoreError>>;
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+        completion: Completion,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    fn release<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    fn wait<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    fn timings(&self) -> Timings;
+}
+
+impl<S: Store> ErasedStore for S {
+    fn begin<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        request: &'a RequestFingerprint<'_>,
+    ) -> BoxFuture<'a, Result<Begin, StoreError>> {
+        Box::pin(Store::begin(self, key, request))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+        completion: Completion,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::complete(self, key, token, completion))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::extend(self, key, token))
+    }
+
+    fn release<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::release(self, key, token))
+    }
+
+    fn wait<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        timeout: Duration,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(Store::wait(self, key, timeout))
+    }
+
+    fn timings(&self) -> Timings {
+        Store::timings(self)
+    }
+}
+
+/// What `begin_in_transaction` answers: a claim may come with its transaction.
+type Begun = (Begin, Option<Box<dyn ErasedTransaction>>);
+
+/// [`TransactionalStore`], object safe: its transactions are boxed too.
+pub(crate) trait ErasedTransactionalStore: ErasedStore {
+    fn begin_in_transaction<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        request: &'a RequestFingerprint<'_>,
+    ) -> BoxFuture<'a, Result<Begun, StoreError>>;
+
+    fn open<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Box<dyn ErasedTransaction>, StoreError>>;
+}
+
+impl<S: TransactionalStore> ErasedTransactionalStore for S {
+    fn begin_in_transaction<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        request: &'a RequestFingerprint<'_>,
+    ) -> BoxFuture<'a, Result<Begun, StoreError>> {
+        Box::pin(async move {
+            let (begun, opened) =
+                TransactionalStore::begin_in_transaction(self, key, request).await?;
+            Ok((begun, opened.map(erase_transaction)))
+        })
+    }
+
+    fn open<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<Box<dyn ErasedTransaction>, StoreError>> {
+        Box::pin(async move {
+            let opened = TransactionalStore::open(self, key, token).await?;
+            Ok(erase_transaction(opened))
+        })
+    }
+}
+
+fn erase_transaction(transaction: impl RecordTransaction) -> Box<dyn ErasedTransaction> {
+    Box::new(transaction)
+}
+
+/// [`RecordTransaction`], object safe.
+pub(crate) trait ErasedTransaction: Send {
+    fn share(&self, extensions: &mut http::Extensions);
+
+    fn holds_claim(&self) -> bool;
+
+    fn commit(
+        self: Box<Self>,
+        completion: Completion,
+    ) -> BoxFuture<'static, Result<(), StoreError>>;
+
+    fn rollback(self: Box<Self>) -> BoxFuture<'static, ()>;
+}
+
+impl<T: RecordTransaction> ErasedTransaction for T {
+    fn share(&self, extensions: &mut http::Extensions) {
+        RecordTransaction::share(self, extensions)
+    }
+
+    fn holds_claim(&self) -> bool {
+        RecordTransaction::holds_claim(self)
+    }
+
+    fn commit(
+        self: Box<Self>,
+        completion: Completion,
+    ) -> BoxFuture<'static, Result<(), StoreError>> {
+        Box::pin(RecordTransaction::commit(*self, completion))
+    }
+
+    fn rollback(self: Box<Self>) -> BoxFuture<'static, ()> {
+        Box::pin(RecordTransaction::rollback(*self))
+    }
+}
