@@ -57,10 +57,9 @@ pub use self::run::Context;
 
 use self::in_flight::InFlight;
 use crate::downstream::DownstreamSecret;
-use crate::store::erased::{ErasedStore, ErasedTransactionalStore};
+use crate::store::erased::SharedStore;
 use crate::store::{Store, StoreError, TransactionalStore};
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// Runs operations at most once per `(scope, key)` over a [`Store`]; see the
@@ -69,8 +68,7 @@ use std::time::Duration;
 /// Clones share the store and the count of running operations.
 #[derive(Clone)]
 pub struct Engine {
-    store: Arc<dyn ErasedStore>,
-    transactions: Option<Arc<dyn ErasedTransactionalStore>>,
+    store: SharedStore,
     wait_timeout: Duration,
     in_flight: InFlight,
     on_failure: OnFailure,
@@ -162,7 +160,7 @@ impl Engine {
     /// An engine over `store`: waits up to 5 s for a run in progress, frees the
     /// key of a failed operation.
     pub fn new(store: impl Store) -> Self {
-        Self::with_store(Arc::new(store), None)
+        Self::with_store(SharedStore::plain(store))
     }
 
     /// Like [`new`](Self::new), and each operation runs inside a transaction
@@ -171,17 +169,12 @@ impl Engine {
     /// `PostgresStore` the operation finds a `PostgresTransaction` with
     /// [`Context::get`].
     pub fn transactional(store: impl TransactionalStore) -> Self {
-        let store: Arc<dyn ErasedTransactionalStore> = Arc::new(store);
-        Self::with_store(store.clone(), Some(store))
+        Self::with_store(SharedStore::transactional(store))
     }
 
-    fn with_store(
-        store: Arc<dyn ErasedStore>,
-        transactions: Option<Arc<dyn ErasedTransactionalStore>>,
-    ) -> Self {
+    fn with_store(store: SharedStore) -> Self {
         Self {
             store,
-            transactions,
             wait_timeout: Duration::from_secs(5),
             in_flight: InFlight::new(),
             on_failure: OnFailure::Release,
@@ -228,7 +221,7 @@ impl Engine {
 impl fmt::Debug for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
-            .field("transactional", &self.transactions.is_some())
+            .field("transactional", &self.store.transactions().is_some())
             .field("wait_timeout", &self.wait_timeout)
             .field("on_failure", &self.on_failure)
             .field("in_flight", &self.in_flight)

@@ -175,8 +175,8 @@ impl Engine {
         let record = RecordKey::new(scope.clone(), key.clone());
         let fingerprint: RequestFingerprint<'static> = fingerprint(scope, key, identity).into();
         let decided = decide(
-            &self.store,
-            self.transactions.as_ref(),
+            self.store.store(),
+            self.store.transactions(),
             &record,
             &fingerprint,
             self.wait_timeout,
@@ -199,14 +199,14 @@ impl Engine {
         let claimed = {
             let engine = self.clone();
             async move {
-                let answer = match engine.transactions.is_some() {
+                let answer = match engine.store.transactions().is_some() {
                     true => {
                         engine
                             .in_transaction(record, claim, opened, operation)
                             .await
                     }
                     false => {
-                        let (store, heartbeat_key) = (engine.store.clone(), record.clone());
+                        let (store, heartbeat_key) = (engine.store.store().clone(), record.clone());
                         let plain = engine.plain(record, claim, operation);
                         kept_alive(plain, store, heartbeat_key, claim.token).await
                     }
@@ -232,7 +232,7 @@ impl Engine {
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
         let context = self.context(&record, claimed);
-        let claim = ClaimGuard::new(self.store.clone(), record, claimed.token);
+        let claim = ClaimGuard::new(self.store.store().clone(), record, claimed.token);
         match operation(context).await {
             Ok((bytes, value)) => {
                 let (record, token) = claim.keep();
@@ -256,10 +256,10 @@ impl Engine {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
-        let transactions = self.transactions.as_ref().expect("transactional");
+        let transactions = self.store.transactions().expect("transactional");
         let token = claimed.token;
         let mut context = self.context(&record, claimed);
-        let claim = ClaimGuard::new(self.store.clone(), record, token);
+        let claim = ClaimGuard::new(self.store.store().clone(), record, token);
         let (claim, transaction) =
             match open_transaction(&**transactions, claim, token, opened).await {
                 Ok(opened) => opened,
@@ -316,7 +316,7 @@ impl Engine {
 
 fn recorder(engine: &Engine, record: RecordKey, token: FencingToken) -> Recorder {
     Recorder {
-        store: engine.store.clone(),
+        store: engine.store.store().clone(),
         record,
         token,
         status: StatusCode::OK,

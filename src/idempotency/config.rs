@@ -4,9 +4,8 @@
 use crate::downstream::DownstreamSecret;
 use crate::engine::in_flight::InFlight;
 use crate::options::Options;
-use crate::store::erased::{ErasedStore, ErasedTransactionalStore};
+use crate::store::erased::SharedStore;
 use http::{HeaderName, HeaderValue};
-use std::sync::Arc;
 use std::time::Duration;
 
 use super::warn_once::WarnOnce;
@@ -32,7 +31,8 @@ pub(crate) struct Config<E, P> {
 
 #[derive(Clone)]
 pub(crate) struct Settings {
-    pub(crate) store: Arc<dyn ErasedStore>,
+    /// The store, and whether handlers run in its transactions.
+    pub(crate) store: SharedStore,
     pub(crate) header: HeaderName,
     pub(crate) options: Options,
     pub(crate) record_limit: usize,
@@ -43,9 +43,6 @@ pub(crate) struct Settings {
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
     pub(crate) max_in_flight: Option<usize>,
-    /// Set by [`IdempotencyLayer::transactional`](super::IdempotencyLayer::transactional):
-    /// the same store as `store`.
-    pub(crate) transactions: Option<Arc<dyn ErasedTransactionalStore>>,
     /// The setup mistakes already warned about, per route.
     pub(crate) warned: WarnOnce,
     /// Keys the derivation of each claimed request's `DownstreamKeys`.

@@ -8,7 +8,7 @@ use crate::options::Options;
 use crate::policy::{CacheCreated, CachePolicy};
 use crate::response::{ErrorFormat, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
-use crate::store::erased::{ErasedStore, ErasedTransactionalStore};
+use crate::store::erased::{ErasedStore, SharedStore};
 use crate::store::{Store, TransactionalStore};
 use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
 use http::{HeaderValue, Method, StatusCode};
@@ -36,7 +36,7 @@ impl IdempotencyLayer {
     /// `201` responses recorded, 1 MiB body limit, 5 s wait for a request in
     /// progress, and `content-type`, `location`, `etag`, `link` replayed.
     pub fn new(store: impl Store) -> Self {
-        Self::with_store(Arc::new(store), None)
+        Self::with_store(SharedStore::plain(store))
     }
 
     /// Like [`new`](Self::new), and each claimed handler runs inside a
@@ -50,20 +50,16 @@ impl IdempotencyLayer {
     /// writes back and frees the key, so the retry runs once on a clean slate.
     /// See `docs/idempotency.md` for the guarantees and their limits.
     pub fn transactional(store: impl TransactionalStore) -> Self {
-        let store: Arc<dyn ErasedTransactionalStore> = Arc::new(store);
-        Self::with_store(store.clone(), Some(store))
+        Self::with_store(SharedStore::transactional(store))
     }
 
-    fn with_store(
-        store: Arc<dyn ErasedStore>,
-        transactions: Option<Arc<dyn ErasedTransactionalStore>>,
-    ) -> Self {
+    fn with_store(store: SharedStore) -> Self {
         Self {
             config: Arc::new(Config {
                 scope: FromExtension::new(),
                 policy: CacheCreated,
                 settings: Settings {
-                    retention_header: retention_header(&*store),
+                    retention_header: retention_header(&**store.store()),
                     store,
                     header: IDEMPOTENCY_KEY,
                     options: Options::new(vec![Method::POST, Method::PATCH]),
@@ -73,7 +69,6 @@ impl IdempotencyLayer {
                     cancel_on_drop: false,
                     in_flight: InFlight::new(),
                     max_in_flight: None,
-                    transactions,
                     warned: WarnOnce::default(),
                     downstream_secret: None,
                 },
@@ -238,7 +233,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     pub fn with_retention_header(mut self, send: bool) -> Self {
         let config = self.config_mut();
         config.retention_header = match send {
-            true => retention_header(&*config.store),
+            true => retention_header(&**config.store.store()),
             false => None,
         };
         self

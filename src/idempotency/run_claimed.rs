@@ -178,7 +178,7 @@ where
     // the claim until its lock expires rather than letting a retry run them again.
     let (record, token) = claim.keep();
     let recorder = Recorder {
-        store: config.store.clone(),
+        store: config.store.store().clone(),
         record,
         token,
         status: res_parts.status,

@@ -182,11 +182,11 @@ where
             &bytes,
         );
         telemetry::identify(record.scope().as_str(), record.key().as_str());
-        let store = &config.store;
+        let store = config.store.store();
 
         let (claim, opened) = match decide(
             store,
-            config.transactions.as_ref(),
+            config.store.transactions(),
             &record,
             &fingerprint,
             config.wait_timeout,
@@ -277,7 +277,7 @@ where
     ResBody::Error: Into<BoxError>,
 {
     let span = tracing::Span::current();
-    match config.transactions.clone() {
+    match config.store.transactions().cloned() {
         // The transaction's row lock keeps the claim: no heartbeat.
         Some(transactions) => {
             let claim = (record, token, opened);
@@ -286,7 +286,7 @@ where
             Box::pin(claimed.instrument(span))
         }
         None => {
-            let (store, heartbeat_key) = (config.store.clone(), record.clone());
+            let (store, heartbeat_key) = (config.store.store().clone(), record.clone());
             // The guard holds the record key until the claim is kept or released.
             let claim = ClaimGuard::new(store.clone(), record, token);
             let claimed = RunClaimed::new(config, inner, (parts, bytes), claim, running);
@@ -321,7 +321,7 @@ where
         let _running = running;
         let refuse =
             |refusal: Refusal| (Ok(config.options.responder.refuse(refusal)), refusal.into());
-        let claim = ClaimGuard::new(config.store.clone(), record, token);
+        let claim = ClaimGuard::new(config.store.store().clone(), record, token);
         let (claim, transaction) =
             match open_transaction(&*transactions, claim, token, opened).await {
                 Ok(opened) => opened,

@@ -13,6 +13,7 @@ use super::{
 use crate::fingerprint::RequestFingerprint;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A store method's future, boxed.
@@ -180,5 +181,43 @@ impl<T: RecordTransaction> ErasedTransaction for T {
 
     fn rollback(self: Box<Self>) -> BoxFuture<'static, ()> {
         Box::pin(RecordTransaction::rollback(*self))
+    }
+}
+
+/// The store a layer or an engine runs on: one value, so that the
+/// transactional view is the same store by construction.
+#[derive(Clone)]
+pub(crate) struct SharedStore {
+    store: Arc<dyn ErasedStore>,
+    /// Set for transactional mode: the same store, able to open transactions.
+    transactional: Option<Arc<dyn ErasedTransactionalStore>>,
+}
+
+impl SharedStore {
+    /// A store whose handlers commit their own writes.
+    pub(crate) fn plain(store: impl Store) -> Self {
+        Self {
+            store: Arc::new(store),
+            transactional: None,
+        }
+    }
+
+    /// A store that runs each claimed handler in a transaction of its own.
+    pub(crate) fn transactional(store: impl TransactionalStore) -> Self {
+        let store: Arc<dyn ErasedTransactionalStore> = Arc::new(store);
+        Self {
+            store: store.clone(),
+            transactional: Some(store),
+        }
+    }
+
+    /// The store, for claims, completions and keep-alives.
+    pub(crate) fn store(&self) -> &Arc<dyn ErasedStore> {
+        &self.store
+    }
+
+    /// The same store when it runs handlers in transactions.
+    pub(crate) fn transactions(&self) -> Option<&Arc<dyn ErasedTransactionalStore>> {
+        self.transactional.as_ref()
     }
 }
