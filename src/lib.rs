@@ -13,7 +13,7 @@
 //! |---|---|
 //! | make `POST`/`PATCH` routes safe to retry | [`IdempotencyLayer`] over a store: [`MemoryStore`] in one process, `PostgresStore` (feature `postgres`) or `RedisStore` (feature `redis`) for many |
 //! | tell the layer who the tenant is | a [`Scope`] in the request extensions, or any [`ScopeExtractor`] |
-//! | record more than `201` | a [`CachePolicy`]: [`CacheSuccess`] records every 2xx |
+//! | record more than `201` | a [`RecordPolicy`]: [`RecordSuccess`] records every 2xx |
 //! | shape the refusals (`409`, `422`, `503`, ...) | [`ErrorFormat`], or a [`RefusalResponse`] hook that sees the [`Refusal`] |
 //! | commit the handler's writes with the record | `IdempotencyLayer::transactional` and `PostgresTransaction` |
 //! | hand the key on to a payment processor | the [`DownstreamKeys`](downstream::DownstreamKeys) in a claimed request's extensions; [`Attempt`](engine::Attempt) says whether it took over |
@@ -132,7 +132,7 @@
 //!
 //! Every other answer (no scope, a missing or malformed key, a body over the
 //! limit, a retry while the first request runs, a store that is down, a
-//! response the [`CachePolicy`] does not record, ...) is a row of the
+//! response the [`RecordPolicy`] does not record, ...) is a row of the
 //! [decision table](idempotency::contract#decision-table), in the order the
 //! checks run; the flow and the reasons behind it are
 //! [`idempotency::contract`].
@@ -142,14 +142,14 @@
 //! ```
 //! use std::time::Duration;
 //! use http::StatusCode;
-//! use tower_idempotency::{CacheSuccess, ErrorFormat, IdempotencyLayer, MemoryStore};
+//! use tower_idempotency::{RecordSuccess, ErrorFormat, IdempotencyLayer, MemoryStore};
 //!
 //! let store = MemoryStore::builder()
 //!     .with_retention(Duration::from_secs(24 * 3600)) // how long a response replays
 //!     .with_lock_timeout(Duration::from_secs(10))     // how long a dead owner blocks
 //!     .build();
 //! let layer = IdempotencyLayer::new(store)
-//!     .with_cache_policy(CacheSuccess)                // record every 2xx, not only 201
+//!     .with_record_policy(RecordSuccess)                // record every 2xx, not only 201
 //!     .with_body_limit(256 * 1024)
 //!     .with_wait_timeout(Duration::from_secs(2))      // a duplicate waits this long
 //!     .with_key_reuse_status(StatusCode::UNPROCESSABLE_ENTITY) // as the IETF draft
@@ -310,7 +310,7 @@ pub struct IdempotencyGuide;
 #[doc = include_str!("../docs/compatibility.md")]
 pub struct CompatibilityGuide;
 
-pub use policy::{CacheCreated, CachePolicy, CacheSuccess};
+pub use policy::{RecordCreated, RecordPolicy, RecordSuccess};
 pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
 pub use store::memory::MemoryStore;

@@ -9,22 +9,22 @@ use http::StatusCode;
 /// run. Closures `Fn(&http::response::Parts) -> bool` implement this trait.
 ///
 /// ```
-/// use tower_idempotency::{CachePolicy, CacheCreated};
+/// use tower_idempotency::{RecordPolicy, RecordCreated};
 ///
 /// let (created, ()) = http::Response::builder().status(201).body(()).unwrap().into_parts();
 /// let (ok, ()) = http::Response::builder().status(200).body(()).unwrap().into_parts();
-/// assert!(CacheCreated.should_record(&created));
-/// assert!(!CacheCreated.should_record(&ok));
+/// assert!(RecordCreated.should_record(&created));
+/// assert!(!RecordCreated.should_record(&ok));
 ///
 /// let any_success = |parts: &http::response::Parts| parts.status.is_success();
 /// assert!(any_success.should_record(&ok));
 /// ```
-pub trait CachePolicy: Clone + Send + Sync + 'static {
+pub trait RecordPolicy: Clone + Send + Sync + 'static {
     /// Returns `true` to record the response under the key.
     fn should_record(&self, response: &Parts) -> bool;
 }
 
-impl<F> CachePolicy for F
+impl<F> RecordPolicy for F
 where
     F: Fn(&Parts) -> bool + Clone + Send + Sync + 'static,
 {
@@ -35,9 +35,9 @@ where
 
 /// Records `201 Created` only: the contract's default.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CacheCreated;
+pub struct RecordCreated;
 
-impl CachePolicy for CacheCreated {
+impl RecordPolicy for RecordCreated {
     fn should_record(&self, response: &Parts) -> bool {
         response.status == StatusCode::CREATED
     }
@@ -45,9 +45,9 @@ impl CachePolicy for CacheCreated {
 
 /// Records every `2xx` response.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CacheSuccess;
+pub struct RecordSuccess;
 
-impl CachePolicy for CacheSuccess {
+impl RecordPolicy for RecordSuccess {
     fn should_record(&self, response: &Parts) -> bool {
         response.status.is_success()
     }

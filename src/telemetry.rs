@@ -10,7 +10,7 @@
 //! `tower_idempotency_request_duration_seconds{layer, outcome}`.
 //!
 //! The `outcome` of `layer="idempotency"`: `claimed` (ran and recorded),
-//! `released` (ran, not recorded: an error, a panic, a status the cache policy
+//! `released` (ran, not recorded: an error, a panic, a status the record policy
 //! declines), `replayed`, `reused` (409 key reuse), `in_progress` (409),
 //! `unavailable` (ran, response not recordable; 410 to retries),
 //! `store_error` (503), `over_quota` (429, the scope at its store quota),

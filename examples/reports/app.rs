@@ -161,7 +161,7 @@ pub fn router_with_records(store: AnyJobStore, records: impl Store, config: Conf
     // is recorded: a retry with the key gets the same `job_id` byte for byte,
     // and starts nothing. Joins (`200`) are not recorded; they start nothing.
     let keyed =
-        IdempotencyLayer::new(records).with_cache_policy(|parts: &http::response::Parts| {
+        IdempotencyLayer::new(records).with_record_policy(|parts: &http::response::Parts| {
             parts.status == http::StatusCode::ACCEPTED
         });
     let state = AppState {

@@ -5,7 +5,7 @@ use crate::downstream::DownstreamSecret;
 use crate::engine::in_flight::InFlight;
 use crate::limits;
 use crate::options::Options;
-use crate::policy::{CacheCreated, CachePolicy};
+use crate::policy::{RecordCreated, RecordPolicy};
 use crate::response::{ErrorFormat, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::erased::{ErasedStore, SharedStore};
@@ -24,7 +24,7 @@ const DEFAULT_RECORD_LIMIT: usize = 1024 * 1024;
 ///
 /// See the [module documentation](crate::idempotency) for the flow and an example.
 #[derive(Clone)]
-pub struct IdempotencyLayer<E = FromExtension<Scope>, P = CacheCreated> {
+pub struct IdempotencyLayer<E = FromExtension<Scope>, P = RecordCreated> {
     /// Shared, so that `layer` (which axum may call per request) is an `Arc`
     /// clone; the builder methods copy it only if the layer was cloned.
     pub(crate) config: Arc<Config<E, P>>,
@@ -45,7 +45,7 @@ impl IdempotencyLayer {
     ///
     /// With `PostgresStore` (feature `postgres`) the handler finds a
     /// `PostgresTransaction` in its request extensions (`Extension<PostgresTransaction>`
-    /// in axum). A response the cache policy does not record, an error, a
+    /// in axum). A response the record policy does not record, an error, a
     /// panic, a process killed before the commit: each rolls the handler's
     /// writes back and frees the key, so the retry runs once on a clean slate.
     /// See `docs/idempotency.md` for the guarantees and their limits.
@@ -57,7 +57,7 @@ impl IdempotencyLayer {
         Self {
             config: Arc::new(Config {
                 scope: FromExtension::new(),
-                policy: CacheCreated,
+                policy: RecordCreated,
                 settings: Settings {
                     retention_header: retention_header(&**store.store()),
                     store,
@@ -109,7 +109,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     }
 
     /// Which responses are recorded (default: `201 Created` only).
-    pub fn with_cache_policy<P2: CachePolicy>(self, policy: P2) -> IdempotencyLayer<E, P2> {
+    pub fn with_record_policy<P2: RecordPolicy>(self, policy: P2) -> IdempotencyLayer<E, P2> {
         self.replace_parts(|scope, _| (scope, policy))
     }
 
@@ -222,7 +222,7 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     }
 
     /// Whether recorded answers carry `Idempotency-Key-Retention: <seconds>`
-    /// (default `true`): the first response the cache policy records and
+    /// (default `true`): the first response the record policy records and
     /// every replay of it say how long the store keeps the key's record after
     /// that first response (the store's [`retention`](crate::store::Timings::retention), in
     /// whole seconds; a store that does not say sends none). A client can

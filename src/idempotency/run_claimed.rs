@@ -15,7 +15,7 @@ use crate::body::{BoxError, ResponseBody};
 use crate::engine::claim::ClaimGuard;
 use crate::engine::in_flight::Running;
 use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Recorder, Rest};
-use crate::policy::CachePolicy;
+use crate::policy::RecordPolicy;
 use crate::telemetry::Outcome;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
@@ -93,7 +93,7 @@ impl<S, ReqBody, ResBody, E, P> Future
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     S::Error: Send + 'static,
-    P: CachePolicy,
+    P: RecordPolicy,
     ReqBody: From<Bytes>,
     ResBody: Body + Send + 'static,
     ResBody::Data: Into<Bytes> + Send,
@@ -151,7 +151,7 @@ fn after_response<ResBody, Error, E, P>(
 ) -> Next<Answered<ResBody, Error>>
 where
     Error: Send + 'static,
-    P: CachePolicy,
+    P: RecordPolicy,
     ResBody: Body + Send + 'static,
     ResBody::Data: Into<Bytes> + Send,
     ResBody::Error: Into<BoxError>,

@@ -12,7 +12,7 @@ use crate::engine::in_flight::Running;
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Rest};
 use crate::engine::Attempt;
-use crate::policy::CachePolicy;
+use crate::policy::RecordPolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
 use crate::store::erased::{ErasedTransaction, ErasedTransactionalStore};
@@ -82,7 +82,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     E: ScopeExtractor,
-    P: CachePolicy,
+    P: RecordPolicy,
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Data: Send,
     ReqBody::Error: Into<BoxError>,
@@ -138,7 +138,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     E: ScopeExtractor,
-    P: CachePolicy,
+    P: RecordPolicy,
     ReqBody: Body + From<Bytes> + Send + 'static,
     ReqBody::Error: Into<BoxError>,
     ResBody: Body + Send + 'static,
@@ -270,7 +270,7 @@ where
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     E: ScopeExtractor,
-    P: CachePolicy,
+    P: RecordPolicy,
     ReqBody: From<Bytes> + Send + 'static,
     ResBody: Body + Send + 'static,
     ResBody::Data: Into<Bytes> + Send,
@@ -310,7 +310,7 @@ fn run_in_transaction<S, E, P, ReqBody, ResBody>(
 ) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    P: CachePolicy,
+    P: RecordPolicy,
     ReqBody: From<Bytes>,
     ResBody: Body + Send + 'static,
     ResBody::Data: Into<Bytes> + Send,

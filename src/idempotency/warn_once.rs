@@ -17,7 +17,7 @@ const MAX_ROUTES: usize = 256;
 pub(crate) enum Cause {
     /// No scope in the request: `401`.
     NoScope,
-    /// A `2xx` with this status that the cache policy declined.
+    /// A `2xx` with this status that the record policy declined.
     NotRecorded(u16),
 }
 
@@ -57,9 +57,9 @@ pub(crate) fn not_recorded(warned: &WarnOnce, status: http::StatusCode, path: &s
         tracing::warn!(
             status = status.as_u16(),
             path,
-            "the handler answered {status}, which the cache policy does not record: \
+            "the handler answered {status}, which the record policy does not record: \
              the key was released and a retry runs the handler again. The default \
-             policy records only `201 Created`; `.with_cache_policy(CacheSuccess)` \
+             policy records only `201 Created`; `.with_record_policy(RecordSuccess)` \
              records every 2xx (logged once per route and status)"
         );
     }

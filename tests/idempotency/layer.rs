@@ -20,7 +20,7 @@ use std::time::Duration;
 use tower::{Layer, Service};
 use tower_idempotency::idempotency::IDEMPOTENT_REPLAYED;
 use tower_idempotency::{
-    CachePolicy, CacheSuccess, ErrorFormat, IdempotencyLayer, MemoryStore, Scope, ScopeExtractor,
+    ErrorFormat, IdempotencyLayer, MemoryStore, RecordPolicy, RecordSuccess, Scope, ScopeExtractor,
 };
 
 const KEY: &str = "order-7f3a9c2e";
@@ -40,7 +40,7 @@ async fn order(req: Request<Body>, run: usize) -> Result<Response<Body>, Infalli
 }
 
 /// `layer` over the `order` handler.
-fn orders<E: ScopeExtractor, P: CachePolicy>(
+fn orders<E: ScopeExtractor, P: RecordPolicy>(
     layer: IdempotencyLayer<E, P>,
 ) -> (
     impl Service<
@@ -482,7 +482,7 @@ async fn uniqueness_is_scope_and_key_no_cross_tenant_replay() {
     assert_eq!(runs.get(), 2);
 }
 
-// Cache policy.
+// Record policy.
 
 #[tokio::test]
 async fn cache_only_what_the_policy_says_201_by_default_everything_else_frees_the_key() {
@@ -512,7 +512,7 @@ async fn cache_only_what_the_policy_says_201_by_default_everything_else_frees_th
 
 #[tokio::test]
 async fn cache_success_policy_records_200_but_not_500() {
-    let layer = IdempotencyLayer::new(MemoryStore::new()).with_cache_policy(CacheSuccess);
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_record_policy(RecordSuccess);
     let (svc, runs) = orders(layer);
     let ok = || with_header(post(Some(KEY), ORDER), "x-status", "200");
     let first = send(&svc, ok()).await;
@@ -530,9 +530,9 @@ async fn cache_success_policy_records_200_but_not_500() {
 }
 
 #[tokio::test]
-async fn closure_cache_policy_decides_what_is_recorded() {
+async fn closure_record_policy_decides_what_is_recorded() {
     let accepted_only = |parts: &http::response::Parts| parts.status == StatusCode::ACCEPTED;
-    let layer = IdempotencyLayer::new(MemoryStore::new()).with_cache_policy(accepted_only);
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_record_policy(accepted_only);
     let (svc, runs) = orders(layer);
     let accepted = || with_header(post(Some(KEY), ORDER), "x-status", "202");
     assert!(!send(&svc, accepted()).await.replayed());

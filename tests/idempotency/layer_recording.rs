@@ -178,13 +178,13 @@ async fn an_endless_recorded_stream_flows_at_once_and_never_holds_the_key() {
     assert_eq!(runs.load(Ordering::SeqCst), 1);
 }
 
-/// The cache policy sees the response head: declining an event stream frees
+/// The record policy sees the response head: declining an event stream frees
 /// the key at once (as any response not recorded), so a retry runs again.
 #[tokio::test]
-async fn a_cache_policy_can_decline_event_streams_by_their_head() {
+async fn a_record_policy_can_decline_event_streams_by_their_head() {
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = runs.clone();
-    let layer = IdempotencyLayer::new(MemoryStore::new()).with_cache_policy(
+    let layer = IdempotencyLayer::new(MemoryStore::new()).with_record_policy(
         |head: &http::response::Parts| {
             head.status == StatusCode::CREATED
                 && head

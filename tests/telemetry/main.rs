@@ -220,7 +220,7 @@ async fn a_2xx_the_policy_does_not_record_is_warned_once_per_route() {
         .iter()
         .filter(|e| {
             e.get("message")
-                .is_some_and(|m| m.contains("the cache policy does not record"))
+                .is_some_and(|m| m.contains("the record policy does not record"))
         })
         .collect();
     let seen: Vec<(&str, &str)> = warned
@@ -231,7 +231,7 @@ async fn a_2xx_the_policy_does_not_record_is_warned_once_per_route() {
     let message = &warned[0]["message"];
     assert!(message.contains("200 OK"), "{message}");
     assert!(
-        message.contains(".with_cache_policy(CacheSuccess)"),
+        message.contains(".with_record_policy(RecordSuccess)"),
         "{message}"
     );
 }

@@ -154,7 +154,7 @@ pub fn app(created: Arc<AtomicU64>) -> Router {
         .layer(
             IdempotencyLayer::new(MemoryStore::new())
                 .with_scope(tenant_from_metadata)
-                .with_cache_policy(grpc_success)
+                .with_record_policy(grpc_success)
                 .with_refusal_response(refusal_as_grpc_status),
         )
         .layer(tonic_web::GrpcWebLayer::new())

@@ -38,7 +38,7 @@ use tokio::sync::{Mutex, OwnedMutexGuard};
 /// request extensions under [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional).
 ///
 /// Its statements commit together with the recorded response when the
-/// response is recorded, and are rolled back otherwise (the cache policy
+/// response is recorded, and are rolled back otherwise (the record policy
 /// declined it, the handler failed or panicked, the process died). Do not send
 /// `COMMIT`, `ROLLBACK` or `SAVEPOINT` handling of your own through it.
 ///
