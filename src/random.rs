@@ -1,6 +1,8 @@
 //! Randomness from the operating system (`getrandom`), for the keyed hashes'
 //! secret keys and for ids that must not be guessed.
 
+use std::fmt::Write;
+
 /// `N` bytes from the operating system's random source.
 ///
 /// Panics if the operating system has no usable random source, as the
@@ -29,8 +31,8 @@ pub(crate) fn uuid_v4() -> String {
         if matches!(i, 4 | 6 | 8 | 10) {
             out.push('-');
         }
-        out.push(char::from(b"0123456789abcdef"[usize::from(byte >> 4)]));
-        out.push(char::from(b"0123456789abcdef"[usize::from(byte & 0x0f)]));
+        // Writing to a String cannot fail.
+        let _ = write!(out, "{byte:02x}");
     }
     out
 }
