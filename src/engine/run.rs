@@ -8,7 +8,7 @@ use super::{Attempt, Engine, EngineError, Identity, OnFailure, Outcome};
 use crate::downstream::DownstreamKeys;
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::Recorder;
-use crate::store::erased::ErasedTransaction;
+use crate::store::erased::{ErasedTransaction, ErasedTransactionalStore};
 use crate::store::{Claim, Completion, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::{
     fingerprint::{Fingerprint, RequestFingerprint},
@@ -199,13 +199,13 @@ impl Engine {
         let claimed = {
             let engine = self.clone();
             async move {
-                let answer = match engine.store.transactions().is_some() {
-                    true => {
+                let answer = match engine.store.transactions() {
+                    Some(transactions) => {
                         engine
-                            .in_transaction(record, claim, opened, operation)
+                            .in_transaction(&**transactions, record, claim, opened, operation)
                             .await
                     }
-                    false => {
+                    None => {
                         let (store, heartbeat_key) = (engine.store.store().clone(), record.clone());
                         let plain = engine.plain(record, claim, operation);
                         kept_alive(plain, store, heartbeat_key, claim.token).await
@@ -247,6 +247,7 @@ impl Engine {
 
     async fn in_transaction<V, F, Fut, E>(
         &self,
+        transactions: &dyn ErasedTransactionalStore,
         record: RecordKey,
         claimed: Claim,
         opened: Option<Box<dyn ErasedTransaction>>,
@@ -256,17 +257,16 @@ impl Engine {
         F: FnOnce(Context) -> Fut,
         Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
     {
-        let transactions = self.store.transactions().expect("transactional");
         let token = claimed.token;
         let mut context = self.context(&record, claimed);
         let claim = ClaimGuard::new(self.store.store().clone(), record, token);
-        let (claim, transaction) =
-            match open_transaction(&**transactions, claim, token, opened).await {
-                Ok(opened) => opened,
-                // Taken over before the operation ran: the new owner runs it.
-                Err(NotOpened::TakenOver) => return Ok(Outcome::InProgress),
-                Err(NotOpened::Failed(error)) => return Err(EngineError::Store(error)),
-            };
+        let (claim, transaction) = match open_transaction(transactions, claim, token, opened).await
+        {
+            Ok(opened) => opened,
+            // Taken over before the operation ran: the new owner runs it.
+            Err(NotOpened::TakenOver) => return Ok(Outcome::InProgress),
+            Err(NotOpened::Failed(error)) => return Err(EngineError::Store(error)),
+        };
         transaction.share(&mut context.extensions);
         // Until the commit nothing the operation wrote exists for anyone else:
         // a failure, a panic or a dropped future rolls it back and frees the key.
