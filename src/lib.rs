@@ -311,7 +311,7 @@ pub struct IdempotencyGuide;
 pub struct CompatibilityGuide;
 
 pub use policy::{RecordCreated, RecordPolicy, RecordSuccess};
-pub use response::{ErrorFormat, Refusal, RefusalResponse, Refused};
+pub use response::{ErrorFormat, KeyCodes, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]

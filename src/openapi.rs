@@ -283,7 +283,10 @@ impl IdempotencyDoc {
     }
 
     fn refusal_response(&self, refusals: &[Refusal]) -> Response {
-        let codes: Vec<String> = refusals.iter().map(|r| format!("`{}`", r.code())).collect();
+        let codes: Vec<String> = refusals
+            .iter()
+            .map(|r| format!("`{}`", self.label(*r)))
+            .collect();
         let mut response = Response::new(format!(
             "Refused by the idempotency layer: {}.",
             codes.join(", ")
@@ -300,12 +303,12 @@ impl IdempotencyDoc {
         let mut content = Content::new(Some(schema));
         for refusal in refusals {
             let example = ExampleBuilder::new()
-                .summary(refusal.code())
+                .summary(self.label(*refusal))
                 .value(Some(self.body(*refusal)))
                 .build();
             content
                 .examples
-                .insert(refusal.code().to_owned(), example.into());
+                .insert(self.label(*refusal), example.into());
         }
         response
             .content
@@ -323,7 +326,7 @@ impl IdempotencyDoc {
                     refusals
                         .iter()
                         .filter(|r| r.is_retryable())
-                        .map(|r| format!("`{}`", r.code()))
+                        .map(|r| format!("`{}`", self.responder.code(*r)))
                         .collect::<Vec<_>>()
                         .join(", ")
                 )))
@@ -359,23 +362,29 @@ impl IdempotencyDoc {
     fn refusal_schema(&self, refusal: Refusal) -> Schema {
         let string = || ObjectBuilder::new().schema_type(Type::String);
         let code = string()
-            .enum_values(Some([refusal.code()]))
+            .enum_values(Some([self.responder.code(refusal)]))
             .description(Some("What was refused, for programs."));
         let status = self.responder.status(refusal);
-        let schema = ObjectBuilder::new()
+        let mut schema = ObjectBuilder::new()
             .schema_type(Type::Object)
-            .title(Some(refusal.code()))
+            .title(Some(self.label(refusal)))
             .description(Some(format!(
                 "`{} {}`: {}",
                 status.as_u16(),
-                refusal.code(),
+                self.label(refusal),
                 refusal.message()
             )))
             .property("code", code)
             .required("code");
+        if let Some(reason) = refusal.reason() {
+            let reason = string().enum_values(Some([reason])).description(Some(
+                "Which problem with the key, for programs to branch on.",
+            ));
+            schema = schema.property("reason", reason).required("reason");
+        }
         let schema = match self.responder.format {
             ErrorFormat::Problem => schema
-                .property("type", string())
+                .property("type", string().enum_values(Some([refusal.problem_type()])))
                 .property("title", string())
                 .property(
                     "status",
@@ -408,8 +417,26 @@ pub fn document(api: &mut OpenApi, paths: &[&str]) -> usize {
     IdempotencyDoc::for_paths(paths.iter().copied()).apply(api)
 }
 
+impl IdempotencyDoc {
+    /// What names `refusal` in the document: its code, and its reason when
+    /// it has one (`idempotency_key_required (invalid)`), since key refusals
+    /// may share a code.
+    fn label(&self, refusal: Refusal) -> String {
+        let code = self.responder.code(refusal);
+        match refusal.reason() {
+            Some(reason) => format!("{code} ({reason})"),
+            None => code.to_owned(),
+        }
+    }
+}
+
+/// The component name of `refusal`'s body schema: one per refusal, whatever
+/// codes the layer answers with.
 fn schema_name(refusal: Refusal) -> String {
-    format!("IdempotencyRefusal.{}", refusal.code())
+    match refusal.reason() {
+        Some(reason) => format!("IdempotencyRefusal.{}.{reason}", refusal.code()),
+        None => format!("IdempotencyRefusal.{}", refusal.code()),
+    }
 }
 
 fn operation_mut<'a>(item: &'a mut PathItem, method: &Method) -> Option<&'a mut Operation> {

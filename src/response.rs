@@ -13,14 +13,17 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Refusal {
-    /// `400 idempotency_key_required`: the request has no key header.
+    /// `400 idempotency_key_required`, `"reason": "missing"`: the request
+    /// has no key header.
     KeyRequired,
-    /// `400 idempotency_key_invalid`: the key header's value is not a key
-    /// (8 to 128 characters of `[A-Za-z0-9._-]`, bare or as an RFC 8941
-    /// sf-string of them); empty is not a key either.
+    /// `400 idempotency_key_required`, `"reason": "invalid"` (or the code
+    /// `idempotency_key_invalid` with [`KeyCodes::Distinct`]): the key
+    /// header's value is not a key (8 to 128 characters of `[A-Za-z0-9._-]`,
+    /// bare or as an RFC 8941 sf-string of them); empty is not a key either.
     KeyInvalid,
-    /// `400 idempotency_key_repeated`: more than one key header, or one
-    /// holding a comma-separated list.
+    /// `400 idempotency_key_required`, `"reason": "repeated"` (or the code
+    /// `idempotency_key_repeated` with [`KeyCodes::Distinct`]): more than one
+    /// key header, or one holding a comma-separated list.
     KeyRepeated,
     /// `401 unauthorized`: the request has no scope.
     Unauthorized,
@@ -67,12 +70,13 @@ pub enum Refusal {
 }
 
 impl Refusal {
-    /// The machine-readable `code` of the response body.
+    /// The machine-readable `code` of the default response body. The three
+    /// key refusals share `idempotency_key_required`, the code a client
+    /// written against the key contract recognises; [`reason`](Self::reason)
+    /// tells them apart (and [`KeyCodes::Distinct`] gives each its own code).
     pub fn code(self) -> &'static str {
         match self {
-            Self::KeyRequired => "idempotency_key_required",
-            Self::KeyInvalid => "idempotency_key_invalid",
-            Self::KeyRepeated => "idempotency_key_repeated",
+            Self::KeyRequired | Self::KeyInvalid | Self::KeyRepeated => "idempotency_key_required",
             Self::Unauthorized => "unauthorized",
             Self::PayloadTooLarge => "payload_too_large",
             Self::BodyTimeout => "request_timeout",
@@ -87,6 +91,61 @@ impl Refusal {
             Self::HandlerFailed => "internal_error",
             Self::JobStoreUnavailable => "job_store_unavailable",
             Self::BudgetExhausted => "budget_exhausted",
+        }
+    }
+
+    /// What went wrong with the key, sent as the body's `reason` member:
+    /// `missing`, `invalid` or `repeated` for the three key refusals, `None`
+    /// for the others.
+    pub fn reason(self) -> Option<&'static str> {
+        match self {
+            Self::KeyRequired => Some("missing"),
+            Self::KeyInvalid => Some("invalid"),
+            Self::KeyRepeated => Some("repeated"),
+            _ => None,
+        }
+    }
+
+    /// The code of [`KeyCodes::Distinct`]: the key refusals' own codes.
+    fn distinct_code(self) -> &'static str {
+        match self {
+            Self::KeyInvalid => "idempotency_key_invalid",
+            Self::KeyRepeated => "idempotency_key_repeated",
+            other => other.code(),
+        }
+    }
+
+    /// The RFC 9457 problem `type` of this refusal in
+    /// [`ErrorFormat::Problem`] bodies: a URI naming this refusal (its entry
+    /// in this crate's documentation), so that the three key refusals are
+    /// three problem types even when they share a `code`.
+    pub fn problem_type(self) -> &'static str {
+        macro_rules! doc {
+            ($variant:literal) => {
+                concat!(
+                    "https://docs.rs/tower-idempotency/latest/tower_idempotency/enum.Refusal.html#variant.",
+                    $variant
+                )
+            };
+        }
+        match self {
+            Self::KeyRequired => doc!("KeyRequired"),
+            Self::KeyInvalid => doc!("KeyInvalid"),
+            Self::KeyRepeated => doc!("KeyRepeated"),
+            Self::Unauthorized => doc!("Unauthorized"),
+            Self::PayloadTooLarge => doc!("PayloadTooLarge"),
+            Self::BodyTimeout => doc!("BodyTimeout"),
+            Self::BodyUnreadable => doc!("BodyUnreadable"),
+            Self::KeyReuse => doc!("KeyReuse"),
+            Self::InProgress => doc!("InProgress"),
+            Self::ResponseUnavailable => doc!("ResponseUnavailable"),
+            Self::StoreUnavailable => doc!("StoreUnavailable"),
+            Self::OutcomeUnknown => doc!("OutcomeUnknown"),
+            Self::QuotaExceeded => doc!("QuotaExceeded"),
+            Self::Overloaded => doc!("Overloaded"),
+            Self::HandlerFailed => doc!("HandlerFailed"),
+            Self::JobStoreUnavailable => doc!("JobStoreUnavailable"),
+            Self::BudgetExhausted => doc!("BudgetExhausted"),
         }
     }
 
@@ -172,15 +231,40 @@ impl Refusal {
     }
 }
 
+/// Which `code` the key refusals answer with. Either way their body's
+/// `reason` member says what went wrong (`missing`, `invalid`, `repeated`),
+/// and their problem `type` differs ([`Refusal::problem_type`]).
+///
+/// ```
+/// use tower_idempotency::{IdempotencyLayer, KeyCodes, MemoryStore};
+///
+/// // `400 idempotency_key_invalid` and `400 idempotency_key_repeated`.
+/// let layer = IdempotencyLayer::new(MemoryStore::new()).with_key_codes(KeyCodes::Distinct);
+/// # let _ = layer;
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyCodes {
+    /// `idempotency_key_required` for a missing, malformed or repeated key:
+    /// the key contract's one code for "send one valid key".
+    #[default]
+    Shared,
+    /// `idempotency_key_required` (missing), `idempotency_key_invalid`
+    /// (malformed), `idempotency_key_repeated` (several keys).
+    Distinct,
+}
+
 /// The shape of refusal bodies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorFormat {
-    /// `application/json`: `{"code": "...", "message": "..."}`.
+    /// `application/json`: `{"code": "...", "message": "..."}` (and
+    /// `"reason"` for the key refusals).
     #[default]
     Json,
     /// RFC 9457 `application/problem+json`:
-    /// `{"type":"about:blank","title":"...","status":409,"detail":"...","code":"..."}`.
+    /// `{"type":"<Refusal::problem_type>","title":"...","status":409,"detail":"...","code":"..."}`
+    /// (and `"reason"` for the key refusals).
     Problem,
 }
 
@@ -250,6 +334,7 @@ where
 pub(crate) struct Responder {
     pub(crate) format: ErrorFormat,
     pub(crate) reuse_status: StatusCode,
+    pub(crate) key_codes: KeyCodes,
     pub(crate) retry_after: Duration,
     /// The application's own refusal answers, if it has them.
     pub(crate) hook: Option<Arc<dyn RefusalResponse>>,
@@ -262,6 +347,7 @@ impl std::fmt::Debug for Responder {
         f.debug_struct("Responder")
             .field("format", &self.format)
             .field("reuse_status", &self.reuse_status)
+            .field("key_codes", &self.key_codes)
             .field("retry_after", &self.retry_after)
             .field("hook", &self.hook.is_some())
             .field("body_limit", &self.body_limit)
@@ -274,6 +360,7 @@ impl Default for Responder {
         Self {
             format: ErrorFormat::Json,
             reuse_status: StatusCode::CONFLICT,
+            key_codes: KeyCodes::Shared,
             retry_after: Duration::from_secs(1),
             hook: None,
             body_limit: None,
@@ -286,6 +373,14 @@ impl Responder {
         match refusal {
             Refusal::KeyReuse => self.reuse_status,
             other => other.default_status(),
+        }
+    }
+
+    /// The `code` this layer answers `refusal` with.
+    pub(crate) fn code(&self, refusal: Refusal) -> &'static str {
+        match self.key_codes {
+            KeyCodes::Shared => refusal.code(),
+            KeyCodes::Distinct => refusal.distinct_code(),
         }
     }
 
@@ -307,9 +402,12 @@ impl Responder {
         &self,
         refusal: Refusal,
         retry_after: Option<Duration>,
-        extra: serde_json::Map<String, serde_json::Value>,
+        mut extra: serde_json::Map<String, serde_json::Value>,
     ) -> Response<ResponseBody<B>> {
         let status = self.status(refusal);
+        if let Some(reason) = refusal.reason() {
+            extra.insert("reason".into(), reason.into());
+        }
         let seconds = retry_after.map(|after| after.as_secs_f64().ceil().max(1.0) as u64);
         let refused = Refused {
             refusal,
@@ -323,7 +421,11 @@ impl Responder {
             }
             _ => std::borrow::Cow::Borrowed(refusal.message()),
         };
-        let mut response = self.error_bytes(status, refusal.code(), &message, extra);
+        let kind = ErrorKind {
+            code: self.code(refusal),
+            problem_type: refusal.problem_type(),
+        };
+        let mut response = self.error_bytes(status, kind, &message, extra);
         if let Some(seconds) = seconds {
             response
                 .headers_mut()
@@ -357,14 +459,18 @@ impl Responder {
         message: &str,
         extra: serde_json::Map<String, serde_json::Value>,
     ) -> Response<ResponseBody<B>> {
-        self.error_bytes(status, code, message, extra)
+        let kind = ErrorKind {
+            code,
+            problem_type: "about:blank",
+        };
+        self.error_bytes(status, kind, message, extra)
             .map(ResponseBody::full)
     }
 
     fn error_bytes(
         &self,
         status: StatusCode,
-        code: &str,
+        ErrorKind { code, problem_type }: ErrorKind<'_>,
         message: &str,
         extra: serde_json::Map<String, serde_json::Value>,
     ) -> Response<Bytes> {
@@ -376,7 +482,7 @@ impl Responder {
             ErrorFormat::Problem => (
                 "application/problem+json",
                 serde_json::json!({
-                    "type": "about:blank",
+                    "type": problem_type,
                     "title": status.canonical_reason().unwrap_or_default(),
                     "status": status.as_u16(),
                     "detail": message,
@@ -389,6 +495,13 @@ impl Responder {
         }
         json_bytes(status, content_type, &body)
     }
+}
+
+/// What an error body names: its `code`, and its problem `type`.
+#[derive(Clone, Copy)]
+struct ErrorKind<'a> {
+    code: &'a str,
+    problem_type: &'a str,
 }
 
 /// A response with a JSON body the layer built itself.

@@ -1,7 +1,8 @@
-//! Refusals: every error body is `{"code", "message", ...}` with its status.
+//! Refusals: every error body is `{"code", "detail", "message", ...}` with
+//! its status, `detail` repeating `code`.
 
 use axum::body::Body;
-use axum::http::{Response, StatusCode};
+use axum::http::{header, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
@@ -109,4 +110,33 @@ pub(super) fn lease_error(e: LeaseError) -> ApiError {
             other.to_string(),
         ),
     }
+}
+
+/// Every error answer of the service names its code in `detail` too
+/// (`{"code": "not_owner", "detail": "not_owner", ...}`), where clients written
+/// against FastAPI-style APIs read it: the handlers' refusals, the auth
+/// layer's `401`, and the lease and idempotency layers' refusals alike.
+pub(super) async fn detail_names_the_code(response: Response<Body>) -> Response<Body> {
+    let status = response.status();
+    let json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || !json {
+        return response;
+    }
+    let (mut parts, body) = response.into_parts();
+    // Error bodies are a few hundred bytes, built whole by this service.
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let Ok(Value::Object(mut members)) = serde_json::from_slice::<Value>(&bytes) else {
+        return Response::from_parts(parts, Body::from(bytes));
+    };
+    if let Some(code) = members.get("code").cloned() {
+        members.entry("detail").or_insert(code);
+    }
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Response::from_parts(parts, Body::from(Value::Object(members).to_string()))
 }

@@ -39,7 +39,7 @@ use std::time::Duration;
 use tower_http::auth::AsyncRequireAuthorizationLayer;
 use tower_idempotency::lease::store::{AnyJobStore, Budget, Job, JobMaintenance, JobReader};
 use tower_idempotency::{
-    lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey},
+    lease::{JobKeyExtractor, JobKeyRejection, JsonJobKey, StartedStatus},
     LeaseLayer,
 };
 use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
@@ -174,7 +174,9 @@ pub fn router_with_records(store: AnyJobStore, records: impl Store, config: Conf
     let tenant = Router::new()
         .route(
             "/reports/start",
-            post(start::start_report).layer(lease.clone()),
+            // The start table's statuses: `200` for every start, the body
+            // saying `created`, `join` or `stolen`.
+            post(start::start_report).layer(lease.clone().with_started_status(StartedStatus::Ok)),
         )
         .route(
             "/reports",
@@ -192,7 +194,12 @@ pub fn router_with_records(store: AnyJobStore, records: impl Store, config: Conf
         .route("/reports/{job_id}/fail", post(worker_api::fail))
         .route_layer(AsyncRequireAuthorizationLayer::new(BearerTenant));
     let admin = Router::new().route("/admin/budget/reset", post(admin::reset_budget));
-    tenant.merge(admin).with_state(state)
+    tenant
+        .merge(admin)
+        .layer(axum::middleware::map_response(
+            answers::detail_names_the_code,
+        ))
+        .with_state(state)
 }
 
 /// The start route's layer: one live job per `tenant:report_type:period`,

@@ -1,6 +1,6 @@
 //! The worker side over HTTP (`REPORT_WORKER=off`): acquire, heartbeat,
 //! append, finalize, fail. Every write is fenced by `X-Worker-Id` and
-//! `X-Lease-Token`.
+//! `X-Lease-Token`; a write without them is refused as one with a stale lease.
 
 use super::answers::{error, invalid_body, lease_error, store_unavailable, unknown_job};
 use super::answers::{Answer, ApiError};
@@ -13,7 +13,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
-use tower_idempotency::lease::store::{Appended, JobReader, JobStore, LeaseGrant};
+use tower_idempotency::lease::store::{Appended, JobReader, JobStore, LeaseError, LeaseGrant};
 use tower_idempotency::{store::FencingToken, Scope};
 
 /// `X-Worker-Id`: 1 to 128 visible ASCII characters.
@@ -33,26 +33,23 @@ fn worker_id(headers: &HeaderMap) -> Result<String, ApiError> {
 }
 
 /// The worker's lease from `X-Worker-Id` and `X-Lease-Token`, after checking
-/// the job is the caller's tenant's.
+/// the job is the caller's tenant's. A caller that sends no lease (or one
+/// that is not a lease) does not hold it: it gets the same `409` as a stale
+/// one, `not_lease` (`lease_lost` or `not_owner`, by the operation).
 async fn worker_grant(
     state: &AppState,
     tenant: &Scope,
     job_id: &str,
     headers: &HeaderMap,
+    not_lease: fn() -> LeaseError,
 ) -> Result<LeaseGrant, ApiError> {
-    let owner = worker_id(headers)?;
+    tenant_job(state, tenant, job_id).await?;
+    let owner = worker_id(headers).map_err(|_| lease_error(not_lease()))?;
     let token = headers
         .get("x-lease-token")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<i64>().ok())
-        .ok_or_else(|| {
-            error(
-                StatusCode::BAD_REQUEST,
-                "lease_token_required",
-                "send X-Lease-Token: <token from acquire>",
-            )
-        })?;
-    tenant_job(state, tenant, job_id).await?;
+        .ok_or_else(|| lease_error(not_lease()))?;
     Ok(LeaseGrant {
         job_id: job_id.to_owned(),
         owner,
@@ -100,7 +97,7 @@ pub(super) async fn heartbeat(
     Path(job_id): Path<String>,
     headers: HeaderMap,
 ) -> Answer {
-    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
+    let grant = worker_grant(&state, &tenant, &job_id, &headers, || LeaseError::LeaseLost).await?;
     state.store.heartbeat(&grant).await.map_err(lease_error)?;
     Ok(Json(json!({
         "job_id": job_id,
@@ -123,7 +120,7 @@ pub(super) async fn append(
     headers: HeaderMap,
     body: Result<Json<AppendBody>, JsonRejection>,
 ) -> Answer {
-    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
+    let grant = worker_grant(&state, &tenant, &job_id, &headers, || LeaseError::LeaseLost).await?;
     let Json(body) =
         body.map_err(|_| invalid_body("{\"seq\": <integer from 0>, \"chunk\": <string>}"))?;
     let appended = state
@@ -151,7 +148,7 @@ pub(super) async fn finalize(
     headers: HeaderMap,
     body: Bytes,
 ) -> Answer {
-    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
+    let grant = worker_grant(&state, &tenant, &job_id, &headers, || LeaseError::NotOwner).await?;
     let artifact = if body.is_empty() {
         // Only the owner appends, so the cursor cannot change under its
         // finalize; and if the job was taken over meanwhile (a new attempt),
@@ -191,7 +188,7 @@ pub(super) async fn fail(
     headers: HeaderMap,
     body: Result<Json<FailBody>, JsonRejection>,
 ) -> Answer {
-    let grant = worker_grant(&state, &tenant, &job_id, &headers).await?;
+    let grant = worker_grant(&state, &tenant, &job_id, &headers, || LeaseError::NotOwner).await?;
     let code = body
         .ok()
         .map(|Json(body)| body.code)

@@ -6,7 +6,7 @@ use crate::engine::in_flight::InFlight;
 use crate::limits;
 use crate::options::Options;
 use crate::policy::{RecordCreated, RecordPolicy};
-use crate::response::{ErrorFormat, RefusalResponse};
+use crate::response::{ErrorFormat, KeyCodes, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::erased::{ErasedStore, SharedStore};
 use crate::store::{Store, TransactionalStore};
@@ -293,6 +293,19 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// ```
     pub fn with_refusal_response(mut self, respond: impl RefusalResponse) -> Self {
         self.config_mut().options.set_refusal_response(respond);
+        self
+    }
+
+    /// The `code` of a missing, malformed or repeated key: one shared
+    /// `idempotency_key_required` (default, [`KeyCodes::Shared`]), the key
+    /// contract's code, or one each ([`KeyCodes::Distinct`]:
+    /// `idempotency_key_invalid`, `idempotency_key_repeated`). Either way
+    /// the body's `reason` member (`missing`, `invalid`, `repeated`) says
+    /// which, and the hook of
+    /// [`with_refusal_response`](Self::with_refusal_response) sees the
+    /// [`Refusal`](crate::Refusal) itself.
+    pub fn with_key_codes(mut self, codes: KeyCodes) -> Self {
+        self.config_mut().options.responder.key_codes = codes;
         self
     }
 

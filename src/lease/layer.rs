@@ -1,4 +1,4 @@
-use super::config::{LeaseConfig, LeaseSettings};
+use super::config::{LeaseConfig, LeaseSettings, StartedStatus};
 use super::key::{JobCost, JobKeyExtractor};
 use super::service::LeaseService;
 use crate::lease::store::{Budget, JobStore};
@@ -46,6 +46,7 @@ impl<K: JobKeyExtractor> LeaseLayer<K> {
                     budget: None,
                     cost: None,
                     location_prefix: "/jobs/".into(),
+                    started_status: StartedStatus::default(),
                     options: lease_options(),
                 },
             },
@@ -146,6 +147,27 @@ impl<K, E> LeaseLayer<K, E> {
         self
     }
 
+    /// The status of a start that created (or stole) the job: `202 Accepted`
+    /// (default: the work runs after the answer, poll its `Location`), or
+    /// `200 OK` / `201 Created` for an API whose contract says so. The body
+    /// flags what happened either way (`"created": true` or
+    /// `"stolen": true`); joins and complete jobs stay `200`.
+    ///
+    /// ```
+    /// use tower_idempotency::lease::{JsonJobKey, StartedStatus};
+    /// use tower_idempotency::lease::store::MemoryJobStore;
+    /// use tower_idempotency::LeaseLayer;
+    ///
+    /// // Every start answers 200; the body's `created`/`join` says which.
+    /// let layer = LeaseLayer::new(MemoryJobStore::new(), "report", JsonJobKey::new(["period"]))
+    ///     .with_started_status(StartedStatus::Ok);
+    /// # let _ = layer;
+    /// ```
+    pub fn with_started_status(mut self, status: StartedStatus) -> Self {
+        self.config.started_status = status;
+        self
+    }
+
     /// Plain JSON refusals (default) or RFC 9457 problem details.
     pub fn with_error_format(mut self, format: ErrorFormat) -> Self {
         self.config.options.set_error_format(format);
@@ -177,6 +199,7 @@ impl<K, E> std::fmt::Debug for LeaseLayer<K, E> {
             .field("owner", &self.config.owner)
             .field("budget", &self.config.budget)
             .field("location_prefix", &self.config.location_prefix)
+            .field("started_status", &self.config.started_status)
             .finish_non_exhaustive()
     }
 }

@@ -4,7 +4,8 @@
 //! one, yet "Acme's August health report" is still one job. [`LeaseLayer`](crate::LeaseLayer)
 //! keys jobs by what they *are* — the tenant from authentication plus a key a
 //! [`JobKeyExtractor`] builds from the request — and decides each start
-//! atomically in a [`JobStore`](crate::lease::store::JobStore). A new key creates the job with a lease and calls the handler (`202`); a
+//! atomically in a [`JobStore`](crate::lease::store::JobStore). A new key creates the job with a lease and calls the handler (`202`,
+//! or the status of [`with_started_status`](crate::LeaseLayer::with_started_status)); a
 //! start of a job under a live lease joins it (`200`, nothing new starts); an
 //! expired lease is stolen once, by compare-and-set with a higher fencing
 //! token; a complete job answers its artifact; a tenant over its budget is
@@ -60,6 +61,7 @@ mod outcome;
 mod service;
 pub mod store;
 
+pub use config::StartedStatus;
 pub use future::ResponseFuture;
 pub use key::{JobCost, JobKeyExtractor, JobKeyRejection, JsonJobKey};
 pub use service::LeaseService;

@@ -5,7 +5,7 @@ use super::key::JobKeyExtractor;
 use super::outcome::JobOutcome;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
-use crate::lease::store::BudgetReset;
+use crate::lease::store::{BudgetPeriod, BudgetReset};
 use crate::lease::store::{Job, StartJob, StartOutcome};
 use crate::response::{json_response, Refusal, Responder};
 use crate::scope::ScopeExtractor;
@@ -176,7 +176,8 @@ where
             return (Ok(answer), JobOutcome::Completed);
         }
         Ok(StartOutcome::BudgetExhausted(reset)) => {
-            let answer = budget_exhausted(&config.options.responder, &reset);
+            let period = config.budget.map(|budget| budget.period);
+            let answer = budget_exhausted(&config.options.responder, &reset, period);
             return (Ok(answer), JobOutcome::BudgetExhausted);
         }
         Err(_) => return refuse(Refusal::JobStoreUnavailable),
@@ -194,7 +195,7 @@ where
         Ok(response) if response.status().is_success() => {
             let mut body = json!({ "job_id": job.id, "status": job.status.as_str() });
             body[if stolen { "stolen" } else { "created" }] = true.into();
-            let answer = job_answer(&config, StatusCode::ACCEPTED, &job, &body);
+            let answer = job_answer(&config, config.started_status.into(), &job, &body);
             let outcome = if stolen {
                 JobOutcome::Stolen
             } else {
@@ -256,10 +257,23 @@ impl Drop for FailOnPanic {
     }
 }
 
-/// `429 budget_exhausted`, its `Retry-After` and body saying when the budget resets.
-fn budget_exhausted<B>(responder: &Responder, reset: &BudgetReset) -> Response<ResponseBody<B>> {
+/// `429 budget_exhausted`, its `Retry-After` and body saying when the budget
+/// resets: exactly (`resets_at`, `retry_after` seconds) and in words a client
+/// can show (`retry`: `tomorrow` or `next_month`).
+fn budget_exhausted<B>(
+    responder: &Responder,
+    reset: &BudgetReset,
+    period: Option<BudgetPeriod>,
+) -> Response<ResponseBody<B>> {
     let seconds = (reset.after.as_secs() + u64::from(reset.after.subsec_nanos() > 0)).max(1);
     let mut extra = serde_json::Map::new();
+    if let Some(period) = period {
+        let when = match period {
+            BudgetPeriod::Day => "tomorrow",
+            BudgetPeriod::Month => "next_month",
+        };
+        extra.insert("retry".into(), when.into());
+    }
     extra.insert("resets_at".into(), reset.at.clone().into());
     extra.insert("retry_after".into(), seconds.into());
     responder.refuse_with(

@@ -155,7 +155,8 @@ async fn row1_malformed_keys_are_400() {
     ] {
         let res = app.order("merchant_a", key, BODY).await;
         assert_eq!(res.status, 400, "key {key:?}");
-        assert_eq!(res.code(), "idempotency_key_invalid");
+        assert_eq!(res.code(), "idempotency_key_required", "key {key:?}");
+        assert_eq!(res.json()["reason"], "invalid", "key {key:?}");
     }
     assert_eq!(app.ledger.orders_total(), 0);
 }

@@ -185,12 +185,7 @@ async fn the_served_openapi_document_describes_the_layer_on_each_guarded_route()
         for (status, codes) in [
             (
                 "400",
-                &[
-                    "idempotency_key_required",
-                    "idempotency_key_invalid",
-                    "idempotency_key_repeated",
-                    "body_unreadable",
-                ][..],
+                &["body_unreadable"][..],
             ),
             ("409", &["idempotency_key_reuse", "idempotency_in_progress"]),
             (
@@ -216,6 +211,18 @@ async fn the_served_openapi_document_describes_the_layer_on_each_guarded_route()
                 let schema = &spec["components"]["schemas"][format!("IdempotencyRefusal.{code}")];
                 assert_eq!(schema["properties"]["code"]["enum"][0], *code);
             }
+        }
+        // The three key refusals share the key contract's code; each has
+        // its own example and schema, named by its reason.
+        let bad_request = &post["responses"]["400"]["content"]["application/json"];
+        for reason in ["missing", "invalid", "repeated"] {
+            let label = format!("idempotency_key_required ({reason})");
+            let example = &bad_request["examples"][&label]["value"];
+            assert_eq!(example["code"], "idempotency_key_required", "{label}");
+            assert_eq!(example["reason"], reason, "{label}");
+            let name = format!("IdempotencyRefusal.idempotency_key_required.{reason}");
+            let schema = &spec["components"]["schemas"][name.as_str()];
+            assert_eq!(schema["properties"]["reason"]["enum"][0], reason);
         }
         let retry_after = |status: &str| {
             post["responses"][status]["headers"]

@@ -8,6 +8,7 @@
 // The helpers they share are the tests package's library
 // (`tower_idempotency_tests`, in tests/common/).
 
+mod checkout_as_written;
 mod checkout_binary;
 mod checkout_contract;
 mod checkout_processor;

@@ -625,13 +625,13 @@ async fn every_byte_outside_the_key_alphabet_is_400_anywhere_in_the_key() {
             let mut req = post(KEY, "{}");
             req.headers_mut().insert("idempotency-key", value);
             // A comma makes the value a list of keys (RFC 9110, section 5.3).
-            let code = match b {
-                b',' => "idempotency_key_repeated",
-                _ => "idempotency_key_invalid",
+            let reason = match b {
+                b',' => "repeated",
+                _ => "invalid",
             };
-            send(&svc, req)
-                .await
-                .assert_code(StatusCode::BAD_REQUEST, code);
+            let reply = send(&svc, req).await;
+            reply.assert_code(StatusCode::BAD_REQUEST, "idempotency_key_required");
+            assert_eq!(reply.json()["reason"], reason, "byte {b:#04x} at {at}");
             through_layer += 1;
         }
     }
@@ -644,9 +644,9 @@ async fn every_byte_outside_the_key_alphabet_is_400_anywhere_in_the_key() {
     let huge = "a".repeat(64 * 1024);
     req.headers_mut()
         .insert("idempotency-key", HeaderValue::from_str(&huge).unwrap());
-    send(&svc, req)
-        .await
-        .assert_code(StatusCode::BAD_REQUEST, "idempotency_key_invalid");
+    let reply = send(&svc, req).await;
+    reply.assert_code(StatusCode::BAD_REQUEST, "idempotency_key_required");
+    assert_eq!(reply.json()["reason"], "invalid");
     assert!(IdempotencyKey::parse(&[b'a'; MAX_KEY_LEN + 1]).is_none());
 }
 
@@ -670,9 +670,9 @@ async fn two_idempotency_key_headers_are_400_whatever_their_values() {
             .append("idempotency-key", HeaderValue::from_bytes(first).unwrap());
         req.headers_mut()
             .append("idempotency-key", HeaderValue::from_bytes(second).unwrap());
-        send(&svc, req)
-            .await
-            .assert_code(StatusCode::BAD_REQUEST, "idempotency_key_repeated");
+        let reply = send(&svc, req).await;
+        reply.assert_code(StatusCode::BAD_REQUEST, "idempotency_key_required");
+        assert_eq!(reply.json()["reason"], "repeated");
     }
     assert_eq!(orders.runs.get(), 0);
     assert!(store.is_empty(), "neither value was claimed");

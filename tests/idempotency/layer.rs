@@ -20,7 +20,8 @@ use std::time::Duration;
 use tower::{Layer, Service};
 use tower_idempotency::idempotency::IDEMPOTENT_REPLAYED;
 use tower_idempotency::{
-    ErrorFormat, IdempotencyLayer, MemoryStore, RecordPolicy, RecordSuccess, Scope, ScopeExtractor,
+    ErrorFormat, IdempotencyLayer, KeyCodes, MemoryStore, RecordPolicy, RecordSuccess, Refusal,
+    Scope, ScopeExtractor,
 };
 
 const KEY: &str = "order-7f3a9c2e";
@@ -97,16 +98,10 @@ fn unscoped(mut req: Request<Body>) -> Request<Body> {
 
 // Status mapping: the key header.
 
-#[tokio::test]
-async fn missing_empty_malformed_or_repeated_key_is_400_and_never_runs() {
-    let (svc, runs) = default_orders();
-    let too_long = "a".repeat(129);
-    let (required, invalid, repeated) = (
-        "idempotency_key_required",
-        "idempotency_key_invalid",
-        "idempotency_key_repeated",
-    );
-    let cases: Vec<(&str, Vec<&[u8]>, &str)> = vec![
+/// Every way a key header can be wrong, with the `reason` it is refused with.
+fn bad_key_headers(too_long: &str) -> Vec<(&'static str, Vec<&[u8]>, &'static str)> {
+    let (required, invalid, repeated) = ("missing", "invalid", "repeated");
+    vec![
         ("missing", vec![], required),
         ("empty", vec![b""], invalid),
         ("space", vec![b"order 7f3a9c2e"], invalid),
@@ -142,16 +137,28 @@ async fn missing_empty_malformed_or_repeated_key_is_400_and_never_runs() {
             vec![b"\"order-\\\"7f3a9c2e\""],
             invalid,
         ),
-    ];
-    for (case, values, code) in cases {
-        let mut req = post(None, ORDER);
-        for value in values {
-            let value = HeaderValue::from_bytes(value).unwrap();
-            req.headers_mut().append("idempotency-key", value);
-        }
-        let reply = send(&svc, req).await;
+    ]
+}
+
+fn bad_key_request(values: &[&[u8]]) -> Request<Body> {
+    let mut req = post(None, ORDER);
+    for value in values {
+        let value = HeaderValue::from_bytes(value).unwrap();
+        req.headers_mut().append("idempotency-key", value);
+    }
+    req
+}
+
+/// The key contract's one code for every key problem, the problem in `reason`.
+#[tokio::test]
+async fn missing_empty_malformed_or_repeated_key_is_400_and_never_runs() {
+    let (svc, runs) = default_orders();
+    let too_long = "a".repeat(129);
+    for (case, values, reason) in bad_key_headers(&too_long) {
+        let reply = send(&svc, bad_key_request(&values)).await;
         assert_eq!(reply.status, StatusCode::BAD_REQUEST, "{case}");
-        reply.assert_refusal(StatusCode::BAD_REQUEST, code);
+        reply.assert_refusal(StatusCode::BAD_REQUEST, "idempotency_key_required");
+        assert_eq!(reply.json()["reason"], reason, "{case}");
     }
     assert_eq!(runs.get(), 0, "no refused request reached the handler");
 
@@ -164,6 +171,42 @@ async fn missing_empty_malformed_or_repeated_key_is_400_and_never_runs() {
             .await
             .assert_order(i + 1, false);
     }
+}
+
+/// `KeyCodes::Distinct`: a code per key problem; problem details: a `type`
+/// per key problem, whichever codes are sent.
+#[tokio::test]
+async fn key_problems_have_distinct_codes_on_request_and_distinct_problem_types() {
+    let too_long = "a".repeat(129);
+    let (distinct, runs) =
+        orders(IdempotencyLayer::new(MemoryStore::new()).with_key_codes(KeyCodes::Distinct));
+    let (problems, _) =
+        orders(IdempotencyLayer::new(MemoryStore::new()).with_error_format(ErrorFormat::Problem));
+    for (case, values, reason) in bad_key_headers(&too_long) {
+        let code = match reason {
+            "missing" => "idempotency_key_required",
+            "invalid" => "idempotency_key_invalid",
+            _ => "idempotency_key_repeated",
+        };
+        let reply = send(&distinct, bad_key_request(&values)).await;
+        reply.assert_refusal(StatusCode::BAD_REQUEST, code);
+        assert_eq!(reply.json()["reason"], reason, "{case}");
+
+        let problem = send(&problems, bad_key_request(&values)).await.json();
+        assert_eq!(problem["code"], "idempotency_key_required", "{case}");
+        assert_eq!(problem["reason"], reason, "{case}");
+        let variant = match reason {
+            "missing" => Refusal::KeyRequired,
+            "invalid" => Refusal::KeyInvalid,
+            _ => Refusal::KeyRepeated,
+        };
+        assert_eq!(problem["type"], variant.problem_type(), "{case}");
+        assert!(problem["type"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("#variant.{variant:?}")));
+    }
+    assert_eq!(runs.get(), 0);
 }
 
 #[tokio::test]

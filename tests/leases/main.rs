@@ -14,6 +14,7 @@ mod lease_layer;
 // The job store conformance suite is behind `test-util`.
 #[cfg(feature = "test-util")]
 mod memory_job_store;
+mod reports_as_written;
 mod reports_binary;
 mod reports_budget;
 mod reports_demo;

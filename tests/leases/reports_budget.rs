@@ -31,8 +31,8 @@ async fn a_token_cap_reserves_each_reports_estimate_and_429_says_when_it_resets(
     };
     let app = demo_with(&backend, opts).await;
     let tenant = "acme";
-    app.start_id(tenant, &health("2026-08"), 202).await;
-    app.start_id(tenant, &report("usage_summary", "2026-08"), 202)
+    app.start_id(tenant, &health("2026-08"), 200).await;
+    app.start_id(tenant, &report("usage_summary", "2026-08"), 200)
         .await;
     // Joining is free, even at the cap.
     assert_eq!(app.start(tenant, &health("2026-08")).await.status, 200);
@@ -53,7 +53,7 @@ async fn a_token_cap_reserves_each_reports_estimate_and_429_says_when_it_resets(
         "{resets_at}"
     );
     // Another tenant has its own envelope.
-    app.start_id("globex", &health("2026-09"), 202).await;
+    app.start_id("globex", &health("2026-09"), 200).await;
 }
 
 /// `REPORT_PROVIDER_FAIL=5xx`: the job fails `provider_5xx` and its tokens
@@ -73,7 +73,7 @@ async fn a_failed_providers_job_returns_its_tokens(backend: Backend) {
     };
     let app = demo_with(&backend, opts).await;
     let tenant = "acme";
-    let job = app.start_id(tenant, &health("2026-08"), 202).await;
+    let job = app.start_id(tenant, &health("2026-08"), 200).await;
     // While it runs, its 1200 tokens are reserved: no room for a second.
     assert_eq!(app.start(tenant, &health("2026-09")).await.status, 429);
     gate.add_permits(1);
@@ -89,7 +89,7 @@ async fn a_failed_providers_job_returns_its_tokens(backend: Backend) {
     .await
     .expect("the job fails");
     assert_eq!(failed["error_code"], "provider_5xx");
-    app.start_id(tenant, &health("2026-09"), 202).await;
+    app.start_id(tenant, &health("2026-09"), 200).await;
 }
 
 /// Twenty concurrent starts of 800 tokens under a cap of 4000: exactly five
@@ -108,7 +108,7 @@ async fn concurrent_weighted_starts_cannot_overshoot_the_cap(backend: Backend) {
         .take(20)
         .collect();
     let replies = app.start_all(tenant, bodies).await;
-    let accepted = replies.iter().filter(|r| r.status == 202).count();
+    let accepted = replies.iter().filter(|r| started(r)).count();
     let refused = replies.iter().filter(|r| r.status == 429).count();
     assert_eq!((accepted, refused), (5, 15));
 }
@@ -141,12 +141,9 @@ async fn unknown_report_type_and_malformed_period_are_400(backend: Backend) {
     assert_eq!(not_json.status, 400);
     assert_eq!(app.starts(), 0, "refused before the store is touched");
     // The other known type works.
-    assert_eq!(
-        app.start("acme", &report("usage_summary", "2026-08"))
-            .await
-            .status,
-        202
-    );
+    assert!(started(
+        &app.start("acme", &report("usage_summary", "2026-08")).await
+    ));
     // No session: 401 before anything else.
     let anonymous = app.client.post_json(START, &[], &health("2026-08")).await;
     assert_eq!(anonymous.status, 401);
@@ -164,11 +161,11 @@ async fn unknown_report_type_and_malformed_period_are_400(backend: Backend) {
 
 async fn august_and_september_are_two_jobs(backend: Backend) {
     let app = demo(&backend).await;
-    let august = app.start_id("acme", &health("2026-08"), 202).await;
-    let september = app.start_id("acme", &health("2026-09"), 202).await;
+    let august = app.start_id("acme", &health("2026-08"), 200).await;
+    let september = app.start_id("acme", &health("2026-09"), 200).await;
     assert_ne!(august, september);
     let usage = app
-        .start_id("acme", &report("usage_summary", "2026-08"), 202)
+        .start_id("acme", &report("usage_summary", "2026-08"), 200)
         .await;
     assert_ne!(usage, august, "another report type is another job");
     assert_eq!(app.created(), 3);
@@ -176,8 +173,8 @@ async fn august_and_september_are_two_jobs(backend: Backend) {
 
 async fn two_tenants_with_the_same_report_and_period_are_two_jobs(backend: Backend) {
     let app = demo(&backend).await;
-    let acme = app.start_id("acme", &health("2026-08"), 202).await;
-    let globex = app.start_id("globex", &health("2026-08"), 202).await;
+    let acme = app.start_id("acme", &health("2026-08"), 200).await;
+    let globex = app.start_id("globex", &health("2026-08"), 200).await;
     assert_ne!(acme, globex);
     assert_eq!(app.job("acme", &acme).await["job_id"], acme.as_str());
     assert_eq!(
@@ -199,8 +196,8 @@ async fn budget_counts_live_and_complete_jobs_not_failed_ones_and_reset_makes_ro
         },
     )
     .await;
-    let jan = app.start_id("acme", &health("2026-01"), 202).await;
-    let feb = app.start_id("acme", &health("2026-02"), 202).await;
+    let jan = app.start_id("acme", &health("2026-01"), 200).await;
+    let feb = app.start_id("acme", &health("2026-02"), 200).await;
     let over = app.start("acme", &health("2026-03")).await;
     assert_eq!(over.status, 429, "{}", text(&over));
     assert_eq!(over.code(), "budget_exhausted");
@@ -209,7 +206,7 @@ async fn budget_counts_live_and_complete_jobs_not_failed_ones_and_reset_makes_ro
     assert_eq!(join.status, 200);
     assert_eq!(join.json()["join"], true);
     // Budgets are per tenant.
-    app.start_id("globex", &health("2026-03"), 202).await;
+    app.start_id("globex", &health("2026-03"), 200).await;
 
     // A failed job gives its place back.
     let token = app.acquire_token("acme", &jan, "w1").await;
@@ -227,7 +224,7 @@ async fn budget_counts_live_and_complete_jobs_not_failed_ones_and_reset_makes_ro
     assert_eq!(failed.json()["status"], "failed");
     let job = app.job("acme", &jan).await;
     assert_eq!(job["error_code"], "model_error");
-    let mar = app.start_id("acme", &health("2026-03"), 202).await;
+    let mar = app.start_id("acme", &health("2026-03"), 200).await;
     assert_eq!(app.start("acme", &health("2026-04")).await.status, 429);
 
     // A completed job keeps counting.
@@ -272,8 +269,8 @@ async fn budget_counts_live_and_complete_jobs_not_failed_ones_and_reset_makes_ro
         3,
         "january (failed), february, march"
     );
-    app.start_id("acme", &health("2026-04"), 202).await;
-    app.start_id("acme", &health("2026-05"), 202).await;
+    app.start_id("acme", &health("2026-04"), 200).await;
+    app.start_id("acme", &health("2026-05"), 200).await;
     assert_eq!(app.start("acme", &health("2026-06")).await.status, 429);
     // Nothing was deleted: the reset jobs still read and join as before.
     assert_eq!(app.job("acme", &mar).await["status"], "queued");
@@ -294,7 +291,7 @@ async fn concurrent_starts_cannot_overshoot_the_allowance(backend: Backend) {
     .await;
     let bodies = (1..=12).map(|m| health(&format!("2025-{m:02}"))).collect();
     let replies = app.start_all("acme", bodies).await;
-    let accepted = replies.iter().filter(|r| r.status == 202).count();
+    let accepted = replies.iter().filter(|r| started(r)).count();
     let refused = replies
         .iter()
         .filter(|r| r.status == 429 && r.code() == "budget_exhausted")

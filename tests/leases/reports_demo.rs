@@ -19,7 +19,7 @@ use tower_idempotency::lease::store::{
 };
 
 for_each_store! {
-    #[tokio::test] matrix_no_row_creates_the_job_202_with_location,
+    #[tokio::test] matrix_no_row_creates_the_job_200_created_with_location,
     #[tokio::test] matrix_live_lease_joins_the_same_job,
     #[tokio::test] matrix_complete_job_answers_its_artifact_id,
     #[tokio::test] matrix_expired_lease_is_stolen_same_job,
@@ -158,10 +158,10 @@ async fn keyed_start_with_a_failing_provider_fails_the_job_and_returns_its_token
 
 // The decision matrix, row by row.
 
-async fn matrix_no_row_creates_the_job_202_with_location(backend: Backend) {
+async fn matrix_no_row_creates_the_job_200_created_with_location(backend: Backend) {
     let app = demo(&backend).await;
     let reply = app.start("acme", &health("2026-08")).await;
-    assert_eq!(reply.status, 202, "{}", text(&reply));
+    assert_eq!(reply.status, 200, "{}", text(&reply));
     let body = reply.json();
     assert_eq!(body["created"], true);
     assert_eq!(body["status"], "queued");
@@ -178,7 +178,7 @@ async fn matrix_no_row_creates_the_job_202_with_location(backend: Backend) {
 
 async fn matrix_live_lease_joins_the_same_job(backend: Backend) {
     let app = demo(&backend).await;
-    let first = app.start_id("acme", &health("2026-08"), 202).await;
+    let first = app.start_id("acme", &health("2026-08"), 200).await;
     let again = app.start("acme", &health("2026-08")).await;
     assert_eq!(again.status, 200, "{}", text(&again));
     assert_eq!(again.json()["join"], true);
@@ -196,7 +196,7 @@ async fn matrix_live_lease_joins_the_same_job(backend: Backend) {
 
 async fn matrix_complete_job_answers_its_artifact_id(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     app.append("acme", &job, "w1", token, 0, "# Report\n").await;
     let done = app.worker("acme", &job, "finalize", "w1", token, "").await;
@@ -220,10 +220,10 @@ async fn matrix_expired_lease_is_stolen_same_job(backend: Backend) {
         },
     )
     .await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     tokio::time::sleep(PAST_SHORT_LEASE).await;
     let stolen = app.start("acme", &health("2026-08")).await;
-    assert_eq!(stolen.status, 202, "{}", text(&stolen));
+    assert_eq!(stolen.status, 200, "{}", text(&stolen));
     assert_eq!(stolen.json()["stolen"], true);
     assert_eq!(stolen.json()["job_id"], job.as_str());
     assert_eq!(location(&stolen), format!("/reports/{job}"));
@@ -247,12 +247,12 @@ async fn matrix_body_naming_another_tenant_is_403_tenant_mismatch(backend: Backe
         "period": "2026-08",
         "claimed_tenant_id": "globex",
     });
-    assert_eq!(app.start("globex", &body.to_string()).await.status, 202);
+    assert!(started(&app.start("globex", &body.to_string()).await));
 }
 
 async fn matrix_heartbeat_from_another_worker_is_409_lease_lost(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     let foreign = app.worker("acme", &job, "heartbeat", "w2", token, "").await;
     assert_eq!(foreign.status, 409, "{}", text(&foreign));
@@ -281,7 +281,7 @@ async fn matrix_append_after_expiry_is_409_lease_lost(backend: Backend) {
         },
     )
     .await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     tokio::time::sleep(PAST_SHORT_LEASE).await;
     let late = app.append("acme", &job, "w1", token, 0, "too late").await;
@@ -303,7 +303,7 @@ async fn matrix_finalize_from_a_dead_owner_is_409_not_owner(backend: Backend) {
     )
     .await;
     // Taken over by another worker's acquire.
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let dead = app.acquire_token("acme", &job, "w1").await;
     let partial = app.append("acme", &job, "w1", dead, 0, "w1's draft").await;
     assert_eq!(partial.status, 200);
@@ -330,7 +330,7 @@ async fn matrix_finalize_from_a_dead_owner_is_409_not_owner(backend: Backend) {
     assert_eq!(&artifact.body[..], b"w2's report");
 
     // Taken over by a start that stole the expired lease.
-    let job = app.start_id("acme", &health("2026-09"), 202).await;
+    let job = app.start_id("acme", &health("2026-09"), 200).await;
     let dead = app.acquire_token("acme", &job, "w1").await;
     tokio::time::sleep(PAST_SHORT_LEASE).await;
     let stolen = app.start("acme", &health("2026-09")).await;
@@ -342,7 +342,7 @@ async fn matrix_finalize_from_a_dead_owner_is_409_not_owner(backend: Backend) {
 
 async fn matrix_other_tenants_artifact_is_403_tenant_mismatch(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let artifact = format!("/reports/{job}/artifact");
     let not_ready = app.get("acme", &artifact).await;
     assert_eq!(not_ready.status, 409, "{}", text(&not_ready));
@@ -371,15 +371,21 @@ async fn check_1_two_starts_with_one_key_return_one_job(backend: Backend) {
     let aug = health("2026-08");
     let (a, b) = tokio::join!(app.start("acme", &aug), app.start("acme", &aug));
     assert_eq!(a.json()["job_id"], b.json()["job_id"]);
-    let mut statuses = [a.status.as_u16(), b.status.as_u16()];
-    statuses.sort();
-    assert_eq!(statuses, [200, 202], "one creates, one joins");
+    assert_eq!((a.status.as_u16(), b.status.as_u16()), (200, 200));
+    let mut flags =
+        [a.json(), b.json()].map(|body| (body["created"] == true, body["join"] == true));
+    flags.sort();
+    assert_eq!(
+        flags,
+        [(false, true), (true, false)],
+        "one creates, one joins"
+    );
     assert_eq!(app.created(), 1);
 }
 
 async fn check_2_a_live_lease_rejects_a_foreign_finalize_with_409(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     // The layer's own lease (token 1, owner reports-api), before any worker.
     let foreign = app
         .worker("acme", &job, "finalize", "w2", 1, "forged")
@@ -415,13 +421,13 @@ async fn check_3_an_expired_lease_is_stolen_once_by_50_concurrent_starts(backend
         },
     )
     .await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
 
     let replies = app.start_all("acme", vec![health("2026-08"); 50]).await;
     let stolen = replies
         .iter()
-        .filter(|r| r.status == 202 && r.json()["stolen"] == true)
+        .filter(|r| r.status == 200 && r.json()["stolen"] == true)
         .count();
     let joined = replies
         .iter()
@@ -438,7 +444,7 @@ async fn check_3_an_expired_lease_is_stolen_once_by_50_concurrent_starts(backend
 
 async fn check_4_a_reconnect_reads_the_cursor_and_inserts_nothing(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     for (seq, chunk) in ["alpha ", "beta ", "gamma ", "delta "].iter().enumerate() {
         let reply = app
@@ -509,7 +515,7 @@ async fn check_4_a_reconnect_reads_the_cursor_and_inserts_nothing(backend: Backe
 
 async fn check_5_download_checks_the_session_tenant(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     app.append("acme", &job, "w1", token, 0, "secret").await;
     app.worker("acme", &job, "finalize", "w1", token, "").await;
@@ -581,7 +587,7 @@ async fn check_6_the_http_path_behaves_as_the_in_process_one(backend: Backend) {
     let Ok(StartOutcome::Created(job, _)) = store.start(&start).await else {
         panic!("created")
     };
-    assert_eq!(codes[0], 202);
+    assert_eq!(codes[0], 200);
     assert!(matches!(
         store.start(&start).await,
         Ok(StartOutcome::Joined(_))

@@ -19,7 +19,7 @@ for_each_store! {
 
 async fn events_resume_after_last_event_id_and_end_with_done_or_failed(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     for (seq, chunk) in ["a\n", "b\r\n", "c \"quoted\"", "d"].iter().enumerate() {
         app.append_ok("acme", &job, "w1", token, seq as u64, chunk)
@@ -60,7 +60,7 @@ async fn events_resume_after_last_event_id_and_end_with_done_or_failed(backend: 
     assert_eq!(bad.code(), "invalid_last_event_id");
 
     // A failed job ends its stream with `failed`.
-    let other = app.start_id("acme", &health("2026-09"), 202).await;
+    let other = app.start_id("acme", &health("2026-09"), 200).await;
     let token = app.acquire_token("acme", &other, "w1").await;
     app.append_ok("acme", &other, "w1", token, 0, "partial")
         .await;
@@ -79,7 +79,7 @@ async fn events_resume_after_last_event_id_and_end_with_done_or_failed(backend: 
 /// is refused, with a stale one the reader is reset.
 async fn resume_positions_carry_their_attempt(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     app.append_ok("acme", &job, "w1", token, 0, "zero ").await;
     app.append_ok("acme", &job, "w1", token, 1, "one").await;
@@ -160,7 +160,7 @@ async fn resume_positions_carry_their_attempt(backend: Backend) {
 /// sequence numbers alone would hand it w2's chunk 2 after w1's 0 and 1.
 async fn a_takeover_never_splices_two_attempts_by_cursor_or_sse(backend: Backend) {
     let app = short_lease_demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let w1 = app.acquire_token("acme", &job, "w1").await;
     app.append_ok("acme", &job, "w1", w1, 0, "w1-0 ").await;
     app.append_ok("acme", &job, "w1", w1, 1, "w1-1 ").await;
@@ -257,7 +257,7 @@ async fn a_takeover_never_splices_two_attempts_by_cursor_or_sse(backend: Backend
 /// A takeover by `POST /reports/start` (a steal) is a new attempt too.
 async fn a_start_that_steals_the_job_resets_its_readers(backend: Backend) {
     let app = short_lease_demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let w1 = app.acquire_token("acme", &job, "w1").await;
     app.append_ok("acme", &job, "w1", w1, 0, "old zero ").await;
     app.append_ok("acme", &job, "w1", w1, 1, "old one").await;
@@ -303,7 +303,7 @@ async fn handing_a_queued_job_to_a_worker_is_not_a_new_attempt_even_after_the_st
     backend: Backend,
 ) {
     let app = short_lease_demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     tokio::time::sleep(PAST_SHORT_LEASE).await;
     assert_eq!(app.job("acme", &job).await["status"], "queued");
     app.acquire_token("acme", &job, "w1").await;

@@ -20,7 +20,7 @@ for_each_store! {
 
 async fn appends_are_numbered_a_repeat_is_a_no_op_and_a_gap_is_409(backend: Backend) {
     let app = demo(&backend).await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let token = app.acquire_token("acme", &job, "w1").await;
     let first = app.append("acme", &job, "w1", token, 0, "one ").await;
     assert_eq!(first.status, 200, "{}", text(&first));
@@ -44,7 +44,8 @@ async fn appends_are_numbered_a_repeat_is_a_no_op_and_a_gap_is_409(backend: Back
     );
     assert_eq!(app.job("acme", &job).await["cursor_len"], 7);
 
-    // Malformed worker requests.
+    // Writes without a lease: refused as a stale lease is (the caller does
+    // not hold it), never as a malformed request.
     let path = format!("/reports/{job}/append");
     let no_worker = app
         .client
@@ -54,7 +55,8 @@ async fn appends_are_numbered_a_repeat_is_a_no_op_and_a_gap_is_409(backend: Back
             "{}",
         )
         .await;
-    assert_eq!(no_worker.code(), "worker_id_required");
+    assert_eq!(no_worker.status, 409);
+    assert_eq!(no_worker.code(), "lease_lost");
     let no_token = app
         .client
         .post_json(
@@ -63,8 +65,29 @@ async fn appends_are_numbered_a_repeat_is_a_no_op_and_a_gap_is_409(backend: Back
             "{}",
         )
         .await;
-    assert_eq!(no_token.status, 400);
-    assert_eq!(no_token.code(), "lease_token_required");
+    assert_eq!(no_token.status, 409);
+    assert_eq!(no_token.code(), "lease_lost");
+    for (end, headers) in [
+        ("finalize", vec![]),
+        ("finalize", vec![("x-worker-id", "w1")]),
+        ("fail", vec![("x-lease-token", "1")]),
+        (
+            "finalize",
+            vec![("x-worker-id", "w1"), ("x-lease-token", "one")],
+        ),
+    ] {
+        let mut headers = headers;
+        headers.push(("authorization", "Bearer acme"));
+        let refused = app
+            .client
+            .post_json(&format!("/reports/{job}/{end}"), &headers, "")
+            .await;
+        assert_eq!(
+            (refused.status.as_u16(), refused.code().as_str()),
+            (409, "not_owner")
+        );
+        assert_eq!(refused.json()["detail"], "not_owner");
+    }
     let bad_body = app
         .worker("acme", &job, "append", "w1", token, r#"{"seq":-1}"#)
         .await;
@@ -100,7 +123,7 @@ async fn built_in_worker_completes_the_job_and_the_artifact_is_the_cursor(backen
         },
     )
     .await;
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     // Follow it live from the start, as the chat panel would.
     let events = parse_sse(&app.events("acme", &job, None).await.body);
     assert_eq!(chunk_ids(&events), [(1, 0), (1, 1), (1, 2), (1, 3), (1, 4)]);
@@ -146,12 +169,12 @@ async fn the_stale_sweep_fails_an_abandoned_job_and_the_next_start_creates_anew(
     .await;
     let store = AnyJobStore::new(app.store.clone());
     let sweeper = app::spawn_stale_sweep(store, Duration::from_millis(100));
-    let job = app.start_id("acme", &health("2026-08"), 202).await;
+    let job = app.start_id("acme", &health("2026-08"), 200).await;
     let body = app.wait_for_status("acme", &job, "failed").await;
     assert_eq!(body["error_code"], "stale");
     let acquire = app.acquire("acme", &job, "w1").await;
     assert_eq!(acquire.status, 409, "an ended job is left alone");
-    let next = app.start_id("acme", &health("2026-08"), 202).await;
+    let next = app.start_id("acme", &health("2026-08"), 200).await;
     assert_ne!(next, job, "a failed job is not revived: a new one starts");
     sweeper.abort();
 }

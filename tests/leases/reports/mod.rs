@@ -286,6 +286,13 @@ pub fn health(period: &str) -> String {
     report("customer_health", period)
 }
 
+/// A start that created or stole its job: the start table's `200` with
+/// `created` (or `stolen`) in the body.
+pub fn started(reply: &Reply) -> bool {
+    let body = reply.json();
+    reply.status == 200 && (body["created"] == true || body["stolen"] == true)
+}
+
 impl Demo {
     pub async fn start(&self, tenant: &str, body: &str) -> Reply {
         let auth = bearer(tenant);
