@@ -24,7 +24,8 @@ use tokio_postgres::Row;
 ///   columns (never a string joined from them) of jobs that have not failed,
 ///   and `start` serialised per job by a
 ///   transaction-scoped advisory lock (per tenant too when a budget applies, so
-///   concurrent starts cannot overshoot it).
+///   concurrent starts cannot overshoot it; `acquire` takes the tenant's lock
+///   too, so reviving an expired job cannot either).
 /// - **Database clock only**: leases expire at `now() + interval`; every liveness
 ///   check compares with `now()` in SQL.
 /// - **Fenced writes**: heartbeat, append, finalize and fail match the job's
