@@ -78,7 +78,8 @@ pub(super) async fn acquire(
             error(
                 StatusCode::CONFLICT,
                 "not_available",
-                "the job has ended or another worker holds a live lease",
+                "the job has ended, another worker holds a live lease, \
+                 or the allowance has no room to revive it",
             )
             .with("status", job.status.as_str())
         })?;

@@ -19,6 +19,54 @@ for_each_store! {
     #[tokio::test] a_token_cap_reserves_each_reports_estimate_and_429_says_when_it_resets,
     #[tokio::test] a_failed_providers_job_returns_its_tokens,
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)] concurrent_weighted_starts_cannot_overshoot_the_cap,
+    #[tokio::test] an_expired_job_is_not_acquired_past_the_allowance,
+}
+
+/// `REPORT_ALLOWANCE=1`: January's job expires unswept and stops counting,
+/// so February's is admitted; a worker then asking for January is refused
+/// while February holds the month's one job, and only one report completes.
+async fn an_expired_job_is_not_acquired_past_the_allowance(backend: Backend) {
+    let opts = Opts {
+        lease: SHORT_LEASE,
+        budget: Some(Budget::per_month(1)),
+        ..Opts::default()
+    };
+    let app = demo_with(&backend, opts).await;
+    let tenant = "acme";
+    let jan = app.start_id(tenant, &health("2026-01"), 202).await;
+    tokio::time::sleep(PAST_SHORT_LEASE).await;
+    let feb = app.start_id(tenant, &health("2026-02"), 202).await;
+    let feb_token = app.acquire_token(tenant, &feb, "w-feb").await;
+    let revived = app.acquire(tenant, &jan, "w-jan").await;
+    // February's lease is only extended by its heartbeats: live now, it was
+    // live when January was asked for.
+    let feb_live = app
+        .worker(tenant, &feb, "heartbeat", "w-feb", feb_token, "")
+        .await;
+    if feb_live.status == 200 {
+        assert_eq!(revived.status, 409, "{}", text(&revived));
+        assert_eq!(revived.code(), "not_available");
+    }
+    let mut completed = Vec::new();
+    if revived.status == 200 {
+        let token = revived.json()["token"].as_i64().unwrap();
+        let done = app
+            .worker(tenant, &jan, "finalize", "w-jan", token, "jan")
+            .await;
+        if done.status == 200 {
+            completed.push("2026-01");
+        }
+    }
+    let done = app
+        .worker(tenant, &feb, "finalize", "w-feb", feb_token, "feb")
+        .await;
+    if done.status == 200 {
+        completed.push("2026-02");
+    }
+    assert!(
+        completed.len() <= 1,
+        "an allowance of 1 completed {completed:?}"
+    );
 }
 
 /// `REPORT_TOKEN_CAP=2000`: a health report reserves 1200 tokens, a usage

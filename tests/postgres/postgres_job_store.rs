@@ -149,8 +149,8 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
         .collect();
     assert_eq!(
         versions,
-        [1, 2, 3],
-        "adopted as version 1, upgraded by 2 and 3"
+        [1, 2, 3, 4],
+        "adopted as version 1, upgraded by 2, 3 and 4"
     );
     assert_eq!(done.cost, 1, "jobs of before cost one unit each");
     let start = StartJob {
@@ -615,6 +615,7 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
             ("jobs".into(), 1),
             ("jobs".into(), 2),
             ("jobs".into(), 3),
+            ("jobs".into(), 4),
             ("records".into(), 1),
             ("records".into(), 2),
             ("records".into(), 3)

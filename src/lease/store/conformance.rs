@@ -816,6 +816,92 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: 
     assert!(store.job(&tenant, &done.job_id).await.unwrap().is_some());
 }
 
+/// Needs a store with [`SHORT`] leases.
+///
+/// An expired job no longer counts, so another start takes its place in the
+/// budget; a worker's `acquire` then revives it only if the budget still has
+/// room, whether the job was queued (a hand-over) or running (a takeover).
+/// Never two completed jobs under `per_month(1)`.
+#[doc(hidden)]
+pub async fn acquire_revives_an_expired_job_only_within_the_budget<S: FullJobStore>(store: S) {
+    let budget = Some(Budget::per_month(1));
+    // One tenant whose job A is still queued, one whose A a worker was running.
+    let (queued, running) = (unique("acme"), unique("globex"));
+    let mut expired = Vec::new();
+    for (tenant, picked_up) in [(&queued, false), (&running, true)] {
+        let StartOutcome::Created(_, a) = start(&store, tenant, "r:2026-01", "api", budget).await
+        else {
+            panic!("A is the month's one job")
+        };
+        if picked_up {
+            store
+                .acquire(&a.job_id, "w1")
+                .await
+                .unwrap()
+                .expect("queued");
+        }
+        expired.push((tenant, a));
+    }
+    expire(SHORT).await;
+    for (tenant, a) in expired {
+        // A's lease expired and nobody swept it: it no longer counts, B is admitted.
+        let StartOutcome::Created(_, b) = start(&store, tenant, "r:2026-02", "api", budget).await
+        else {
+            panic!("an expired job does not count: B is admitted")
+        };
+        let revived = store.acquire(&a.job_id, "w2").await.unwrap();
+        // B's lease is only extended by a heartbeat: live now, it was live
+        // when A was asked for, and held the month's one unit.
+        if store.heartbeat(&b).await.is_ok() {
+            assert!(
+                revived.is_none(),
+                "{tenant}: acquire revived A while B holds the budget"
+            );
+        }
+        let mut completed = Vec::new();
+        if let Some(worker) = &revived {
+            if store
+                .finalize(worker, Bytes::from_static(b"a"))
+                .await
+                .is_ok()
+            {
+                completed.push("A");
+            }
+        }
+        if store.finalize(&b, Bytes::from_static(b"b")).await.is_ok() {
+            completed.push("B");
+        }
+        assert!(
+            completed.len() <= 1,
+            "{tenant}: per_month(1) completed {completed:?}"
+        );
+        // With one delivered, A stays where it is: nothing revives it this month.
+        if !completed.is_empty() {
+            assert!(store.acquire(&a.job_id, "w3").await.unwrap().is_none());
+        }
+    }
+    // With room in the budget, an expired job is acquired, and counts again.
+    let tenant = unique("initech");
+    let StartOutcome::Created(_, a) = start(&store, &tenant, "r:2026-01", "api", budget).await
+    else {
+        panic!("A is the month's one job")
+    };
+    expire(SHORT).await;
+    let worker = store
+        .acquire(&a.job_id, "w1")
+        .await
+        .unwrap()
+        .expect("the budget has room: A is handed over");
+    store
+        .finalize(&worker, Bytes::from_static(b"a"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        start(&store, &tenant, "r:2026-02", "api", budget).await,
+        StartOutcome::BudgetExhausted(_)
+    ));
+}
+
 /// Conformance check: concurrent starts cannot overshoot the budget.
 #[doc(hidden)]
 pub async fn concurrent_starts_cannot_overshoot_the_budget<S: FullJobStore>(store: S) {
@@ -868,6 +954,7 @@ macro_rules! job_store_conformance_tests {
             a_queued_job_is_handed_over_as_the_same_attempt_even_after_expiry,
             stale_sweep_fails_abandoned_jobs_only,
             budget_counts_delivered_and_live_jobs_only,
+            acquire_revives_an_expired_job_only_within_the_budget,
             an_expired_job_is_never_stolen_by_another_tenant,
         );
         $crate::job_store_conformance_tests!(@tests $factory, FOREVER:

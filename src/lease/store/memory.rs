@@ -62,6 +62,9 @@ struct Entry {
     chunks: Vec<Bytes>,
     artifact: Option<Bytes>,
     budget_reset: bool,
+    /// The budget of the start that created or stole the job, which an
+    /// `acquire` reviving it checks again.
+    budget: Option<Budget>,
     /// When the job completed or failed.
     ended_at: Option<Instant>,
 }
@@ -338,6 +341,7 @@ impl JobStore for MemoryJobStore {
             entry.chunks.clear();
             entry.period_start = today;
             entry.budget_reset = false;
+            entry.budget = request.budget;
             entry.job.cost = request.cost;
             return Ok(StartOutcome::Stolen(entry.job.clone(), grant));
         }
@@ -369,6 +373,7 @@ impl JobStore for MemoryJobStore {
                 chunks: Vec::new(),
                 artifact: None,
                 budget_reset: false,
+                budget: request.budget,
                 ended_at: None,
             },
         );
@@ -385,14 +390,18 @@ impl JobStore for MemoryJobStore {
         job_id: &str,
         owner: &str,
     ) -> Result<Option<LeaseGrant>, JobStoreError> {
-        let now = Instant::now();
         let mut state = self.state();
+        // The clock is read under the lock: a lease that expired while this
+        // call waited for it was not counted by the start that held it.
+        let now = Instant::now();
+        let today = PeriodStarts::of(SystemTime::now());
         let Some(entry) = state.jobs.get(job_id) else {
             return Ok(None);
         };
+        let expired = entry.lease_expires <= now;
         // Only a running job under an expired lease is a takeover; a queued job
         // is handed over as it is, whatever its starter's lease says.
-        let expired = entry.job.status == JobStatus::Running && entry.lease_expires <= now;
+        let takeover = entry.job.status == JobStatus::Running && expired;
         let available = match entry.job.status {
             JobStatus::Queued => true,
             JobStatus::Running => expired,
@@ -401,9 +410,22 @@ impl JobStore for MemoryJobStore {
         if !available {
             return Ok(None);
         }
+        // An expired job stopped counting, and other starts may have taken
+        // its place: reviving it is a new reservation, in today's period, as
+        // a steal's is.
+        if let (true, Some(budget)) = (expired, entry.budget) {
+            let counted = state.counted(&entry.job.tenant, budget, now, today);
+            if counted.saturating_add(entry.job.cost) > budget.allowance {
+                return Ok(None);
+            }
+        }
         let grant = state.grant(job_id, owner, now + self.shared.lease);
         let entry = state.jobs.get_mut(job_id).expect("present");
         if expired {
+            entry.period_start = today;
+            entry.budget_reset = false;
+        }
+        if takeover {
             // A dead worker's partial cursor never becomes part of the result.
             entry.job.attempt += 1;
             entry.chunks.clear();

@@ -118,6 +118,14 @@ pub struct LeaseGrant {
 /// Completed jobs and in-flight jobs under a live lease count; failed jobs,
 /// stale in-flight jobs, and jobs an operator reset do not: the allowance
 /// counts delivered work.
+///
+/// A job whose lease expired stops counting at once (other starts may take
+/// its place), so whatever revives it reserves its cost again, in the current
+/// period, under the same lock as the tenant's starts: a start stealing it
+/// checks the start's budget, and [`JobStore::acquire`] the budget the job was
+/// started under, refusing the job while the allowance has no room. Admitting
+/// and reviving are one decision, so no period ever delivers more than its
+/// allowance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
     /// Units allowed per period.
@@ -349,6 +357,14 @@ pub trait JobStore: Send + Sync + 'static {
     /// Hands a queued job (or one whose lease expired) to `owner`, marking it
     /// running with a new token. `None` when the job has ended, is unknown, or
     /// another worker holds a live lease: the caller does nothing.
+    ///
+    /// A job whose lease expired no longer counts against its [`Budget`], so
+    /// handing it over is a new reservation: checked against the budget it
+    /// was started (or last stolen) under, in the current period, as one
+    /// decision with the tenant's starts; `None` while that leaves no room
+    /// (the job stays as it was, for the stale sweep or a later start). A
+    /// queued job whose starter's lease is live keeps its reservation and is
+    /// handed over as it is.
     fn acquire(
         &self,
         job_id: &str,

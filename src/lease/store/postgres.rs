@@ -24,7 +24,8 @@ use tokio_postgres::Row;
 ///   columns (never a string joined from them) of jobs that have not failed,
 ///   and `start` serialised per job by a
 ///   transaction-scoped advisory lock (per tenant too when a budget applies, so
-///   concurrent starts cannot overshoot it).
+///   concurrent starts cannot overshoot it; `acquire` takes the tenant's lock
+///   too, so reviving an expired job cannot either).
 /// - **Database clock only**: leases expire at `now() + interval`; every liveness
 ///   check compares with `now()` in SQL.
 /// - **Fenced writes**: heartbeat, append, finalize and fail match the job's
@@ -271,6 +272,11 @@ impl JobStore for PostgresJobStore {
                     }
                 }
                 let cost = i64::try_from(request.cost).unwrap_or(i64::MAX);
+                // Kept with the job, for an `acquire` that revives it.
+                let allowance = request
+                    .budget
+                    .map(|b| i64::try_from(b.allowance).unwrap_or(i64::MAX));
+                let period = request.budget.map(period_unit);
                 if let Some(budget) = request.budget {
                     // The reservation and the creation are one decision: this
                     // transaction holds the tenant's budget lock until it commits.
@@ -298,7 +304,10 @@ impl JobStore for PostgresJobStore {
                     Some(row) => {
                         let job_id: String = row.try_get("job_id").map_err(backend)?;
                         let stolen = tx
-                            .query_one(&sql.steal, &[&job_id, &request.owner, &cost])
+                            .query_one(
+                                &sql.steal,
+                                &[&job_id, &request.owner, &cost, &allowance, &period],
+                            )
                             .await
                             .map_err(backend)?;
                         let job = decode_job(&stolen)?;
@@ -315,6 +324,8 @@ impl JobStore for PostgresJobStore {
                                     &request.key,
                                     &request.owner,
                                     &cost,
+                                    &allowance,
+                                    &period,
                                 ],
                             )
                             .await
@@ -338,16 +349,58 @@ impl JobStore for PostgresJobStore {
         self.inner
             .settings
             .timed(OPERATION, async {
-                let rows = self
-                    .query(&self.inner.sql.acquire, &[&job_id, &owner])
-                    .await?;
-                let Some(row) = rows.first() else {
+                let sql = &self.inner.sql;
+                let mut client = self.client().await?;
+                let tx = client.transaction().await.map_err(backend)?;
+                let Some(row) = tx
+                    .query_opt(&sql.acquire_tenant, &[&job_id])
+                    .await
+                    .map_err(backend)?
+                else {
                     return Ok(None);
                 };
+                let tenant: String = row.try_get(0).map_err(backend)?;
+                // The tenant's budget lock, as its starts take it: reviving an
+                // expired job and admitting another start are one decision.
+                tx.execute(&sql.budget_lock, &[&tenant])
+                    .await
+                    .map_err(backend)?;
+                let Some(old) = tx
+                    .query_opt(&sql.acquire_lock, &[&job_id])
+                    .await
+                    .map_err(backend)?
+                else {
+                    return Ok(None);
+                };
+                let expired: bool = old.try_get("expired").map_err(backend)?;
+                let allowance: Option<i64> = old.try_get("budget_allowance").map_err(backend)?;
+                let period: Option<String> = old.try_get("budget_period").map_err(backend)?;
+                if let (true, Some(allowance), Some(unit)) = (expired, allowance, period) {
+                    // An expired job stopped counting, and other starts may
+                    // have taken its place: reviving it is a new reservation,
+                    // in this period, as a steal's is.
+                    let cost: i64 = old.try_get("cost").map_err(backend)?;
+                    let counted: i64 = tx
+                        .query_one(&sql.acquire_count, &[&tenant, &unit, &job_id])
+                        .await
+                        .map_err(backend)?
+                        .try_get(0)
+                        .map_err(backend)?;
+                    if counted.saturating_add(cost) > allowance {
+                        return Ok(None);
+                    }
+                }
+                let takeover: bool = old.try_get("takeover").map_err(backend)?;
+                let row = tx
+                    .query_one(&sql.acquire, &[&job_id, &owner, &takeover, &expired])
+                    .await
+                    .map_err(backend)?;
+                let token = FencingToken(row.try_get("lease_token").map_err(backend)?);
+                tx.commit().await.map_err(backend)?;
                 Ok(Some(LeaseGrant {
                     job_id: job_id.to_owned(),
                     owner: owner.to_owned(),
-                    token: FencingToken(row.try_get("lease_token").map_err(backend)?),
+                    token,
                 }))
             })
             .await
@@ -558,9 +611,12 @@ struct JobSql {
     job_lock: String,
     current: String,
     budget_count: String,
+    acquire_count: String,
     budget_reset_at: String,
     create: String,
     steal: String,
+    acquire_tenant: String,
+    acquire_lock: String,
     acquire: String,
     heartbeat: String,
     append: String,
@@ -590,6 +646,11 @@ impl JobSql {
         let live = "status IN ('queued', 'running') AND lease_expires_at > now()";
         let fenced = "job_id = $1 AND lease_owner = $2 AND lease_token = $3";
         let period_start = "date_trunc($2, now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'";
+        let budget_count = format!(
+            "SELECT coalesce(sum(cost), 0)::bigint FROM {t} WHERE tenant = $1 AND NOT budget_reset \
+             AND period_started_at >= {period_start} \
+             AND (status = 'complete' OR ({live}))"
+        );
         Self {
             migrations: vec![
                 // 1: the first release, keyed by one joined string (adopted
@@ -646,6 +707,13 @@ CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'fai
                 // 3: weighted budgets. Every job reserves its cost in units
                 // (1 for the jobs of before, which counted one each).
                 format!(r#"ALTER TABLE {t} ADD COLUMN cost bigint NOT NULL DEFAULT 1;"#),
+                // 4: the budget a job was started under, which an `acquire`
+                // reviving it checks again (NULL: none, as for the jobs of
+                // before, which an `acquire` hands over unchecked).
+                format!(
+                    r#"ALTER TABLE {t} ADD COLUMN budget_allowance bigint,
+    ADD COLUMN budget_period text CHECK (budget_period IN ('day', 'month'));"#
+                ),
             ],
             // Lock keys are hashes, chained over the separate fields; a collision
             // only serialises two starts, the job itself is found column by column.
@@ -657,11 +725,10 @@ CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'fai
                 "SELECT {JOB_COLUMNS}, lease_token, ({live}) AS live FROM {t} \
                  WHERE tenant = $1 AND kind = $2 AND key = $3 AND status <> 'failed'"
             ),
-            budget_count: format!(
-                "SELECT coalesce(sum(cost), 0)::bigint FROM {t} WHERE tenant = $1 AND NOT budget_reset \
-                 AND period_started_at >= {period_start} \
-                 AND (status = 'complete' OR ({live}))"
-            ),
+            // The job an `acquire` revives is not counted, however late
+            // its lease ran out after the transaction's start.
+            acquire_count: format!("{budget_count} AND job_id <> $3"),
+            budget_count,
             // The first instant of the next UTC day or month, on the database clock.
             budget_reset_at: "SELECT to_char(next, 'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"'), \
                  ceil(extract(epoch FROM (next AT TIME ZONE 'UTC') - now()))::bigint \
@@ -670,8 +737,8 @@ CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'fai
                 .to_owned(),
             create: format!(
                 "INSERT INTO {t} (tenant, kind, key, status, lease_owner, lease_token, \
-                 lease_expires_at, cost) \
-                 VALUES ($1, $2, $3, 'queued', $4, nextval('{seq}'), {expires}, $5) \
+                 lease_expires_at, cost, budget_allowance, budget_period) \
+                 VALUES ($1, $2, $3, 'queued', $4, nextval('{seq}'), {expires}, $5, $6, $7) \
                  RETURNING {JOB_COLUMNS}, lease_token"
             ),
             // The dead worker's partial cursor is dropped with its lease.
@@ -679,26 +746,43 @@ CREATE INDEX "{ended_idx}" ON {t} (updated_at) WHERE status IN ('complete', 'fai
                 "WITH gone AS (DELETE FROM {chunks_table} WHERE job_id = $1) \
                  UPDATE {t} SET status = 'queued', lease_owner = $2, \
                  lease_token = nextval('{seq}'), lease_expires_at = {expires}, next_seq = 0, \
-                 attempt = attempt + 1, cost = $3, \
+                 attempt = attempt + 1, cost = $3, budget_allowance = $4, budget_period = $5, \
                  cursor_len = 0, budget_reset = false, period_started_at = now(), \
                  updated_at = now() \
                  WHERE job_id = $1 AND status IN ('queued', 'running') \
                  AND lease_expires_at <= now() \
                  RETURNING {JOB_COLUMNS}, lease_token"
             ),
-            acquire: format!(
-                "WITH old AS (SELECT job_id, status = 'running' AS expired FROM {t} \
+            acquire_tenant: format!(
+                "SELECT tenant FROM {t} WHERE job_id = $1 AND status IN ('queued', 'running')"
+            ),
+            // After the budget lock: expiry on the clock of now, not of the
+            // transaction's start, since a lease that expired while this
+            // waited was not counted by the start that held the lock. Only a
+            // running job under an expired lease is a takeover; a queued job
+            // is handed over as it is, whatever its starter's lease says.
+            acquire_lock: format!(
+                "SELECT lease_expires_at <= at AS expired, \
+                 status = 'running' AND lease_expires_at <= at AS takeover, \
+                 cost, budget_allowance, budget_period \
+                 FROM {t} j, (SELECT clock_timestamp() AS at) c \
                  WHERE job_id = $1 AND (status = 'queued' \
-                 OR (status = 'running' AND lease_expires_at <= now())) FOR UPDATE), \
-                 gone AS (DELETE FROM {chunks_table} c USING old \
-                 WHERE old.expired AND c.job_id = old.job_id) \
-                 UPDATE {t} j SET status = 'running', lease_owner = $2, \
-                 lease_token = nextval('{seq}'), lease_expires_at = {expires}, \
-                 next_seq = CASE WHEN old.expired THEN 0 ELSE j.next_seq END, \
-                 attempt = CASE WHEN old.expired THEN j.attempt + 1 ELSE j.attempt END, \
-                 cursor_len = CASE WHEN old.expired THEN 0 ELSE j.cursor_len END, \
+                 OR (status = 'running' AND lease_expires_at <= at)) FOR UPDATE OF j"
+            ),
+            // $3: a takeover, whose dead worker's cursor goes; $4: the lease
+            // had expired, so the job is reserved again in this period.
+            acquire: format!(
+                "WITH gone AS (DELETE FROM {chunks_table} WHERE job_id = $1 AND $3) \
+                 UPDATE {t} SET status = 'running', lease_owner = $2, \
+                 lease_token = nextval('{seq}'), \
+                 lease_expires_at = clock_timestamp() + interval '{lease_ms} milliseconds', \
+                 next_seq = CASE WHEN $3 THEN 0 ELSE next_seq END, \
+                 attempt = CASE WHEN $3 THEN attempt + 1 ELSE attempt END, \
+                 cursor_len = CASE WHEN $3 THEN 0 ELSE cursor_len END, \
+                 period_started_at = CASE WHEN $4 THEN now() ELSE period_started_at END, \
+                 budget_reset = budget_reset AND NOT $4, \
                  updated_at = now() \
-                 FROM old WHERE j.job_id = old.job_id RETURNING j.lease_token"
+                 WHERE job_id = $1 RETURNING lease_token"
             ),
             heartbeat: format!(
                 "UPDATE {t} SET lease_expires_at = {expires}, status = 'running', \
