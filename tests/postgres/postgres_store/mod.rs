@@ -14,6 +14,7 @@ mod claims;
 mod layer;
 mod near_cache;
 mod outages;
+mod purge_running;
 mod retention;
 mod schema;
 mod single_flight;
