@@ -135,19 +135,19 @@ impl std::fmt::Debug for PostgresRecordTransaction {
 /// the first byte of a transaction until its end is known. Dropped while it
 /// holds one (a cancelled future, an error), it closes the connection, which
 /// rolls back whatever was open; only [`ended`](Self::ended) pools it again.
-struct Guarded(Option<Object>);
+pub(super) struct Guarded(Option<Object>);
 
 impl Guarded {
-    fn new(connection: Object) -> Self {
+    pub(super) fn new(connection: Object) -> Self {
         Self(Some(connection))
     }
 
-    fn client(&self) -> &Object {
+    pub(super) fn client(&self) -> &Object {
         self.0.as_ref().expect("held until ended")
     }
 
     /// Its transaction is known to have ended: back to the pool.
-    fn ended(mut self) {
+    pub(super) fn ended(mut self) {
         drop(self.0.take());
     }
 }
@@ -175,7 +175,9 @@ async fn begin_locked(
     for _ in 0..super::BEGIN_ATTEMPTS {
         let connection = Guarded::new(inner.client().await?);
         leader.close();
-        let begin = inner.prepare(connection.client(), &inner.sql.begin).await?;
+        let begin = inner
+            .prepare(connection.client(), &inner.sql.begin_locked)
+            .await?;
         inner.count_round_trips(1);
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let (opened, begun) = pipelined(

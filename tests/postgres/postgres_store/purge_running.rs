@@ -18,24 +18,25 @@ fn gated_service(
         true => IdempotencyLayer::transactional(store.clone()),
         false => IdempotencyLayer::new(store.clone()),
     };
-    let service = ServiceBuilder::new()
-        .layer(layer)
-        .service_fn(move |_req: Request<Full<Bytes>>| {
-            let (started, gate) = (started.clone(), gate.clone());
-            runs.fetch_add(1, Ordering::SeqCst);
-            async move {
-                started.notify_one();
-                let gate = gate.lock().await.take();
-                if let Some(gate) = gate {
-                    let _ = gate.await;
+    let service =
+        ServiceBuilder::new()
+            .layer(layer)
+            .service_fn(move |_req: Request<Full<Bytes>>| {
+                let (started, gate) = (started.clone(), gate.clone());
+                runs.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    started.notify_one();
+                    let gate = gate.lock().await.take();
+                    if let Some(gate) = gate {
+                        let _ = gate.await;
+                    }
+                    let response = Response::builder()
+                        .status(StatusCode::CREATED)
+                        .body(Full::new(Bytes::from_static(b"the erased tenant's data")))
+                        .unwrap();
+                    Ok::<_, Infallible>(response)
                 }
-                let response = Response::builder()
-                    .status(StatusCode::CREATED)
-                    .body(Full::new(Bytes::from_static(b"the erased tenant's data")))
-                    .unwrap();
-                Ok::<_, Infallible>(response)
-            }
-        });
+            });
     BoxCloneService::new(service)
 }
 
@@ -68,7 +69,10 @@ async fn until_returned_or_waiting(
         if waiting > 0 {
             return;
         }
-        assert!(Instant::now() < deadline, "the purge neither ran nor waited");
+        assert!(
+            Instant::now() < deadline,
+            "the purge neither ran nor waited"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
