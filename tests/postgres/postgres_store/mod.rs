@@ -18,6 +18,7 @@ mod purge_running;
 mod retention;
 mod schema;
 mod single_flight;
+mod transaction_control;
 mod waiting;
 
 use bytes::Bytes;
