@@ -245,16 +245,22 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         // division by zero), so that the COMMIT pipelined after it rolls back
         // instead: the handler's writes never commit unrecorded. Its waiters are
         // notified by a statement of its own after the commit (see `notify`).
-        let completion = |set: &str, locked: bool| {
-            let select = match locked {
-                true => "SELECT 1 / (SELECT count(*)::int FROM done)",
-                false => "SELECT 1 FROM done",
+        // In the handler's transaction it also checks that it runs in the
+        // transaction that claimed (`xact`, the parameter after the others): a
+        // transaction ended by its handler does not record, whatever ran after.
+        let completion = |set: &str, xact: Option<u8>| {
+            let (select, same_transaction) = match xact {
+                Some(n) => (
+                    "SELECT 1 / (SELECT count(*)::int FROM done)",
+                    format!(" AND txid_current() = ${n}"),
+                ),
+                None => ("SELECT 1 FROM done", String::new()),
             };
             format!(
                 r#"WITH done AS (
     UPDATE {t}
     SET {set}, expires_at = now() + interval '{retention_ms} milliseconds'
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'{same_transaction}
     RETURNING 1
 )
 {select}"#
@@ -262,10 +268,10 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         };
         let response = "state = 'completed', status = $4, headers = $5, body = $6";
         let unavailable = "state = 'unavailable'";
-        let complete = completion(response, false);
-        let complete_locked = completion(response, true);
-        let complete_unavailable = completion(unavailable, false);
-        let complete_locked_unavailable = completion(unavailable, true);
+        let complete = completion(response, None);
+        let complete_locked = completion(response, Some(7));
+        let complete_unavailable = completion(unavailable, None);
+        let complete_locked_unavailable = completion(unavailable, Some(4));
 
         let extend = format!(
             r#"UPDATE {t}
@@ -306,7 +312,7 @@ LIMIT 1"#
         );
 
         let lock_claim = format!(
-            r#"SELECT 1 FROM {t}
+            r#"SELECT txid_current() FROM {t}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
