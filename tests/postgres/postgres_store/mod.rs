@@ -53,6 +53,10 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
 tower_idempotency::store_conformance_tests!(postgres_store);
 tower_idempotency::engine_conformance_tests!(postgres_store);
 
+/// A layer over a handler of `Full` bodies, boxed.
+type OrderService =
+    BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
+
 /// A key in a scope of its own.
 fn fresh_key() -> RecordKey {
     record(&pg::unique_table("tenant"), "key-00000001")

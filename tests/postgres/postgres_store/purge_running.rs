@@ -13,7 +13,7 @@ fn gated_service(
     started: Arc<Notify>,
     gate: Arc<tokio::sync::Mutex<Option<oneshot::Receiver<()>>>>,
     runs: Arc<AtomicUsize>,
-) -> BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible> {
+) -> OrderService {
     let layer = match transactional {
         true => IdempotencyLayer::transactional(store.clone()),
         false => IdempotencyLayer::new(store.clone()),

@@ -6,7 +6,7 @@ use super::*;
 use tokio::sync::{oneshot, Notify};
 
 struct Shop {
-    service: BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>,
+    service: OrderService,
     sql: tokio_postgres::Client,
     orders: String,
     started: Arc<Notify>,
