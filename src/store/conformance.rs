@@ -333,13 +333,15 @@ pub async fn purge_scope_erases_one_tenants_records_only<S: Store + Maintenance>
     assert_eq!(purged, 2);
     // The erased tenant's response is gone: the same request would run anew.
     claim(&store, &done, &fp).await;
-    // Its request still running cannot record afterwards.
+    // Its request still running cannot record afterwards: its completion is
+    // refused, and the same request finds nothing to replay.
     assert!(matches!(
         store
             .complete(&running, running_token, recorded(b"late"))
             .await,
         Err(StoreError::ClaimLost)
     ));
+    claim(&store, &running, &fp).await;
     assert!(matches!(
         store.begin(&other, &fp).await.unwrap(),
         Begin::Replay(_)

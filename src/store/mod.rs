@@ -26,7 +26,10 @@ pub use memory::{MemoryStoreBuilder, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresRecordTransaction, PostgresStoreBuilder, TransactionClient};
+pub use postgres::{
+    PostgresRecordTransaction, PostgresStoreBuilder, TransactionClient, TransactionQuery,
+    TransactionStatement,
+};
 #[cfg(feature = "redis")]
 pub use redis::RedisStoreBuilder;
 

@@ -35,6 +35,7 @@
 //! ```
 
 mod builder;
+mod control;
 #[cfg(feature = "test-util")]
 mod instrumentation;
 pub(crate) mod migrate;
@@ -45,7 +46,10 @@ mod transaction;
 mod wait;
 
 pub use builder::PostgresStoreBuilder;
-pub use transaction::{PostgresRecordTransaction, PostgresTransaction, TransactionClient};
+pub use transaction::{
+    PostgresRecordTransaction, PostgresTransaction, TransactionClient, TransactionQuery,
+    TransactionStatement,
+};
 
 use self::single_flight::{Flights, Leader};
 use self::sql::Sql;

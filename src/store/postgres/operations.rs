@@ -2,7 +2,8 @@
 
 use super::single_flight::{Join, Landed};
 use super::sql::PURGE_BATCH;
-use super::{PostgresStore, OPERATION};
+use super::transaction::Guarded;
+use super::{backend, pipelined, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::encoding::{encode_headers, key_id};
 use crate::store::near_cache::Completed;
@@ -144,15 +145,37 @@ impl Maintenance for PostgresStore {
 
     async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
         let inner = &self.inner;
-        let client = inner.settings.timed(OPERATION, inner.client()).await?;
         let name = scope.as_str();
+        // One transaction holding the scope's lock exclusive: it waits for the
+        // scope's transactional requests still running (their claims are rows
+        // only they see until they commit), and the scope's new transactional
+        // claims answer "in progress" until it ends. Read committed, so that
+        // each DELETE sees what committed while it waited. The server gives up
+        // waiting when this call does: `lock_timeout` is the operation timeout.
+        let lock_timeout = inner.settings.operation_timeout().as_millis().max(1);
+        let open = format!(
+            "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL lock_timeout = {lock_timeout}"
+        );
+        let connection = Guarded::new(inner.settings.timed(OPERATION, inner.client()).await?);
+        let client = connection.client();
+        inner
+            .settings
+            .timed(OPERATION, async {
+                let lock = inner.prepare(client, &inner.sql.lock_scope).await?;
+                inner.count_round_trips(1);
+                let (opened, locked) =
+                    pipelined(client.batch_execute(&open), client.query(&lock, &[&name])).await;
+                opened.map_err(backend)?;
+                locked.map_err(backend).map(drop)
+            })
+            .await?;
         let mut purged = 0;
         loop {
             let deleted = inner
                 .settings
                 .timed(
                     OPERATION,
-                    inner.execute(&client, &inner.sql.purge_scope, &[&name]),
+                    inner.execute(client, &inner.sql.purge_scope, &[&name]),
                 )
                 .await?;
             purged += deleted;
@@ -160,6 +183,13 @@ impl Maintenance for PostgresStore {
                 break;
             }
         }
+        inner
+            .settings
+            .timed(OPERATION, async {
+                inner.count_round_trips(1);
+                client.batch_execute("COMMIT").await.map_err(backend)
+            })
+            .await?;
         // Here at once; on the other instances when the notification arrives
         // (each forgets every record it keeps near: purges are rare).
         if let Some(cache) = &inner.near_cache {
@@ -169,9 +199,10 @@ impl Maintenance for PostgresStore {
             .settings
             .timed(
                 OPERATION,
-                inner.execute(&client, &inner.sql.notify_purge, &[]),
+                inner.execute(client, &inner.sql.notify_purge, &[]),
             )
             .await?;
+        connection.ended();
         Ok(purged)
     }
 }

@@ -43,6 +43,9 @@ fn millis(d: Duration) -> u64 {
 pub(super) struct Sql {
     pub(super) migrations: Vec<String>,
     pub(super) begin: String,
+    /// `begin` in transactional mode: also takes the scope's lock, shared,
+    /// for the transaction's life, and returns the transaction's id.
+    pub(super) begin_locked: String,
     pub(super) complete: String,
     pub(super) extend: String,
     pub(super) complete_unavailable: String,
@@ -53,6 +56,8 @@ pub(super) struct Sql {
     pub(super) complete_locked: String,
     pub(super) purge: String,
     pub(super) purge_scope: String,
+    /// Takes the scope's lock, exclusive, for the purge's transaction.
+    pub(super) lock_scope: String,
     pub(super) listen: String,
     /// The channel of the store's wake-ups.
     pub(super) channel: String,
@@ -97,6 +102,20 @@ impl Sql {
         let try_lock = format!(
             "pg_try_advisory_xact_lock(hashtextextended($2, hashtextextended($1, {lock_seed})))"
         );
+        // The scope's lock (seeded apart from the keys'). A transactional
+        // claim holds it shared until its transaction ends, since its row is
+        // invisible to anyone else until then; `purge_scope` takes it
+        // exclusive, so it waits for the scope's running transactions and
+        // their records are there to delete, and a transactional claim made
+        // meanwhile answers "in progress" (it never waits for it). Plain
+        // claims are committed rows a purge sees; they never take it.
+        let scope_seed = i64::from_str_radix(
+            &super::hex_sha256(format!("{t} scope").as_bytes())[..15],
+            16,
+        )
+        .expect("hex digits");
+        let scope_lock = format!("hashtextextended($1, {scope_seed})");
+        let try_scope = format!("pg_try_advisory_xact_lock_shared({scope_lock})");
 
         // Numbered migrations (see `migrate`); the first one adopts a table
         // created before versions were recorded.
@@ -161,9 +180,14 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         // one commit records both. Zero rows come back only when a concurrent
         // transaction committed a live row after this statement's snapshot; the caller
         // then runs the statement again (in a new transaction, in transactional mode).
-        let begin = format!(
-            r#"WITH held AS (
-    SELECT NOT {try_lock} AS held
+        let begin_statement = |locked: bool| {
+            let (held, xact) = match locked {
+                true => (format!("{try_scope} AND {try_lock}"), "txid_current()"),
+                false => (try_lock.clone(), "NULL::bigint"),
+            };
+            format!(
+                r#"WITH held AS (
+    SELECT NOT ({held}) AS held
 ), live AS (
     SELECT fingerprint = $3 AS same, state = 'completed' AS done,
            state = 'unavailable' AS unavailable, status, headers, body,
@@ -194,7 +218,7 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
 )
 SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
        NULL::bytea AS headers, NULL::bytea AS body, NULL::bigint AS remaining,
-       attempt, previous_token, previous_created_at
+       attempt, previous_token, previous_created_at, {xact} AS xact
 FROM claimed
 UNION ALL
 SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
@@ -204,30 +228,39 @@ SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
        CASE WHEN same AND done THEN headers END,
        CASE WHEN same AND done THEN body END,
        CASE WHEN same AND (done OR unavailable) THEN remaining END,
-       NULL::integer, NULL::bigint, NULL::timestamptz
+       NULL::integer, NULL::bigint, NULL::timestamptz, NULL::bigint
 FROM live
 UNION ALL
-SELECT 'in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+SELECT 'in_progress', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE NOT EXISTS (SELECT 1 FROM live)
   AND ((EXISTS (SELECT 1 FROM expired) AND NOT EXISTS (SELECT 1 FROM free))
        OR (SELECT held FROM held))"#
-        );
+            )
+        };
+        let begin = begin_statement(false);
+        let begin_locked = begin_statement(true);
 
         // A completion, fenced by the claim's token. In the handler's
         // transaction (`locked`) it also fails unless it completed the claim (a
         // division by zero), so that the COMMIT pipelined after it rolls back
         // instead: the handler's writes never commit unrecorded. Its waiters are
         // notified by a statement of its own after the commit (see `notify`).
-        let completion = |set: &str, locked: bool| {
-            let select = match locked {
-                true => "SELECT 1 / (SELECT count(*)::int FROM done)",
-                false => "SELECT 1 FROM done",
+        // In the handler's transaction it also checks that it runs in the
+        // transaction that claimed (`xact`, the parameter after the others): a
+        // transaction ended by its handler does not record, whatever ran after.
+        let completion = |set: &str, xact: Option<u8>| {
+            let (select, same_transaction) = match xact {
+                Some(n) => (
+                    "SELECT 1 / (SELECT count(*)::int FROM done)",
+                    format!(" AND txid_current() = ${n}"),
+                ),
+                None => ("SELECT 1 FROM done", String::new()),
             };
             format!(
                 r#"WITH done AS (
     UPDATE {t}
     SET {set}, expires_at = now() + interval '{retention_ms} milliseconds'
-    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'{same_transaction}
     RETURNING 1
 )
 {select}"#
@@ -235,10 +268,10 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         };
         let response = "state = 'completed', status = $4, headers = $5, body = $6";
         let unavailable = "state = 'unavailable'";
-        let complete = completion(response, false);
-        let complete_locked = completion(response, true);
-        let complete_unavailable = completion(unavailable, false);
-        let complete_locked_unavailable = completion(unavailable, true);
+        let complete = completion(response, None);
+        let complete_locked = completion(response, Some(7));
+        let complete_unavailable = completion(unavailable, None);
+        let complete_locked_unavailable = completion(unavailable, Some(4));
 
         let extend = format!(
             r#"UPDATE {t}
@@ -255,7 +288,9 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'"#
         // A claim past its lock whose row a transaction still holds is in progress
         // too, and so is a key whose advisory lock a transaction holds (its claim
         // is not committed yet); their waiters re-check on their backoff (or are
-        // woken by the commit). The lock is only tried when no claim row answers.
+        // woken by the commit). So is a key whose scope a purge holds (a
+        // transactional claim answers "in progress" until it ends). The locks are
+        // only tried when no claim row answers.
         let lock_remaining = format!(
             r#"WITH claim AS (
     SELECT expires_at FROM {t} WHERE scope = $1 AND key = $2 AND state = 'in_progress'
@@ -271,11 +306,13 @@ FROM claim
 WHERE expires_at > now() OR NOT EXISTS (SELECT 1 FROM free)
 UNION ALL
 SELECT {held_recheck_ms} WHERE NOT {try_lock}
+UNION ALL
+SELECT {held_recheck_ms} WHERE NOT {try_scope}
 LIMIT 1"#
         );
 
         let lock_claim = format!(
-            r#"SELECT 1 FROM {t}
+            r#"SELECT txid_current() FROM {t}
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
@@ -303,11 +340,14 @@ DELETE FROM {t} AS r USING doomed
 WHERE r.scope = doomed.scope AND r.key = doomed.key"#
         );
 
+        let lock_scope = format!("SELECT pg_advisory_xact_lock({scope_lock})");
+
         let listen = format!(r#"LISTEN "{channel}""#);
 
         Self {
             migrations,
             begin,
+            begin_locked,
             complete,
             extend,
             complete_unavailable,
@@ -318,6 +358,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             complete_locked,
             purge,
             purge_scope,
+            lock_scope,
             listen,
             channel: channel.to_owned(),
             notify_purge: format!("SELECT pg_notify('{channel}', '{PURGED}')"),
@@ -356,6 +397,7 @@ mod tests {
         );
         let writers = [
             &sql.begin,
+            &sql.begin_locked,
             &sql.complete,
             &sql.complete_locked,
             &sql.complete_unavailable,

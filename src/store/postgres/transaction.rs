@@ -29,18 +29,20 @@ use crate::store::{
     Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
 };
 use deadpool_postgres::Object;
-use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Statement};
 
 /// The transaction a claimed request's handler writes through, in its
 /// request extensions under [`IdempotencyLayer::transactional`](crate::IdempotencyLayer::transactional).
 ///
 /// Its statements commit together with the recorded response when the
 /// response is recorded, and are rolled back otherwise (the record policy
-/// declined it, the handler failed or panicked, the process died). Do not send
-/// `COMMIT`, `ROLLBACK` or `SAVEPOINT` handling of your own through it.
+/// declined it, the handler failed or panicked, the process died). Its
+/// [`TransactionClient`] refuses `COMMIT`, `ROLLBACK` and other transaction
+/// control (savepoints are allowed).
 ///
 /// ```no_run
 /// use axum::{http::StatusCode, Extension};
@@ -84,16 +86,160 @@ impl PostgresTransaction {
     }
 }
 
-/// The connection of a [`PostgresTransaction`], borrowed for some queries.
+/// The connection of a [`PostgresTransaction`], borrowed for some queries:
+/// `tokio_postgres::Client`'s query methods, of the same signatures.
+///
+/// It refuses transaction control (`BEGIN`, `COMMIT`, `END`, `ROLLBACK`,
+/// `ABORT`, `PREPARE TRANSACTION`) in any statement of the text it is given:
+/// the text is not run, and the error it fails with aborts the transaction, so
+/// nothing of the request commits. Ending the layer's transaction would let the
+/// writes after it commit unrecorded while a retry runs the request again.
+/// Savepoints (`SAVEPOINT`, `ROLLBACK TO`, `RELEASE`) are allowed.
 pub struct TransactionClient(OwnedMutexGuard<Held>);
 
-impl Deref for TransactionClient {
-    type Target = tokio_postgres::Client;
-
-    fn deref(&self) -> &tokio_postgres::Client {
+impl TransactionClient {
+    fn client(&self) -> &tokio_postgres::Client {
         self.0 .0.as_ref().expect("checked in client()").client()
     }
+
+    /// `Client::query`.
+    pub async fn query<T: ?Sized + TransactionQuery>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        match statement.query() {
+            Query::Text(sql) => self.client().query(checked(sql), params).await,
+            Query::Prepared(prepared) => self.client().query(prepared, params).await,
+        }
+    }
+
+    /// `Client::query_one`.
+    pub async fn query_one<T: ?Sized + TransactionQuery>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, tokio_postgres::Error> {
+        match statement.query() {
+            Query::Text(sql) => self.client().query_one(checked(sql), params).await,
+            Query::Prepared(prepared) => self.client().query_one(prepared, params).await,
+        }
+    }
+
+    /// `Client::query_opt`.
+    pub async fn query_opt<T: ?Sized + TransactionQuery>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        match statement.query() {
+            Query::Text(sql) => self.client().query_opt(checked(sql), params).await,
+            Query::Prepared(prepared) => self.client().query_opt(prepared, params).await,
+        }
+    }
+
+    /// `Client::execute`.
+    pub async fn execute<T: ?Sized + TransactionQuery>(
+        &self,
+        statement: &T,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, tokio_postgres::Error> {
+        match statement.query() {
+            Query::Text(sql) => self.client().execute(checked(sql), params).await,
+            Query::Prepared(prepared) => self.client().execute(prepared, params).await,
+        }
+    }
+
+    /// `Client::batch_execute`: every statement of `sql` is checked.
+    pub async fn batch_execute(&self, sql: &str) -> Result<(), tokio_postgres::Error> {
+        self.client().batch_execute(checked(sql)).await
+    }
+
+    /// `Client::simple_query`: every statement of `sql` is checked.
+    pub async fn simple_query(
+        &self,
+        sql: &str,
+    ) -> Result<Vec<tokio_postgres::SimpleQueryMessage>, tokio_postgres::Error> {
+        self.client().simple_query(checked(sql)).await
+    }
+
+    /// `Client::prepare`, for [`query`](Self::query) and the others.
+    pub async fn prepare(&self, sql: &str) -> Result<TransactionStatement, tokio_postgres::Error> {
+        self.prepare_typed(sql, &[]).await
+    }
+
+    /// `Client::prepare_typed`.
+    pub async fn prepare_typed(
+        &self,
+        sql: &str,
+        types: &[tokio_postgres::types::Type],
+    ) -> Result<TransactionStatement, tokio_postgres::Error> {
+        let statement = self.client().prepare_typed(checked(sql), types).await?;
+        Ok(TransactionStatement(statement))
+    }
 }
+
+/// `sql`, or the statement that refuses it.
+fn checked(sql: &str) -> &str {
+    match super::control::ends_transaction(sql) {
+        true => super::control::REFUSED,
+        false => sql,
+    }
+}
+
+/// A statement [`TransactionClient::prepare`] prepared (and checked).
+#[derive(Clone, Debug)]
+pub struct TransactionStatement(Statement);
+
+impl TransactionStatement {
+    /// The types of its parameters.
+    pub fn params(&self) -> &[tokio_postgres::types::Type] {
+        self.0.params()
+    }
+
+    /// The columns of its rows.
+    pub fn columns(&self) -> &[tokio_postgres::Column] {
+        self.0.columns()
+    }
+}
+
+mod sealed {
+    /// What a [`TransactionQuery`](super::TransactionQuery) runs.
+    pub enum Query<'a> {
+        Text(&'a str),
+        Prepared(&'a tokio_postgres::Statement),
+    }
+
+    pub trait Sealed {
+        fn query(&self) -> Query<'_>;
+    }
+}
+use sealed::Query;
+
+/// What [`TransactionClient`]'s query methods take: SQL text (`&str`,
+/// `&String`), checked before it runs, or a [`TransactionStatement`].
+pub trait TransactionQuery: sealed::Sealed {}
+
+impl sealed::Sealed for str {
+    fn query(&self) -> Query<'_> {
+        Query::Text(self)
+    }
+}
+impl TransactionQuery for str {}
+
+impl sealed::Sealed for String {
+    fn query(&self) -> Query<'_> {
+        Query::Text(self)
+    }
+}
+impl TransactionQuery for String {}
+
+impl sealed::Sealed for TransactionStatement {
+    fn query(&self) -> Query<'_> {
+        Query::Prepared(&self.0)
+    }
+}
+impl TransactionQuery for TransactionStatement {}
 
 impl std::fmt::Debug for TransactionClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -116,6 +262,8 @@ pub struct PostgresRecordTransaction {
     token: FencingToken,
     /// The claim was made in this transaction (not committed before it).
     holds_claim: bool,
+    /// The transaction's id: the completion records only in it.
+    xact: i64,
     /// The claimed request's, when known: its record is then kept near.
     fingerprint: Option<[u8; 32]>,
     handle: PostgresTransaction,
@@ -135,19 +283,19 @@ impl std::fmt::Debug for PostgresRecordTransaction {
 /// the first byte of a transaction until its end is known. Dropped while it
 /// holds one (a cancelled future, an error), it closes the connection, which
 /// rolls back whatever was open; only [`ended`](Self::ended) pools it again.
-struct Guarded(Option<Object>);
+pub(super) struct Guarded(Option<Object>);
 
 impl Guarded {
-    fn new(connection: Object) -> Self {
+    pub(super) fn new(connection: Object) -> Self {
         Self(Some(connection))
     }
 
-    fn client(&self) -> &Object {
+    pub(super) fn client(&self) -> &Object {
         self.0.as_ref().expect("held until ended")
     }
 
     /// Its transaction is known to have ended: back to the pool.
-    fn ended(mut self) {
+    pub(super) fn ended(mut self) {
         drop(self.0.take());
     }
 }
@@ -168,14 +316,16 @@ async fn begin_locked(
     key: &RecordKey,
     fp: &[u8; 32],
     leader: &mut Leader<'_>,
-) -> Result<(Begin, Option<Guarded>), StoreError> {
+) -> Result<(Begin, Option<(Guarded, i64)>), StoreError> {
     let (scope, k) = (key.scope().as_str(), key.key().as_str());
     let key_fp = fp;
     let fp = fp.as_slice();
     for _ in 0..super::BEGIN_ATTEMPTS {
         let connection = Guarded::new(inner.client().await?);
         leader.close();
-        let begin = inner.prepare(connection.client(), &inner.sql.begin).await?;
+        let begin = inner
+            .prepare(connection.client(), &inner.sql.begin_locked)
+            .await?;
         inner.count_round_trips(1);
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let (opened, begun) = pipelined(
@@ -195,7 +345,11 @@ async fn begin_locked(
         let begun = super::decode_begin(row)?;
         inner.remember_read(key, key_fp, &begun, row, sent, epoch);
         return Ok(match begun {
-            Begin::Claimed(_) => (begun, Some(connection)),
+            Begin::Claimed(_) => {
+                let xact: Option<i64> = row.try_get(9).map_err(backend)?;
+                let xact = xact.ok_or_else(|| backend("a claim without its transaction's id"))?;
+                (begun, Some((connection, xact)))
+            }
             _ => {
                 // A replay, a refusal or "in progress": the transaction was for
                 // nothing. Ended in the background so the answer is not delayed.
@@ -250,9 +404,14 @@ impl TransactionalStore for PostgresStore {
             })
             .await?;
         match (begun, connection) {
-            (Begin::Claimed(claim), Some(connection)) => {
-                let mut transaction =
-                    PostgresRecordTransaction::new(inner, key, claim.token, connection, true);
+            (Begin::Claimed(claim), Some((connection, xact))) => {
+                let mut transaction = PostgresRecordTransaction::new(
+                    inner,
+                    key,
+                    claim.token,
+                    (connection, xact),
+                    true,
+                );
                 transaction.fingerprint = Some(*fp);
                 Ok((Begin::Claimed(claim), Some(transaction)))
             }
@@ -283,15 +442,22 @@ impl TransactionalStore for PostgresStore {
                 )
                 .await;
                 began.map_err(backend)?;
-                Ok(!locked.map_err(backend)?.is_empty())
+                match locked.map_err(backend)?.first() {
+                    Some(row) => row.try_get::<_, i64>(0).map(Some).map_err(backend),
+                    None => Ok(None),
+                }
             })
             .await?;
-        if !locked {
+        let Some(xact) = locked else {
             rollback(inner, connection, None).await;
             return Err(StoreError::ClaimLost);
-        }
+        };
         Ok(PostgresRecordTransaction::new(
-            inner, key, token, connection, false,
+            inner,
+            key,
+            token,
+            (connection, xact),
+            false,
         ))
     }
 }
@@ -329,7 +495,7 @@ impl PostgresRecordTransaction {
         inner: &Arc<Inner>,
         key: &RecordKey,
         token: FencingToken,
-        connection: Guarded,
+        (connection, xact): (Guarded, i64),
         holds_claim: bool,
     ) -> Self {
         Self {
@@ -337,6 +503,7 @@ impl PostgresRecordTransaction {
             key: key.clone(),
             token,
             holds_claim,
+            xact,
             fingerprint: None,
             handle: PostgresTransaction {
                 connection: Arc::new(Mutex::new(Held(Some(connection)))),
@@ -421,8 +588,8 @@ impl RecordTransaction for PostgresRecordTransaction {
         let response = match completion {
             Completion::Response(response) => response,
             Completion::Unavailable => {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                    [&scope, &k, &self.token.0];
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
+                    [&scope, &k, &self.token.0, &self.xact];
                 let sql = &self.inner.sql.complete_locked_unavailable;
                 return self
                     .complete_and_commit(sql, &params, || Completed::Unavailable)
@@ -434,8 +601,15 @@ impl RecordTransaction for PostgresRecordTransaction {
         let status = response.status.as_u16() as i16;
         let headers = crate::store::encoding::encode_headers(&response.headers);
         let body: &[u8] = &response.body;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-            [&scope, &k, &self.token.0, &status, &headers, &body];
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+            &scope,
+            &k,
+            &self.token.0,
+            &status,
+            &headers,
+            &body,
+            &self.xact,
+        ];
         let stored = || Completed::Response(response.clone());
         self.complete_and_commit(&self.inner.sql.complete_locked, &params, stored)
             .await

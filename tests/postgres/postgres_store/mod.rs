@@ -14,9 +14,11 @@ mod claims;
 mod layer;
 mod near_cache;
 mod outages;
+mod purge_running;
 mod retention;
 mod schema;
 mod single_flight;
+mod transaction_control;
 mod waiting;
 
 use bytes::Bytes;
@@ -50,6 +52,10 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
 
 tower_idempotency::store_conformance_tests!(postgres_store);
 tower_idempotency::engine_conformance_tests!(postgres_store);
+
+/// A layer over a handler of `Full` bodies, boxed.
+type OrderService =
+    BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
 
 /// A key in a scope of its own.
 fn fresh_key() -> RecordKey {
