@@ -33,9 +33,9 @@ async fn an_expired_job_is_not_acquired_past_the_allowance(backend: Backend) {
     };
     let app = demo_with(&backend, opts).await;
     let tenant = "acme";
-    let jan = app.start_id(tenant, &health("2026-01"), 202).await;
+    let jan = app.start_id(tenant, &health("2026-01"), 200).await;
     tokio::time::sleep(PAST_SHORT_LEASE).await;
-    let feb = app.start_id(tenant, &health("2026-02"), 202).await;
+    let feb = app.start_id(tenant, &health("2026-02"), 200).await;
     let feb_token = app.acquire_token(tenant, &feb, "w-feb").await;
     let revived = app.acquire(tenant, &jan, "w-jan").await;
     // February's lease is only extended by its heartbeats: live now, it was
