@@ -100,6 +100,22 @@ async fn a_token_cap_reserves_each_reports_estimate_and_429_says_when_it_resets(
         resets_at.ends_with("T00:00:00Z") && resets_at.len() == 20,
         "{resets_at}"
     );
+    assert_eq!(body["retry"], "tomorrow", "a daily envelope: {body}");
+    // The keyed job-row route refuses the same way, with a key: `429
+    // budget_exhausted`, come back tomorrow; nothing is recorded for the key.
+    let keyed = [
+        ("authorization", "Bearer acme"),
+        ("idempotency-key", "over-the-cap-0001"),
+    ];
+    let over = app
+        .client
+        .post_json("/reports", &keyed, &report("usage_summary", "2026-10"))
+        .await;
+    assert_eq!(over.status, 429, "{}", text(&over));
+    assert_eq!(
+        (over.json()["code"].as_str(), over.json()["retry"].as_str()),
+        (Some("budget_exhausted"), Some("tomorrow"))
+    );
     // Another tenant has its own envelope.
     app.start_id("globex", &health("2026-09"), 200).await;
 }
@@ -249,6 +265,7 @@ async fn budget_counts_live_and_complete_jobs_not_failed_ones_and_reset_makes_ro
     let over = app.start("acme", &health("2026-03")).await;
     assert_eq!(over.status, 429, "{}", text(&over));
     assert_eq!(over.code(), "budget_exhausted");
+    assert_eq!(over.json()["retry"], "next_month");
     // Joining is free.
     let join = app.start("acme", &health("2026-02")).await;
     assert_eq!(join.status, 200);
