@@ -11,6 +11,8 @@
 
 pub mod cancel;
 pub mod exact_json;
+#[cfg(feature = "test-util")]
+pub mod faults;
 pub mod http;
 pub mod keep_alive;
 pub mod oneshot;

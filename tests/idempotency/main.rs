@@ -12,6 +12,7 @@ mod axum_routing;
 mod downstream_keys;
 mod engine;
 mod exactly_once;
+mod faults_memory;
 mod hostile_input;
 mod layer;
 mod layer_failures;
