@@ -141,26 +141,40 @@ struct Entry {
 pub(crate) struct Cache {
     config: NearCache,
     entries: DashMap<RecordKey, Entry>,
-    /// Insertion order, for eviction; may hold positions of replaced entries.
-    order: Mutex<Order>,
+    /// Insertion order, for eviction. Positions of entries replaced, expired
+    /// or purged stay until they reach the front or the queue is compacted,
+    /// which keeps it within [`queue_bound`] of the live entries.
+    order: Mutex<VecDeque<(RecordKey, u64)>>,
+    /// The last generation handed out.
+    generation: AtomicU64,
     bytes: AtomicUsize,
+    /// How many entries there are (never fewer: counted before they are
+    /// visible), so that the queue's bound costs no walk of the map.
+    live: AtomicUsize,
     /// Moves on every purge: an answer read before a purge is not kept after it.
     epoch: AtomicU64,
 }
 
-#[derive(Default)]
-struct Order {
-    queue: VecDeque<(RecordKey, u64)>,
-    next: u64,
+/// The most positions the eviction queue keeps for `live` entries: past it,
+/// the stale ones are dropped. A compaction leaves at most one per entry, so
+/// it runs at most once per `live + QUEUE_SLACK` inserts: amortized constant.
+fn queue_bound(live: usize) -> usize {
+    2 * live + QUEUE_SLACK
 }
+
+/// Stale positions tolerated whatever the number of entries, so that a few
+/// hot entries do not compact the queue on every insert.
+const QUEUE_SLACK: usize = 64;
 
 impl Cache {
     pub(crate) fn new(config: NearCache) -> Option<Self> {
         config.is_enabled().then(|| Self {
             config,
             entries: DashMap::new(),
-            order: Mutex::new(Order::default()),
+            order: Mutex::new(VecDeque::new()),
+            generation: AtomicU64::new(0),
             bytes: AtomicUsize::new(0),
+            live: AtomicUsize::new(0),
             epoch: AtomicU64::new(0),
         })
     }
@@ -217,13 +231,7 @@ impl Cache {
         if bytes > self.config.max_bytes / 8 || expires <= Instant::now() {
             return;
         }
-        let generation = {
-            let mut order = self.order.lock().expect("not poisoned");
-            order.next += 1;
-            let generation = order.next;
-            order.queue.push_back((key.clone(), generation));
-            generation
-        };
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) + 1;
         let entry = Entry {
             fingerprint,
             completed,
@@ -232,65 +240,33 @@ impl Cache {
             generation,
         };
         // Counted before it is visible: whoever replaces or removes it then
-        // subtracts bytes already added, so the count never goes below zero.
+        // subtracts what was already added, so the counts never go below zero.
         self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.live.fetch_add(1, Ordering::AcqRel);
         if let Some(old) = self.entries.insert(key.clone(), entry) {
             self.bytes.fetch_sub(old.bytes, Ordering::AcqRel);
+            self.live.fetch_sub(1, Ordering::AcqRel);
         }
         // A purge that began meanwhile may have missed this entry: drop it.
         if self.epoch() != epoch {
             self.remove_if(key, |entry| entry.generation == generation);
             return;
         }
-        if self.bytes.load(Ordering::Acquire) > self.config.max_bytes {
-            self.evict();
-        }
-    }
-
-    /// Drops every entry of `scope`: `purge_scope` ran here or elsewhere.
-    pub(crate) fn purge_scope(&self, scope: &Scope) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        let mut freed = 0;
-        self.entries.retain(|key, entry| {
-            let keep = key.scope() != scope;
-            if !keep {
-                freed += entry.bytes;
-            }
-            keep
-        });
-        self.bytes.fetch_sub(freed, Ordering::AcqRel);
-    }
-
-    /// Drops every entry: a purge whose scope is unknown here.
-    pub(crate) fn clear(&self) {
-        self.epoch.fetch_add(1, Ordering::AcqRel);
-        let mut freed = 0;
-        self.entries.retain(|_, entry| {
-            freed += entry.bytes;
-            false
-        });
-        self.bytes.fetch_sub(freed, Ordering::AcqRel);
-    }
-
-    fn remove_if(&self, key: &RecordKey, condition: impl FnOnce(&Entry) -> bool) {
-        if let Some((_, entry)) = self.entries.remove_if(key, |_, entry| condition(entry)) {
-            self.bytes.fetch_sub(entry.bytes, Ordering::AcqRel);
-        }
-    }
-
-    /// Oldest first, until the entries fit again.
-    fn evict(&self) {
-        let mut order = self.order.lock().expect("not poisoned");
+        // Queued only once it is in the map, so that a compaction never drops
+        // the position of an entry still being inserted.
+        let mut queue = self.order.lock().expect("not poisoned");
+        queue.push_back((key.clone(), generation));
+        // Oldest first, until the entries fit again.
         while self.bytes.load(Ordering::Acquire) > self.config.max_bytes {
-            let Some((key, generation)) = order.queue.pop_front() else {
-                return;
+            let Some((key, generation)) = queue.pop_front() else {
+                break;
             };
             self.remove_if(&key, |entry| entry.generation == generation);
         }
-        // Positions of entries removed otherwise (purged, forgotten, replaced)
-        // stay queued until they reach the front: bound the queue as well.
-        if order.queue.len() > 2 * self.entries.len() + 64 {
-            order.queue.retain(|(key, generation)| {
+        // Replaced, expired and purged entries leave their positions behind:
+        // hot keys re-read after their TTL would grow the queue forever.
+        if queue.len() > queue_bound(self.live.load(Ordering::Acquire)) {
+            queue.retain(|(key, generation)| {
                 self.entries
                     .get(key)
                     .is_some_and(|entry| entry.generation == *generation)
@@ -298,9 +274,51 @@ impl Cache {
         }
     }
 
+    /// Drops every entry of `scope`: `purge_scope` ran here or elsewhere.
+    pub(crate) fn purge_scope(&self, scope: &Scope) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let (mut freed, mut removed) = (0, 0);
+        self.entries.retain(|key, entry| {
+            let keep = key.scope() != scope;
+            if !keep {
+                freed += entry.bytes;
+                removed += 1;
+            }
+            keep
+        });
+        self.bytes.fetch_sub(freed, Ordering::AcqRel);
+        self.live.fetch_sub(removed, Ordering::AcqRel);
+    }
+
+    /// Drops every entry: a purge whose scope is unknown here.
+    pub(crate) fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::AcqRel);
+        let (mut freed, mut removed) = (0, 0);
+        self.entries.retain(|_, entry| {
+            freed += entry.bytes;
+            removed += 1;
+            false
+        });
+        self.bytes.fetch_sub(freed, Ordering::AcqRel);
+        self.live.fetch_sub(removed, Ordering::AcqRel);
+    }
+
+    fn remove_if(&self, key: &RecordKey, condition: impl FnOnce(&Entry) -> bool) {
+        if let Some((_, entry)) = self.entries.remove_if(key, |_, entry| condition(entry)) {
+            self.bytes.fetch_sub(entry.bytes, Ordering::AcqRel);
+            self.live.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+
     #[cfg(test)]
     fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Acquire)
+    }
+
+    /// How many positions the eviction queue holds, live and stale.
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        self.order.lock().expect("not poisoned").len()
     }
 }
 
@@ -360,7 +378,7 @@ mod tests {
         let oldest = RecordKey::for_test("acme", "order-000000");
         assert!(cache.get(&newest, &[0; 32]).is_some());
         assert!(cache.get(&oldest, &[0; 32]).is_none());
-        assert!(cache.order.lock().unwrap().queue.len() <= 2 * cache.entries.len() + 64);
+        assert!(cache.queued() <= 2 * cache.entries.len() + 64);
         let huge = Completed::Response(Arc::new(StoredResponse {
             status: StatusCode::CREATED,
             headers: Vec::new(),
@@ -398,6 +416,136 @@ mod tests {
         assert!(cache.get(&key, &[0; 32]).is_some());
         let one = cache.entries.get(&key).unwrap().bytes;
         assert_eq!(cache.bytes(), one);
+        assert_eq!(cache.live.load(Ordering::Acquire), 1);
+        assert!(cache.queued() <= 2 + 64);
+    }
+
+    /// After an insert, the queue holds at most two positions per live entry
+    /// plus 64 (spelled out here, not taken from the code under test), and the
+    /// entries stay within their byte bound.
+    fn assert_bounded(cache: &Cache, max_bytes: usize, step: usize) {
+        let (queued, live) = (cache.queued(), cache.entries.len());
+        assert!(
+            queued <= 2 * live + 64,
+            "step {step}: {queued} queued positions for {live} live entries"
+        );
+        assert!(
+            cache.bytes() <= max_bytes,
+            "step {step}: over the byte bound"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hot_keys_re_read_after_their_ttl_keep_the_queue_bounded() {
+        // Each replay after the TTL is a miss, a store read and a re-insert;
+        // the bytes never come near the bound, so eviction never runs.
+        let max_bytes = 1 << 20;
+        let cache = Cache::new(NearCache::new(max_bytes).with_ttl(Duration::from_secs(1))).unwrap();
+        let keys: Vec<_> = (0..8)
+            .map(|i| RecordKey::for_test("acme", &format!("order-{i:04}")))
+            .collect();
+        for round in 0..12_500 {
+            for key in &keys {
+                assert!(cache.get(key, &[0; 32]).is_none(), "expired");
+                cache.insert(key, [0; 32], response("{}"), later(), cache.epoch());
+                assert_bounded(&cache, max_bytes, round);
+            }
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        assert!(cache.queued() <= 2 * keys.len() + 64);
+    }
+
+    #[tokio::test]
+    async fn re_inserting_one_key_keeps_the_queue_bounded() {
+        let max_bytes = 1 << 20;
+        let cache = Cache::new(NearCache::new(max_bytes)).unwrap();
+        let key = RecordKey::for_test("acme", "order-0001");
+        for i in 0..100_000 {
+            cache.insert(&key, [0; 32], response("{}"), later(), cache.epoch());
+            assert_bounded(&cache, max_bytes, i);
+        }
+        assert_eq!(cache.entries.len(), 1);
+        assert!(cache.queued() <= 2 + 64);
+        assert!(matches!(cache.get(&key, &[0; 32]), Some(Begin::Replay(_))));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn many_distinct_keys_keep_the_queue_bounded() {
+        // Each key is read back once after its TTL and so dropped by `get`,
+        // about a thousand live at a time, far below the byte bound.
+        let max_bytes = 1 << 20;
+        let cache = Cache::new(NearCache::new(max_bytes).with_ttl(Duration::from_secs(1))).unwrap();
+        let key = |i: usize| RecordKey::for_test("acme", &format!("order-{i:08}"));
+        for i in 0..200_000 {
+            cache.insert(&key(i), [0; 32], response("{}"), later(), cache.epoch());
+            assert_bounded(&cache, max_bytes, i);
+            if let Some(old) = i.checked_sub(1_500) {
+                assert!(cache.get(&key(old), &[0; 32]).is_none(), "expired");
+            }
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        // Under byte pressure too: eviction and expiry together.
+        let small = 64 * 1024;
+        let cache = Cache::new(NearCache::new(small).with_ttl(Duration::from_secs(1))).unwrap();
+        for i in 0..200_000 {
+            cache.insert(&key(i), [0; 32], response("{}"), later(), cache.epoch());
+            assert_bounded(&cache, small, i);
+            if let Some(old) = i.checked_sub(100) {
+                cache.get(&key(old), &[0; 32]);
+            }
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn mixed_inserts_reads_expiries_and_purges_keep_the_queue_bounded() {
+        let max_bytes = 32 * 1024;
+        let cache =
+            Cache::new(NearCache::new(max_bytes).with_ttl(Duration::from_millis(50))).unwrap();
+        let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut next = move || {
+            // xorshift64: a fixed sequence, the same on every run.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let scopes = ["acme", "globex", "initech"];
+        for step in 0..200_000 {
+            let roll = next();
+            let scope = scopes[(roll >> 8) as usize % scopes.len()];
+            // Mostly a few hot keys, sometimes one of many.
+            let id = if roll % 4 == 0 {
+                (roll >> 16) % 100_000
+            } else {
+                (roll >> 16) % 16
+            };
+            let key = RecordKey::for_test(scope, &format!("order-{id:06}"));
+            match roll % 100 {
+                0..=44 => {
+                    if cache.get(&key, &[0; 32]).is_none() {
+                        cache.insert(&key, [0; 32], response("{}"), later(), cache.epoch());
+                    }
+                }
+                45..=89 => cache.insert(&key, [0; 32], response("{}"), later(), cache.epoch()),
+                90..=97 => tokio::time::advance(Duration::from_millis(roll % 20)).await,
+                98 => cache.purge_scope(key.scope()),
+                _ => {
+                    // A purge that begins while the store is being asked.
+                    let epoch = cache.epoch();
+                    cache.purge_scope(key.scope());
+                    cache.insert(&key, [0; 32], response("{}"), later(), epoch);
+                    assert!(cache.get(&key, &[0; 32]).is_none());
+                }
+            }
+            assert!(
+                cache.bytes() <= max_bytes,
+                "step {step}: over the byte bound"
+            );
+            if roll % 100 >= 45 && roll % 100 <= 89 {
+                assert_bounded(&cache, max_bytes, step);
+            }
+        }
     }
 
     #[tokio::test]
