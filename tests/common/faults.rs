@@ -298,7 +298,17 @@ impl Body for FaultyBody {
 pub trait Effects: Send + Sync {
     /// How many times the effect of `key` happened (committed).
     fn count(&self, key: &str) -> impl Future<Output = usize> + Send;
+
+    /// The backend's own invariants broken (a pooled connection left inside
+    /// a transaction, say).
+    fn violations(&self) -> impl Future<Output = Vec<String>> + Send {
+        async { Vec::new() }
+    }
 }
+
+/// The handler's (or operation's) effect for a key: given the request's
+/// extensions (where a transactional store put its transaction).
+pub type Effect = Arc<dyn Fn(http::Extensions, String) -> BoxFuture<'static, ()> + Send + Sync>;
 
 /// Effects counted in this process.
 #[derive(Clone, Default)]
@@ -313,6 +323,17 @@ impl Counted {
 impl Effects for Counted {
     async fn count(&self, key: &str) -> usize {
         self.0.lock().unwrap().get(key).copied().unwrap_or(0)
+    }
+}
+
+impl Counted {
+    /// Its effect: counted in this process.
+    pub fn effect(&self) -> Effect {
+        let counted = self.clone();
+        Arc::new(move |_, key| {
+            counted.apply(&key);
+            Box::pin(async {})
+        })
     }
 }
 
@@ -403,6 +424,8 @@ pub async fn check<R, RF>(
 {
     let after = effects.count(key).await;
     assert!(after <= 1, "{what}: the effect happened {after} times");
+    let broken = effects.violations().await;
+    assert!(broken.is_empty(), "{what}: {}", broken.join("; "));
     if let Seen::Answer(status, code, _) = seen {
         if after == 1 && NOT_PROCESSED.contains(&code.as_str()) {
             panic!("{what}: the effect happened, but the caller was told {status} {code}");
@@ -484,7 +507,7 @@ where
 /// are injected only before the effect: a handler that fails after its
 /// effect in plain mode broke its own contract (its failure frees the key).
 pub fn handler(
-    effects: Counted,
+    effect: Effect,
     plan: Arc<Plan>,
     trickled: bool,
 ) -> impl tower::Service<
@@ -496,7 +519,7 @@ pub fn handler(
        + Send
        + 'static {
     tower::service_fn(move |req: Request<Full<Bytes>>| {
-        let (effects, plan) = (effects.clone(), plan.clone());
+        let (effect, plan) = (effect.clone(), plan.clone());
         async move {
             let key = req.headers()["idempotency-key"]
                 .to_str()
@@ -507,7 +530,7 @@ pub fn handler(
                     return Err(std::io::Error::other("injected handler error"));
                 }
             }
-            effects.apply(&key);
+            effect(req.extensions().clone(), key).await;
             let mut response = Response::new(FaultyBody::new(plan, trickled));
             *response.status_mut() = StatusCode::CREATED;
             Ok(response)
@@ -535,12 +558,12 @@ pub async fn layer_run<S: Store + Clone>(
     };
     let layer = IdempotencyLayer::new(faulty).with_wait_timeout(Duration::ZERO);
     let in_flight = layer.in_flight();
-    let service = layer.layer(handler(effects.clone(), plan, trickled));
+    let service = layer.layer(handler(effects.effect(), plan, trickled));
     let seen = send(service.oneshot(request(&key))).await;
     settle(what, &in_flight).await;
     let clean = IdempotencyLayer::new(inner)
         .with_wait_timeout(Duration::ZERO)
-        .layer(handler(effects.clone(), Plan::none(), trickled));
+        .layer(handler(effects.effect(), Plan::none(), trickled));
     let retry = || send(clean.clone().oneshot(request(&key)));
     check(what, &key, &seen, &effects, lock, retry).await;
 }
@@ -552,7 +575,8 @@ pub async fn transactional_run<S: TransactionalStore + Clone>(
     plan: Arc<Plan>,
     trickled: bool,
     lock: Duration,
-    effects: Counted,
+    effect: Effect,
+    effects: &impl Effects,
 ) {
     use tower::{Layer, ServiceExt};
     use tower_idempotency::IdempotencyLayer;
@@ -563,14 +587,14 @@ pub async fn transactional_run<S: TransactionalStore + Clone>(
     };
     let layer = IdempotencyLayer::transactional(faulty).with_wait_timeout(Duration::ZERO);
     let in_flight = layer.in_flight();
-    let service = layer.layer(handler(effects.clone(), plan, trickled));
+    let service = layer.layer(handler(effect.clone(), plan, trickled));
     let seen = send(service.oneshot(request(&key))).await;
     settle(what, &in_flight).await;
     let clean = IdempotencyLayer::transactional(inner)
         .with_wait_timeout(Duration::ZERO)
-        .layer(handler(effects.clone(), Plan::none(), trickled));
+        .layer(handler(effect, Plan::none(), trickled));
     let retry = || send(clean.clone().oneshot(request(&key)));
-    check(what, &key, &seen, &effects, lock, retry).await;
+    check(what, &key, &seen, effects, lock, retry).await;
 }
 
 /// The claimed work a run left behind finished (or was given up).

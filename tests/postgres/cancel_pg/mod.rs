@@ -16,6 +16,7 @@
 #![cfg(feature = "test-util")]
 
 mod claimed_paths;
+mod every_fault;
 mod transaction;
 
 use cases::{Harness, Probe};
