@@ -25,3 +25,34 @@ async fn standalone() -> Option<Harness<RedisStore, NoProbe>> {
 }
 
 store_cut_tests!(standalone);
+
+/// Every fault at every poll (tests/common/faults.rs) on Redis: a panic,
+/// then an error, at each poll of the handler, the response body (whole and
+/// trickled) and every store call, on the layer and the engine.
+mod every_fault {
+    use super::{standalone, LOCK};
+    use tower_idempotency_tests::faults::{at_every_poll, engine_run, layer_run};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn layer_every_fault_at_every_poll() {
+        let Some(h) = standalone().await else { return };
+        for trickled in [false, true] {
+            let what = format!("redis layer (trickled {trickled})");
+            at_every_poll(&what, |plan, what| {
+                let store = h.store.clone();
+                async move { layer_run(&what, store, plan, trickled, LOCK).await }
+            })
+            .await;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn engine_every_fault_at_every_poll() {
+        let Some(h) = standalone().await else { return };
+        at_every_poll("redis engine", |plan, what| {
+            let store = h.store.clone();
+            async move { engine_run(&what, store, plan, LOCK).await }
+        })
+        .await;
+    }
+}
