@@ -19,6 +19,40 @@ use std::time::Duration;
 /// A store method's future, boxed.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// `call`, boxed, with a panic inside any of its polls answered as a backend
+/// error. Every store call of the layer and the engine passes through here,
+/// so a store that panics (a bug in the application's own store, a driver's
+/// assertion) is a failing store — refused or retried by the same paths as
+/// an outage — never a panic in the middle of a claimed run, where it would
+/// leave a kept claim that nothing completes.
+fn caught<'a, T: 'a>(
+    method: &'static str,
+    call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
+) -> BoxFuture<'a, Result<T, StoreError>> {
+    let mut call = Box::pin(call);
+    let mut done = false;
+    Box::pin(std::future::poll_fn(move |cx| {
+        if done {
+            return std::task::Poll::Ready(Err(panicked(method)));
+        }
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(cx)));
+        polled.unwrap_or_else(|_| {
+            // The call is not polled again: its state is unknown.
+            done = true;
+            std::task::Poll::Ready(Err(panicked(method)))
+        })
+    }))
+}
+
+fn panicked(method: &'static str) -> StoreError {
+    tracing::error!(
+        method,
+        "the idempotency store panicked; answered as a store error"
+    );
+    StoreError::Backend(format!("the store panicked in {method}").into())
+}
+
 /// [`Store`], object safe.
 pub(crate) trait ErasedStore: Send + Sync + 'static {
     fn begin<'a>(
@@ -61,7 +95,7 @@ impl<S: Store> ErasedStore for S {
         key: &'a RecordKey,
         request: &'a RequestFingerprint<'_>,
     ) -> BoxFuture<'a, Result<Begin, StoreError>> {
-        Box::pin(Store::begin(self, key, request))
+        caught("begin", Store::begin(self, key, request))
     }
 
     fn complete<'a>(
@@ -70,7 +104,7 @@ impl<S: Store> ErasedStore for S {
         token: FencingToken,
         completion: Completion,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::complete(self, key, token, completion))
+        caught("complete", Store::complete(self, key, token, completion))
     }
 
     fn extend<'a>(
@@ -78,7 +112,7 @@ impl<S: Store> ErasedStore for S {
         key: &'a RecordKey,
         token: FencingToken,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::extend(self, key, token))
+        caught("extend", Store::extend(self, key, token))
     }
 
     fn release<'a>(
@@ -86,7 +120,7 @@ impl<S: Store> ErasedStore for S {
         key: &'a RecordKey,
         token: FencingToken,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::release(self, key, token))
+        caught("release", Store::release(self, key, token))
     }
 
     fn wait<'a>(
@@ -94,7 +128,7 @@ impl<S: Store> ErasedStore for S {
         key: &'a RecordKey,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        Box::pin(Store::wait(self, key, timeout))
+        caught("wait", Store::wait(self, key, timeout))
     }
 
     fn timings(&self) -> Timings {
@@ -126,9 +160,9 @@ impl<S: TransactionalStore> ErasedTransactionalStore for S {
         key: &'a RecordKey,
         request: &'a RequestFingerprint<'_>,
     ) -> BoxFuture<'a, Result<Begun, StoreError>> {
+        let call = TransactionalStore::begin_in_transaction(self, key, request);
         Box::pin(async move {
-            let (begun, opened) =
-                TransactionalStore::begin_in_transaction(self, key, request).await?;
+            let (begun, opened) = caught("begin_in_transaction", call).await?;
             Ok((begun, opened.map(erase_transaction)))
         })
     }
@@ -138,8 +172,9 @@ impl<S: TransactionalStore> ErasedTransactionalStore for S {
         key: &'a RecordKey,
         token: FencingToken,
     ) -> BoxFuture<'a, Result<Box<dyn ErasedTransaction>, StoreError>> {
+        let call = TransactionalStore::open(self, key, token);
         Box::pin(async move {
-            let opened = TransactionalStore::open(self, key, token).await?;
+            let opened = caught("open", call).await?;
             Ok(erase_transaction(opened))
         })
     }
@@ -176,11 +211,22 @@ impl<T: RecordTransaction> ErasedTransaction for T {
         self: Box<Self>,
         completion: Completion,
     ) -> BoxFuture<'static, Result<(), StoreError>> {
-        Box::pin(RecordTransaction::commit(*self, completion))
+        // A commit that panicked may have committed: the error it becomes
+        // is answered as an unknown outcome, as a commit that failed is.
+        caught("commit", RecordTransaction::commit(*self, completion))
     }
 
     fn rollback(self: Box<Self>) -> BoxFuture<'static, ()> {
-        Box::pin(RecordTransaction::rollback(*self))
+        let rollback = RecordTransaction::rollback(*self);
+        Box::pin(async move {
+            // Nothing to answer: a rollback that panicked ends the
+            // transaction as its drop does.
+            let _ = caught("rollback", async move {
+                rollback.await;
+                Ok(())
+            })
+            .await;
+        })
     }
 }
 
