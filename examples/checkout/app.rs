@@ -1,7 +1,8 @@
 //! The checkout service of the contract: `POST /v1/orders` behind demo bearer
 //! auth and the idempotency layer; `GET /v1/orders` and `GET /v1/charges` list
 //! what was created. Shared by `main.rs` and the tests, which mount the same
-//! router.
+//! router, with the same limits: a body timeout, a cap on order requests
+//! taken in at once and one on handlers running (see [`BODY_TIMEOUT`]).
 //!
 //! The handler first charges the customer (the simulated payment network,
 //! or with a [`Processor`] the card processor over HTTP), waits `delay` (the
@@ -40,12 +41,30 @@ pub use payments::Processor;
 use payments::CARD_PROCESSOR;
 use serde_json::{json, Value};
 use std::future::{ready, Ready};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tower_http::auth::{AsyncAuthorizeRequest, AsyncRequireAuthorizationLayer};
 use tower_idempotency::{downstream::DownstreamKeys, store::Store, IdempotencyLayer, Scope};
 
 /// The cents one unit costs.
 const UNIT_PRICE: u64 = 1250;
+
+/// How long an order's body may take to arrive whole before it is answered
+/// `408`. An order is a few hundred bytes: 10 s is ample for a slow mobile
+/// link, and cuts a client that trickles bytes to hold the server's memory
+/// (without it, one is waited for as long as it keeps sending).
+pub const BODY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Order requests taken in at once; more wait for a slot before their body
+/// is read. Each may buffer up to the layer's body limit (1 MiB), so bodies
+/// hold at most 64 MiB however many connections are open.
+pub const MAX_CONCURRENT_ORDERS: usize = 64;
+
+/// Claimed handlers running at once, those whose client hung up included
+/// (they run to completion): past it a new order is answered `503 overloaded`
+/// with `Retry-After`, and its key is free for the retry.
+pub const MAX_IN_FLIGHT: usize = 64;
 
 #[derive(Clone)]
 struct AppState {
@@ -83,12 +102,27 @@ pub fn router_with(idempotency: IdempotencyLayer, ledger: Ledger, delay: Duratio
     router_with_options(idempotency, ledger, options)
 }
 
-/// [`router_with`], with every option.
+/// [`router_with`], with every option. The demo's limits ([`BODY_TIMEOUT`],
+/// [`MAX_CONCURRENT_ORDERS`], [`MAX_IN_FLIGHT`]) are set here, on whatever
+/// layer is given, so that the tests mount what `main.rs` serves.
 pub fn router_with_options(
     idempotency: IdempotencyLayer,
     ledger: Ledger,
     options: Options,
 ) -> Router {
+    let idempotency = idempotency
+        .with_body_timeout(BODY_TIMEOUT)
+        .with_max_in_flight(MAX_IN_FLIGHT);
+    // Outside the layer, which buffers the body.
+    let slots = Arc::new(Semaphore::new(MAX_CONCURRENT_ORDERS));
+    let concurrency = axum::middleware::from_fn(move |request: Request, next: Next| {
+        let slots = slots.clone();
+        async move {
+            // Held until the answer's head; the semaphore is never closed.
+            let _slot = slots.acquire_owned().await;
+            next.run(request).await
+        }
+    });
     let pause = options.pause;
     // Outside the layer: it has recorded the answer by the time it returns.
     let answered = axum::middleware::from_fn(move |request: Request, next: Next| async move {
@@ -102,6 +136,7 @@ pub fn router_with_options(
             "/v1/orders",
             post(create_order)
                 .layer(idempotency)
+                .layer(concurrency)
                 .layer(answered)
                 .get(list_orders),
         )

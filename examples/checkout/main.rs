@@ -32,6 +32,13 @@
 //! print `checkpoint STEP KEY` and pause: where a crash test kills the
 //! process.
 //!
+//! Limits, as `docs/security.md` advises (see `app.rs`): an order's body
+//! must arrive whole within 10 s (`BODY_TIMEOUT`, else `408`); at most 64
+//! order requests are taken in at once (`MAX_CONCURRENT_ORDERS`, others wait
+//! for a slot before their body is read), so bodies hold at most 64 MiB; at
+//! most 64 claimed handlers run at once (`MAX_IN_FLIGHT`, else `503
+//! overloaded`), those whose client hung up included.
+//!
 //! On ctrl-c or SIGTERM the server stops accepting connections, then waits
 //! for claimed handlers still running (a client may have hung up on them)
 //! before it exits.

@@ -4,18 +4,38 @@
 use super::config::{IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED};
 use crate::body::ResponseBody;
 use crate::store::StoredResponse;
-use http::{HeaderValue, Response};
+use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_RANGE, CONTENT_TYPE};
+use http::{HeaderName, HeaderValue, Response};
 
 /// A response of the layer: the inner service's body, or one it built.
 pub(crate) type Answer<B> = Response<ResponseBody<B>>;
 
-/// The allow-listed headers of a response, as they are recorded.
+/// The headers that describe the body's bytes themselves: recorded with them
+/// whatever the allow-list says, since bytes replayed without them cannot be
+/// read (gzip bytes without `content-encoding`) or are misread (a part
+/// without `content-range`, a digest checked against other bytes). None of
+/// them describes the caller. `content-location` names a resource, as
+/// `location` does, and stays with the allow-list.
+pub(crate) const REPRESENTATION_HEADERS: [HeaderName; 7] = [
+    CONTENT_TYPE,
+    CONTENT_ENCODING,
+    CONTENT_LANGUAGE,
+    CONTENT_RANGE,
+    HeaderName::from_static("content-digest"),
+    HeaderName::from_static("repr-digest"),
+    HeaderName::from_static("digest"),
+];
+
+/// The headers of a response as they are recorded: those describing its bytes,
+/// then the allow-listed ones (which never repeat the former), each with every
+/// value in order.
 pub(crate) fn recorded_headers(
-    replayed_headers: &[http::HeaderName],
+    replayed_headers: &[HeaderName],
     parts: &http::response::Parts,
-) -> Vec<(http::HeaderName, HeaderValue)> {
-    replayed_headers
+) -> Vec<(HeaderName, HeaderValue)> {
+    REPRESENTATION_HEADERS
         .iter()
+        .chain(replayed_headers)
         .flat_map(|name| {
             parts
                 .headers
@@ -48,4 +68,71 @@ pub(crate) fn replay<B>(stored: &StoredResponse, retention: Option<&HeaderValue>
         headers.insert(IDEMPOTENCY_KEY_RETENTION, retention.clone());
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdempotencyLayer, MemoryStore};
+    use http::header::{LOCATION, SET_COOKIE};
+
+    fn parts(headers: &[(&str, &str)]) -> http::response::Parts {
+        let mut builder = Response::builder().status(201);
+        for (name, value) in headers {
+            builder = builder.header(*name, *value);
+        }
+        builder.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn the_headers_describing_the_bytes_are_recorded_whatever_the_allow_list() {
+        let parts = parts(&[
+            ("x-request-id", "req-1"),
+            (
+                "digest",
+                "sha-256=X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=",
+            ),
+            ("content-encoding", "gzip"),
+            ("content-encoding", "br"),
+            ("content-range", "bytes 0-9/20"),
+            ("repr-digest", "sha-256=:AAAA:"),
+            ("content-digest", "sha-256=:BBBB:"),
+            ("content-language", "fr"),
+            ("content-type", "application/json"),
+            ("location", "/v1/orders/1"),
+        ]);
+        let names = |recorded: Vec<(HeaderName, HeaderValue)>| -> Vec<String> {
+            recorded
+                .iter()
+                .map(|(n, v)| format!("{n}: {}", v.to_str().unwrap()))
+                .collect()
+        };
+        let representation = [
+            "content-type: application/json",
+            "content-encoding: gzip",
+            "content-encoding: br",
+            "content-language: fr",
+            "content-range: bytes 0-9/20",
+            "content-digest: sha-256=:BBBB:",
+            "repr-digest: sha-256=:AAAA:",
+            "digest: sha-256=X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=",
+        ];
+        assert_eq!(names(recorded_headers(&[], &parts)), representation);
+        let mut with_location = representation.to_vec();
+        with_location.push("location: /v1/orders/1");
+        assert_eq!(names(recorded_headers(&[LOCATION], &parts)), with_location);
+    }
+
+    #[test]
+    fn the_allow_list_keeps_each_other_name_once_and_never_cookies() {
+        let layer = IdempotencyLayer::new(MemoryStore::new()).with_replayed_headers([
+            CONTENT_ENCODING,
+            LOCATION,
+            SET_COOKIE,
+            CONTENT_TYPE,
+            LOCATION,
+        ]);
+        // Listing a header of the body does not record it twice.
+        assert_eq!(layer.config.replayed_headers, [LOCATION]);
+    }
 }

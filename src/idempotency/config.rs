@@ -37,6 +37,8 @@ pub(crate) struct Settings {
     pub(crate) options: Options,
     pub(crate) record_limit: usize,
     pub(crate) wait_timeout: Duration,
+    /// The allow-list, without the headers always recorded with the body
+    /// (`answer::REPRESENTATION_HEADERS`), `set-cookie`, or repeats.
     pub(crate) replayed_headers: Vec<HeaderName>,
     /// `Idempotency-Key-Retention`'s value, if it is sent.
     pub(crate) retention_header: Option<HeaderValue>,

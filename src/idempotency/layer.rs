@@ -1,3 +1,4 @@
+use super::answer::REPRESENTATION_HEADERS;
 use super::config::{Config, Settings, IDEMPOTENCY_KEY};
 use super::service::IdempotencyService;
 use super::warn_once::WarnOnce;
@@ -10,7 +11,7 @@ use crate::response::{ErrorFormat, KeyCodes, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::erased::{ErasedStore, SharedStore};
 use crate::store::{Store, TransactionalStore};
-use http::header::{HeaderName, CONTENT_TYPE, ETAG, LINK, LOCATION, SET_COOKIE};
+use http::header::{HeaderName, ETAG, LINK, LOCATION, SET_COOKIE};
 use http::{HeaderValue, Method, StatusCode};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,8 @@ impl IdempotencyLayer {
     /// A layer over `store` with the contract's defaults: POST and PATCH,
     /// header `Idempotency-Key`, scope from a [`Scope`] request extension,
     /// `201` responses recorded, 1 MiB body limit, 5 s wait for a request in
-    /// progress, and `content-type`, `location`, `etag`, `link` replayed.
+    /// progress, and `location`, `etag`, `link` replayed besides the headers
+    /// that describe the body (see [`with_replayed_headers`](Self::with_replayed_headers)).
     pub fn new(store: impl Store) -> Self {
         Self::with_store(SharedStore::plain(store))
     }
@@ -65,7 +67,7 @@ impl IdempotencyLayer {
                     options: Options::new(vec![Method::POST, Method::PATCH]),
                     record_limit: DEFAULT_RECORD_LIMIT,
                     wait_timeout: Duration::from_secs(5),
-                    replayed_headers: vec![CONTENT_TYPE, LOCATION, ETAG, LINK],
+                    replayed_headers: vec![LOCATION, ETAG, LINK],
                     cancel_on_drop: false,
                     in_flight: InFlight::new(),
                     max_in_flight: None,
@@ -160,12 +162,28 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
         self
     }
 
-    /// The response headers recorded and replayed (default `content-type`,
-    /// `location`, `etag`, `link`). `set-cookie` is never recorded, even if listed:
-    /// a replay may reach another session of the same tenant.
+    /// The response headers recorded and replayed besides those that describe
+    /// the body's bytes (default `location`, `etag`, `link`). `set-cookie` is
+    /// never recorded, even if listed: a replay may reach another session of
+    /// the same tenant.
+    ///
+    /// The headers that describe the bytes are always recorded with them,
+    /// whatever this list says: `content-type`, `content-encoding`,
+    /// `content-language`, `content-range`, `content-digest`, `repr-digest`
+    /// and `digest`. Without them a replay would carry bytes its client cannot
+    /// read, such as a handler's gzip body without its `content-encoding`.
     pub fn with_replayed_headers(mut self, headers: impl IntoIterator<Item = HeaderName>) -> Self {
-        self.config_mut().replayed_headers =
-            headers.into_iter().filter(|h| h != SET_COOKIE).collect();
+        let mut listed: Vec<HeaderName> = Vec::new();
+        for header in headers {
+            // Each name once: every value of a name is recorded by its first mention.
+            if header != SET_COOKIE
+                && !REPRESENTATION_HEADERS.contains(&header)
+                && !listed.contains(&header)
+            {
+                listed.push(header);
+            }
+        }
+        self.config_mut().replayed_headers = listed;
         self
     }
 

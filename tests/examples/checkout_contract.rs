@@ -389,6 +389,63 @@ async fn a_client_that_hangs_up_mid_handler_gets_the_first_order_replayed() {
     in_flight.idle().await;
 }
 
+// Limits.
+
+#[tokio::test]
+async fn a_trickled_body_is_cut_with_408_at_the_demos_body_timeout() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = checkout().await;
+    let key = unique_key();
+    // A JSON body of 1000 bytes declared, sent one byte every 100 ms: it
+    // would take 100 s to arrive.
+    let body = format!("{BODY:<1000}");
+    let head = format!(
+        "POST {ORDERS} HTTP/1.1\r\nhost: x\r\nauthorization: Bearer merchant_a\r\n\
+         idempotency-key: {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    let socket = tokio::net::TcpStream::connect(app.addr).await.unwrap();
+    let (mut reader, mut writer) = socket.into_split();
+    let started = tokio::time::Instant::now();
+    writer.write_all(head.as_bytes()).await.unwrap();
+    let trickle = tokio::spawn(async move {
+        for byte in body.as_bytes() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if writer.write_all(&[*byte]).await.is_err() {
+                return; // the server hung up after answering
+            }
+        }
+    });
+    // The answer's head, read until it is whole or the server closes; the
+    // safety net is far past the timeout.
+    let mut answer = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 1024];
+        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+            match reader.read(&mut buf).await.unwrap() {
+                0 => break,
+                n => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(app::BODY_TIMEOUT + Duration::from_secs(30), read)
+        .await
+        .expect("the trickled body is cut");
+    let elapsed = started.elapsed();
+    trickle.abort();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    assert!(
+        elapsed >= app::BODY_TIMEOUT,
+        "cut after {elapsed:?}, before the timeout"
+    );
+    assert_eq!(app.ledger.orders_total(), 0);
+    // The key was never claimed: the whole request runs.
+    let order = app.order("merchant_a", &key, BODY).await;
+    assert_eq!(order.status, 201);
+    assert!(!order.replayed());
+}
+
 // The same contract in-process, through `oneshot`.
 
 #[tokio::test]

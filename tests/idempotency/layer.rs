@@ -737,3 +737,11 @@ fn the_service_hands_back_its_inner_service() {
     assert_eq!(*svc.get_ref(), 8);
     assert_eq!(svc.into_inner(), 8);
 }
+
+#[tokio::test]
+async fn a_gzip_answer_replays_with_its_content_encoding_whatever_the_allow_list() {
+    tower_idempotency_tests::representation::a_gzip_answer_replays_with_its_content_encoding(
+        MemoryStore::new(),
+    )
+    .await;
+}

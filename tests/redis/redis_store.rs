@@ -524,3 +524,13 @@ async fn a_waiter_returns_when_a_dead_owners_lock_runs_out_though_its_key_is_kep
         Err(StoreError::ClaimLost)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_answer_replays_with_its_content_encoding_whatever_the_allow_list() {
+    let Some(url) = r::url("a_gzip_answer_replays_with_its_content_encoding") else {
+        return;
+    };
+    let store = r::standalone(&url, |s| s).await;
+    tower_idempotency_tests::representation::a_gzip_answer_replays_with_its_content_encoding(store)
+        .await;
+}

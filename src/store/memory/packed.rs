@@ -151,12 +151,13 @@ pub(super) fn unpack(packed: &Arc<[u8]>) -> StoredResponse {
     }
 }
 
-/// A packed header name. The layer's default allow-list by constant (parsing
-/// one costs more than the rest of the replay's decoding), others parsed.
+/// A packed header name. The ones the layer records by default by constant
+/// (parsing one costs more than the rest of the replay's decoding), others parsed.
 fn header_name(name: &[u8]) -> HeaderName {
-    use http::header::{CONTENT_TYPE, ETAG, LINK, LOCATION};
+    use http::header::{CONTENT_ENCODING, CONTENT_TYPE, ETAG, LINK, LOCATION};
     match name {
         b"content-type" => CONTENT_TYPE,
+        b"content-encoding" => CONTENT_ENCODING,
         b"location" => LOCATION,
         b"etag" => ETAG,
         b"link" => LINK,

@@ -272,3 +272,13 @@ async fn a_transactional_handler_after_a_takeover_sees_its_attempt() {
     assert_eq!(second.previous_token(), Some(dead));
     assert!(second.token() > dead);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_answer_replays_with_its_content_encoding_whatever_the_allow_list() {
+    let Some(url) = pg::database_url("a_gzip_answer_replays_with_its_content_encoding") else {
+        return;
+    };
+    let store = pg::store(&url, &pg::unique_table("encoding"), |s| s).await;
+    tower_idempotency_tests::representation::a_gzip_answer_replays_with_its_content_encoding(store)
+        .await;
+}
