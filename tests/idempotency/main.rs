@@ -24,6 +24,7 @@ mod cancel_memory;
 mod memory_store;
 mod memory_store_adversarial;
 mod proptest_fingerprint;
+mod replay_fidelity;
 mod takeover;
 
 mod keep_alive_memory;
