@@ -16,7 +16,9 @@ use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderName, HeaderValue, StatusCode};
 use http_body::{Body, Frame};
+use pin_project_lite::pin_project;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -126,12 +128,72 @@ pub(crate) enum Read {
     Continues,
 }
 
-/// A response body, boxed so that a recorder task can take it over.
-pub(crate) type Pinned<B> = Pin<Box<B>>;
-
-fn data_frame<D: Into<Bytes>>(frame: Frame<D>) -> Frame<Bytes> {
-    frame.map_data(Into::into)
+pin_project! {
+    /// A handler's response body whose panics are its failures: once the
+    /// handler answered, its effects happened, so a body that panics must
+    /// complete the key (as "response unavailable") and reach the caller as
+    /// an error, as a body that fails does. Uncaught, the panic would end
+    /// whatever reads it (and the claim's keep-alive with it) and leave the
+    /// claim to expire, for a retry to run the handler again.
+    pub(crate) struct Caught<B> {
+        #[pin]
+        body: B,
+        panicked: bool,
+    }
 }
+
+/// A response body, caught, and boxed so that a recorder task can take it over.
+pub(crate) type Pinned<B> = Pin<Box<Caught<B>>>;
+
+/// The one way to read a handler's response body for its record.
+pub(crate) fn pinned<B>(body: B) -> Pinned<B> {
+    Box::pin(Caught {
+        body,
+        panicked: false,
+    })
+}
+
+impl<B> Caught<B>
+where
+    B: Body,
+    B::Data: Into<Bytes>,
+    B::Error: Into<BoxError>,
+{
+    /// The body's next frame, its data and error converted (the application's
+    /// conversions may panic too); a panic is an error, and the end after it.
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = self.project();
+        if *this.panicked {
+            // Never polled again: a body that panicked may be in any state.
+            return Poll::Ready(None);
+        }
+        let body = this.body;
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let polled = body.poll_frame(cx);
+            polled.map(|frame| frame.map(|f| f.map(|f| f.map_data(Into::into)).map_err(Into::into)))
+        }));
+        polled.unwrap_or_else(|_| {
+            *this.panicked = true;
+            Poll::Ready(Some(Err(BodyPanicked.into())))
+        })
+    }
+}
+
+/// What the caller of a body that panicked sees (the panic itself went to
+/// the panic hook).
+#[derive(Debug)]
+struct BodyPanicked;
+
+impl std::fmt::Display for BodyPanicked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the response body panicked")
+    }
+}
+
+impl std::error::Error for BodyPanicked {}
 
 /// Reads `body` until it ends, fails or goes over the limit.
 pub(crate) async fn read_to_end<B>(
@@ -182,9 +244,8 @@ where
     loop {
         match ready!(body.as_mut().poll_frame(cx)) {
             None => return Poll::Ready(Read::Ended),
-            Some(Err(error)) => return Poll::Ready(Read::Failed(error.into())),
+            Some(Err(error)) => return Poll::Ready(Read::Failed(error)),
             Some(Ok(frame)) => {
-                let frame = data_frame(frame);
                 if let Some(data) = frame.data_ref() {
                     copy.keep(data);
                 }
@@ -348,8 +409,7 @@ where
     B::Data: Into<Bytes>,
     B::Error: Into<BoxError>,
 {
-    let frame = std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await?;
-    Some(frame.map(data_frame).map_err(Into::into))
+    std::future::poll_fn(|cx| body.as_mut().poll_frame(cx)).await
 }
 
 /// Forwards and records the rest of a body until it ends, fails or passes

@@ -17,6 +17,7 @@ use crate::{
 use bytes::Bytes;
 use http::{HeaderValue, Method, StatusCode};
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 
 /// What a running operation knows about its run.
 #[derive(Debug)]
@@ -168,7 +169,11 @@ impl Engine {
             let run = operation(context);
             async move {
                 let value = run.await.map_err(Failure::Operation)?;
-                let bytes = encode(&value).map_err(Failure::Encode)?;
+                // The operation's effects happened: an encoder that panics (a
+                // `Serialize` impl) fails as one that errs, never freeing the key.
+                let encoded = std::panic::catch_unwind(AssertUnwindSafe(|| encode(&value)));
+                let encoded = encoded.unwrap_or_else(|_| Err("encoding it panicked".to_owned()));
+                let bytes = encoded.map_err(Failure::Encode)?;
                 Ok((bytes, value))
             }
         };

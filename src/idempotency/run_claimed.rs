@@ -188,7 +188,7 @@ where
     let retention = config.retention_header.clone();
     // What the body has ready now: most bodies are whole at once and are
     // recorded before the answer, as they are replayed.
-    let mut body = Box::pin(res_body);
+    let mut body = record::pinned(res_body);
     let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
     match record::read_ready(&mut body, &mut copy, &mut frames, cx) {
         end @ (Read::Ended | Read::Failed(_)) => {

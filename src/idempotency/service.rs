@@ -355,7 +355,7 @@ where
         }
         // Read whole before the commit (nothing the handler wrote is visible
         // before it), up to the record limit.
-        let mut body = Box::pin(res_body);
+        let mut body = record::pinned(res_body);
         let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
         match record::read_to_end(&mut body, &mut copy, &mut frames).await {
             Read::Failed(error) => {

@@ -231,6 +231,53 @@ async fn recorded_failures_are_never_run_again_and_panics_free_the_key() {
     );
 }
 
+/// A value whose encoding panics (a buggy `Serialize` impl).
+#[derive(Debug)]
+struct Unencodable;
+
+impl serde::Serialize for Unencodable {
+    fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+        panic!("a Serialize bug (expected by this test)")
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Unencodable {
+    fn deserialize<D: serde::Deserializer<'de>>(_: D) -> Result<Self, D::Error> {
+        Ok(Self)
+    }
+}
+
+/// The operation ran (its effects happened), then encoding its value
+/// panicked: that is a value that cannot be encoded, so the key is completed
+/// without one, never freed, and no later delivery runs the operation again,
+/// even long after the claim's lock.
+#[tokio::test(start_paused = true)]
+async fn a_value_whose_encoding_panics_is_never_run_again() {
+    let lock = Duration::from_secs(1);
+    let engine = Engine::new(MemoryStore::builder().with_lock_timeout(lock).build());
+    let scope = Scope::new("payments");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let charge = |runs: Arc<AtomicUsize>| {
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Unencodable)
+        }
+    };
+    let k = key("charge-encode-1");
+    let first = engine
+        .run(&scope, &k, Identity::Bytes(b"c"), charge(runs.clone()))
+        .await;
+    assert!(matches!(first, Err(EngineError::Value(_))), "{first:?}");
+    tokio::time::sleep(lock * 3).await;
+    for _ in 0..2 {
+        let again = engine
+            .run(&scope, &k, Identity::Bytes(b"c"), charge(runs.clone()))
+            .await;
+        assert!(matches!(again, Ok(Outcome::Failed)), "{again:?}");
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the operation ran again");
+}
+
 #[tokio::test]
 async fn an_operation_and_an_http_request_never_share_a_fingerprint() {
     let key = key("order-00001");

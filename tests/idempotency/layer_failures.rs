@@ -313,6 +313,105 @@ async fn response_body_failing_mid_stream_never_runs_the_handler_again() {
     assert_eq!(other.status(), StatusCode::CONFLICT);
 }
 
+/// Where a [`PanickingBody`] panics.
+#[derive(Clone, Copy, Debug)]
+enum PanicAt {
+    /// On its first poll.
+    FirstPoll,
+    /// On the poll after its first frame, with no wait in between.
+    SecondPoll,
+    /// After its first frame and a wait: the rest is read after the answer.
+    AfterAWait,
+}
+
+/// A response body that panics, as a bug in the code producing it would.
+struct PanickingBody {
+    at: PanicAt,
+    polls: usize,
+}
+
+impl http_body::Body for PanickingBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        self.polls += 1;
+        match (self.at, self.polls) {
+            (PanicAt::SecondPoll | PanicAt::AfterAWait, 1) => {
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"{\"charge\":")))))
+            }
+            (PanicAt::AfterAWait, 2) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            _ => panic!("response body bug (expected by this test)"),
+        }
+    }
+}
+
+/// The handler charged and answered `201`, then its body panicked: that is a
+/// failing body. The key is completed as "response unavailable" (retries,
+/// even long after the claim's lock, get `410`, never a second charge), and
+/// the first caller sees an error, never a truncated body that ends cleanly.
+async fn a_panicking_body_is_a_failed_body(at: PanicAt) {
+    let lock = Duration::from_secs(1);
+    for cancel_on_drop in [false, true] {
+        let case = format!("{at:?}, cancel on drop: {cancel_on_drop}");
+        let (store, runs) = (
+            MemoryStore::builder().with_lock_timeout(lock).build(),
+            Runs::default(),
+        );
+        let layer = IdempotencyLayer::new(store.clone()).with_cancel_on_drop(cancel_on_drop);
+        let svc = layer.layer(handler(&runs, move |_req, run| async move {
+            if run > 1 {
+                return Ok(created(run));
+            }
+            let body = Body::new(PanickingBody { at, polls: 0 });
+            Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap())
+        }));
+        let first = tokio::spawn(svc.clone().oneshot(post(KEY, ORDER)))
+            .await
+            .unwrap_or_else(|e| panic!("{case}: the panic reached the caller: {e}"))
+            .unwrap();
+        if !first.status().is_server_error() {
+            let read = timeout(PATIENCE, first.into_body().collect()).await;
+            let read = read.unwrap_or_else(|_| panic!("{case}: the body never ended"));
+            assert!(
+                read.is_err(),
+                "{case}: a truncated body ended cleanly: {:?}",
+                read.map(|body| body.to_bytes())
+            );
+        }
+        // Well past the claim's lock: a claim left in progress would be taken over.
+        sleep(lock * 3).await;
+        for _ in 0..2 {
+            let retry = send(&svc, post(KEY, ORDER)).await;
+            retry.assert_refusal(StatusCode::GONE, "idempotency_response_unavailable");
+        }
+        assert_eq!(runs.get(), 1, "{case}: the handler ran again");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_body_panicking_on_its_first_poll_never_charges_twice() {
+    a_panicking_body_is_a_failed_body(PanicAt::FirstPoll).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_response_body_panicking_after_its_first_frame_never_charges_twice() {
+    a_panicking_body_is_a_failed_body(PanicAt::SecondPoll).await;
+}
+
+/// The panic comes once the caller has the head and the first frame: it
+/// still sees an error, not a body cut short that ends cleanly.
+#[tokio::test(start_paused = true)]
+async fn a_streamed_response_body_panicking_mid_stream_never_charges_twice() {
+    a_panicking_body_is_a_failed_body(PanicAt::AfterAWait).await;
+}
+
 // Request body: limits, timeouts, exact bytes.
 
 #[tokio::test]
