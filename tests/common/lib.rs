@@ -3,7 +3,7 @@
 //! test binary re-run as a server process), a real HTTP client and the
 //! examples as processes, the layer's in-process harness, an exact model of
 //! JSON, and the scenarios several binaries run on their own store (cancel at
-//! every poll, keep-alive, stall at every phase).
+//! every poll, keep-alive, stall at every phase) and a store that panics.
 //!
 //! Each binary is a folder beside this one (`idempotency/main.rs`, ...) and
 //! uses these as `tower_idempotency_tests::...`. Gated on the features of the
@@ -14,5 +14,6 @@ pub mod exact_json;
 pub mod http;
 pub mod keep_alive;
 pub mod oneshot;
+pub mod panics;
 pub mod stalls;
 pub mod support;
