@@ -20,11 +20,13 @@ mod layer_recording;
 mod layer_retention;
 // The store conformance suite is behind `test-util`.
 mod cancel_memory;
+mod clock_step;
 #[cfg(feature = "test-util")]
 mod memory_store;
 mod memory_store_adversarial;
 mod proptest_fingerprint;
 mod replay_fidelity;
+mod store_panics;
 mod takeover;
 
 mod keep_alive_memory;

@@ -12,6 +12,17 @@
 //! excused only if the claim had gone a whole lock timeout without
 //! extension *and* its owner's link to the store had a fault longer than the
 //! bounded ones (see `faults::BOUNDED_MS`) during that time.
+//!
+//! The instances also purge while the clients run. `purge_expired` changes
+//! nothing in the model: it may only remove what had expired, so the rules
+//! above hold as they are (a live claim it removed shows as a takeover of a
+//! claim extended less than a lock ago, or as its owner's token refused).
+//! `purge_scope` erases the records of its scope: in the store's model every
+//! key of the scope is free again, so a token claimed before it holds
+//! nothing after it, and a key answered before it may run once more after
+//! it (an *epoch* of a key is its time between two purges of its scope).
+//! And once a purge has returned to its caller, no answer asked for after
+//! that comes from a run claimed before the purge.
 
 use super::faults::Fault;
 use super::instance::Sent;
@@ -56,6 +67,22 @@ pub struct Effect {
     pub item: String,
     pub by: &'static str,
     pub at: u64,
+    /// The fencing token of the run that made it.
+    pub token: i64,
+}
+
+/// One maintenance call as its caller saw it: `purge_scope` of `scope`, or
+/// `purge_expired` without one.
+#[derive(Clone, Debug)]
+pub struct Purge {
+    /// What the store's log records it by.
+    pub id: u64,
+    pub by: &'static str,
+    pub scope: Option<&'static str>,
+    pub invoked: u64,
+    pub ended: u64,
+    /// How many records it removed, or why its caller does not know.
+    pub removed: Result<u64, String>,
 }
 
 pub struct Run<'a> {
@@ -63,6 +90,7 @@ pub struct Run<'a> {
     pub effects: &'a [Effect],
     pub log: &'a [Applied],
     pub faults: &'a [Fault],
+    pub purges: &'a [Purge],
 }
 
 type Key = (String, String);
@@ -81,6 +109,15 @@ pub struct Figures {
     pub takeovers: usize,
     pub excused_takeovers: usize,
     pub excused_double_effects: usize,
+    /// `purge_scope` and `purge_expired` calls the store applied, and the
+    /// records they removed.
+    pub scope_purges: usize,
+    pub expired_purges: usize,
+    pub purged_records: u64,
+    /// Second effects of a key whose record a `purge_scope` had erased.
+    pub reruns_after_purge: usize,
+    /// `2xx` answers asked for after a `purge_scope` of their scope returned.
+    pub answers_after_purge: usize,
 }
 
 /// A broken promise: what, and the history of its key.
@@ -139,6 +176,16 @@ fn takeovers(run: &Run<'_>, violations: &mut Vec<Violation>) -> BTreeMap<Key, Ve
         })
     };
     for a in run.log {
+        match &a.op {
+            // Every key of the scope is free: its tokens hold nothing.
+            Op::PurgedScope { .. } => {
+                state.retain(|key, _| key.0 != a.key.0);
+                continue;
+            }
+            // Only what had expired goes, which the model need not know.
+            Op::PurgedExpired { .. } => continue,
+            _ => {}
+        }
         let current = state.get(&a.key);
         match (&a.op, current) {
             (Op::Claimed(token), Some(State::Held { owner, last, .. })) => {
@@ -189,6 +236,23 @@ fn takeovers(run: &Run<'_>, violations: &mut Vec<Violation>) -> BTreeMap<Key, Ve
             (Op::Released(t), Some(State::Held { token, .. })) if t == token => {
                 state.remove(&a.key);
             }
+            // Only a takeover or a purge of its scope (each of which
+            // changes the model's holder) ends a live claim.
+            (Op::Refused(what, t), Some(State::Held { token, last, .. }))
+                if t == token && a.at.saturating_sub(*last) + super::TICK_MS < lock =>
+            {
+                let stale = a.at.saturating_sub(*last);
+                bug(
+                    &a.key,
+                    format!("the store refused {what} of the live claim {t}, extended {stale} ms ago"),
+                );
+            }
+            // A begin that did not claim found a record: none exists after
+            // a release or a purge of its scope (nor before the first claim).
+            (Op::Decided(what), None) => bug(
+                &a.key,
+                format!("the store answered {what} for a key it holds no record of (purged, released or never claimed)"),
+            ),
             // Releasing a claim that is gone is not an error.
             (Op::Released(_), _) | (Op::Decided(_) | Op::Refused(..), _) => {}
             (op, _) => bug(
@@ -198,6 +262,64 @@ fn takeovers(run: &Run<'_>, violations: &mut Vec<Violation>) -> BTreeMap<Key, Ve
         }
     }
     found
+}
+
+/// Where each token's claim, and each applied `purge_scope`, is in the
+/// store's log.
+struct Positions {
+    claims: BTreeMap<i64, usize>,
+    /// Per scope, the log positions of its purges, in order.
+    scope_purges: BTreeMap<String, Vec<usize>>,
+    /// Per purge id, its log position.
+    purge_ids: BTreeMap<u64, usize>,
+}
+
+impl Positions {
+    fn of(log: &[Applied]) -> Self {
+        let mut positions = Self {
+            claims: BTreeMap::new(),
+            scope_purges: BTreeMap::new(),
+            purge_ids: BTreeMap::new(),
+        };
+        for (i, a) in log.iter().enumerate() {
+            match &a.op {
+                Op::Claimed(token) => {
+                    positions.claims.insert(*token, i);
+                }
+                Op::PurgedScope { id, .. } => {
+                    positions
+                        .scope_purges
+                        .entry(a.key.0.clone())
+                        .or_default()
+                        .push(i);
+                    positions.purge_ids.insert(*id, i);
+                }
+                Op::PurgedExpired { id, .. } => {
+                    positions.purge_ids.insert(*id, i);
+                }
+                _ => {}
+            }
+        }
+        positions
+    }
+
+    /// How many purges of `scope` the store applied before `token`'s claim:
+    /// the epoch of the key its run answers for.
+    fn epoch(&self, scope: &str, token: i64) -> usize {
+        let Some(&claimed) = self.claims.get(&token) else {
+            return 0;
+        };
+        self.scope_purges
+            .get(scope)
+            .map_or(0, |purges| purges.partition_point(|&p| p < claimed))
+    }
+}
+
+/// The token of the run whose effect a `2xx` body names, if it names one.
+fn answer_token(body: &[u8], effects: &[Effect]) -> Option<i64> {
+    let answer: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let n = answer["effect"].as_u64()? as usize;
+    effects.get(n).map(|e| e.token)
 }
 
 /// Judges a run; the figures, or every violation found.
@@ -219,6 +341,20 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
             .get(key)
             .is_some_and(|ts| ts.iter().any(|t| t.excused))
     };
+    let positions = Positions::of(run.log);
+    for a in run.log {
+        match a.op {
+            Op::PurgedScope { removed, .. } => {
+                figures.scope_purges += 1;
+                figures.purged_records += removed;
+            }
+            Op::PurgedExpired { removed, .. } => {
+                figures.expired_purges += 1;
+                figures.purged_records += removed;
+            }
+            _ => {}
+        }
+    }
 
     // (a) At most one effect per key, unless an excused takeover separates two.
     let mut by_key: BTreeMap<Key, Vec<&Effect>> = BTreeMap::new();
@@ -236,7 +372,12 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
                     t.excused && t.owner == first.by && t.at >= first.at && t.at <= second.at
                 })
             });
-            if excused {
+            // Erased between the two runs' claims: the key was free again.
+            let purged =
+                positions.epoch(&key.0, first.token) != positions.epoch(&key.0, second.token);
+            if purged {
+                figures.reruns_after_purge += 1;
+            } else if excused {
                 figures.excused_double_effects += 1;
             } else {
                 violations.push(Violation {
@@ -250,9 +391,9 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
         }
     }
 
-    // (b) Every 2xx answer of a key is the same answer; (c) it is this
-    // request's own, and names a real effect of it.
-    let mut answers: BTreeMap<Key, &Bytes> = BTreeMap::new();
+    // (b) Every 2xx answer of a key in one epoch is the same answer; (c) it
+    // is this request's own, and names a real effect of it.
+    let mut answers: BTreeMap<(Key, usize), &Bytes> = BTreeMap::new();
     for a in run.history {
         match &a.outcome {
             Outcome::Info(why) if why == "hung up" => figures.hung_up += 1,
@@ -265,7 +406,9 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
                         key: key.clone(),
                     });
                 }
-                let first = *answers.entry(key.clone()).or_insert(body);
+                let token = answer_token(body, run.effects);
+                let epoch = token.map_or(0, |t| positions.epoch(a.tenant, t));
+                let first = *answers.entry((key.clone(), epoch)).or_insert(body);
                 if first != body && !excused_key(&key) {
                     violations.push(Violation {
                         what: format!(
@@ -281,6 +424,61 @@ pub fn check(run: &Run<'_>) -> Result<Figures, Vec<Violation>> {
             }
             Outcome::Answer { .. } => figures.refused += 1,
             Outcome::Info(_) => {}
+        }
+    }
+
+    // (d) Once a `purge_scope` has returned, no answer asked for after it
+    // comes from a run claimed before it: a request claimed after the purge
+    // runs and is recorded anew, a request running during it is never
+    // replayed afterwards.
+    for purge in run.purges {
+        let (Some(scope), Ok(_)) = (purge.scope, &purge.removed) else {
+            continue;
+        };
+        let Some(&purged) = positions.purge_ids.get(&purge.id) else {
+            violations.push(Violation {
+                what: format!(
+                    "purge {} of {scope} returned to {} at {} ms, but the store never applied it",
+                    purge.id, purge.by, purge.ended
+                ),
+                key: (scope.to_owned(), String::new()),
+            });
+            continue;
+        };
+        for a in run.history {
+            let Outcome::Answer {
+                status,
+                replayed,
+                body,
+            } = &a.outcome
+            else {
+                continue;
+            };
+            if a.tenant != scope || a.invoked < purge.ended || !(200..300).contains(status) {
+                continue;
+            }
+            figures.answers_after_purge += 1;
+            let Some(token) = answer_token(body, run.effects) else {
+                continue; // (c) said so already
+            };
+            match positions.claims.get(&token) {
+                Some(&claimed) if claimed > purged => {}
+                claimed => {
+                    violations.push(Violation {
+                        what: format!(
+                        "{} asked at {} ms, after purge {} of {scope} returned at {} ms, and was \
+                         answered{} by run {token}, claimed {} the purge",
+                        a.client,
+                        a.invoked,
+                        purge.id,
+                        purge.ended,
+                        if *replayed { " (replayed)" } else { "" },
+                        if claimed.is_some() { "before" } else { "never (in the log) before" },
+                    ),
+                        key: (a.tenant.to_owned(), a.key.clone()),
+                    })
+                }
+            }
         }
     }
     match violations.is_empty() {
@@ -357,8 +555,28 @@ pub fn history_of(run: &Run<'_>, key: &Key) -> String {
     {
         lines.push((e.at, format!("EFFECT #{} v{} by {}", e.n, e.v, e.by)));
     }
-    for l in run.log.iter().filter(|l| &l.key == key) {
+    let about_key = |l: &Applied| match l.op {
+        Op::PurgedScope { .. } => l.key.0 == key.0,
+        Op::PurgedExpired { .. } => true,
+        _ => &l.key == key,
+    };
+    for l in run.log.iter().filter(|l| about_key(l)) {
         lines.push((l.at, format!("store applied {:?} from {}", l.op, l.from)));
+    }
+    for p in run
+        .purges
+        .iter()
+        .filter(|p| p.scope.is_none_or(|s| s == key.0))
+    {
+        let what = match p.scope {
+            Some(scope) => format!("purge_scope({scope})"),
+            None => "purge_expired".to_owned(),
+        };
+        lines.push((p.invoked, format!("{} {what} #{} invoke", p.by, p.id)));
+        lines.push((
+            p.ended,
+            format!("{} {what} #{} <- {:?}", p.by, p.id, p.removed),
+        ));
     }
     for f in run.faults {
         lines.push((

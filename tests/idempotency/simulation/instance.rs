@@ -4,7 +4,7 @@
 //! Clients send keyed requests to either instance, hang up at random
 //! points (the connection is dropped mid-request), and retry.
 
-use super::checker::{Attempt, Effect, Outcome};
+use super::checker::{Attempt, Effect, Outcome, Purge};
 use super::wire::RemoteStore;
 use super::{now_ms, Rng, Shared, LOCK};
 use axum::body::Body;
@@ -18,7 +18,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::{IdempotencyLayer, Scope};
+use tower_idempotency::{engine, IdempotencyLayer, Scope};
 use turmoil::net::{TcpListener, TcpStream};
 
 const PORT: u16 = 80;
@@ -29,6 +29,9 @@ pub const TENANTS: [&str; 2] = ["tenant-a", "tenant-b"];
 pub const KEYS: usize = 5;
 const OPS_PER_CLIENT: usize = 6;
 const ATTEMPTS: usize = 6;
+/// Of an instance's maintenance calls, the share that erases a tenant
+/// (`purge_scope`); the rest are `purge_expired`.
+const PURGE_SCOPE_PERCENT: u64 = 15;
 
 /// The body of a request: the item it orders (named by its key) and a
 /// variant (another variant under the same key is another request).
@@ -41,6 +44,7 @@ struct Order {
 /// The instance host's software.
 pub async fn serve_instance(name: &'static str, seed: u64, shared: Shared) -> turmoil::Result {
     let rng = Arc::new(Mutex::new(Rng::new(seed)));
+    let shared_for_maintenance = shared.clone();
     let handler = tower::service_fn(move |req: Request<Body>| {
         handle(name, rng.clone(), shared.effects.clone(), req)
     });
@@ -48,6 +52,7 @@ pub async fn serve_instance(name: &'static str, seed: u64, shared: Shared) -> tu
         .with_wait_timeout(WAIT)
         .layer(handler);
     let listener = TcpListener::bind(("0.0.0.0", PORT)).await?;
+    tokio::task::spawn_local(maintain(name, seed, shared_for_maintenance));
     loop {
         let (stream, _) = listener.accept().await?;
         let service = service.clone();
@@ -88,6 +93,12 @@ async fn handle(
         .to_str()
         .unwrap()
         .to_owned();
+    let token = req
+        .extensions()
+        .get::<engine::Attempt>()
+        .expect("a claimed run")
+        .token()
+        .0;
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let order: Order = serde_json::from_slice(&body).expect("an order");
     let lock = LOCK.as_millis() as u64;
@@ -116,6 +127,7 @@ async fn handle(
             item: order.item.clone(),
             by: name,
             at: now_ms(),
+            token,
         });
         n
     };
@@ -128,6 +140,36 @@ async fn handle(
         .header("content-type", "application/json")
         .body(Body::from(answer.to_string()));
     Ok(created.unwrap())
+}
+
+/// The application's maintenance on one instance, as it would schedule it:
+/// now and then `purge_expired`, and now and then a tenant erased with
+/// `purge_scope`, at seeded random points while the clients run, each
+/// recorded with when it was invoked and what its caller heard.
+async fn maintain(name: &'static str, seed: u64, shared: Shared) {
+    // Its own stream, so that the handlers' draws are not shifted.
+    let mut rng = Rng::new(seed ^ 0x00C0_FFEE);
+    let instance = super::INSTANCES.iter().position(|&i| i == name).unwrap() as u64;
+    for n in 0.. {
+        tokio::time::sleep(Duration::from_millis(rng.range(300, 2_000))).await;
+        if shared.clients_done.load(Ordering::SeqCst) >= super::CLIENTS {
+            return;
+        }
+        let scope = rng
+            .chance(PURGE_SCOPE_PERCENT)
+            .then(|| TENANTS[rng.below(2) as usize]);
+        let id = (instance << 32) | n;
+        let invoked = now_ms();
+        let returned = RemoteStore.purge(id, scope).await;
+        shared.purges.lock().unwrap().push(Purge {
+            id,
+            by: name,
+            scope,
+            invoked,
+            ended: now_ms(),
+            removed: returned.map_err(|e| e.to_string()),
+        });
+    }
 }
 
 /// One request as a client sends it.

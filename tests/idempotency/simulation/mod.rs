@@ -2,7 +2,10 @@
 //! (turmoil: simulated hosts, network and clock), with faults injected
 //! between each instance and the store, and random client histories checked
 //! for the crate's promise: at most one effect per key, and every
-//! acknowledged answer replays (see `checker`).
+//! acknowledged answer replays (see `checker`). The instances purge as an
+//! application does (`purge_expired`, and now and then `purge_scope` of a
+//! tenant) at seeded random points, and the checker holds them to it: after
+//! a purge of a scope returns, no record of it replays.
 //!
 //! Everything runs on one thread under turmoil's simulated time, which
 //! drives each host's tokio clock, and so the store's lock expiry
@@ -77,6 +80,7 @@ impl Rng {
 struct Shared {
     history: Arc<Mutex<Vec<checker::Attempt>>>,
     effects: Arc<Mutex<Vec<checker::Effect>>>,
+    purges: Arc<Mutex<Vec<checker::Purge>>>,
     log: wire::StoreLog,
     clients_done: Arc<AtomicUsize>,
 }
@@ -136,18 +140,20 @@ fn run_seed(seed: u64) -> Outcome {
     let simulated = sim.elapsed();
     drop(sim);
 
-    let (history, effects, log) = (
+    let (history, effects, log, purges) = (
         shared.history.lock().unwrap(),
         shared.effects.lock().unwrap(),
         shared.log.lock().unwrap(),
+        shared.purges.lock().unwrap(),
     );
     let run = Run {
         history: &history,
         effects: &effects,
         log: &log,
         faults: &faults,
+        purges: &purges,
     };
-    let digest = format!("{:?}\n{:?}\n{:?}", *history, *effects, *log);
+    let digest = format!("{:?}\n{:?}\n{:?}\n{:?}", *history, *effects, *log, *purges);
     let figures = ended
         .map_err(|e| format!("seed {seed}: the simulation failed: {e}"))
         .and_then(|()| {
@@ -178,9 +184,11 @@ fn env(name: &str) -> Option<u64> {
 /// partitions, held and lost messages between the instances and the store,
 /// clients that hang up and retry, handlers that fail or outlast the lock:
 /// each key has at most one effect (but for a takeover after an outage
-/// longer than the lock timeout), every `2xx` answer of a key is the same,
+/// longer than the lock timeout, or a `purge_scope` that erased its record),
+/// every `2xx` answer of a key is the same until its scope is purged,
 /// replayed identically to the auditor once the network is healthy, and
-/// answers only its own tenant and key.
+/// answers only its own tenant and key; after a `purge_scope` returns, no
+/// answer comes from a run claimed before it.
 #[test]
 fn random_histories_keep_one_effect_per_key_and_replay_every_answer() {
     let seeds: Vec<u64> = match env("SIM_SEED") {
@@ -227,6 +235,13 @@ fn random_histories_keep_one_effect_per_key_and_replay_every_answer() {
         total.acknowledged > 0 && total.effects > 0,
         "the histories did something"
     );
+    // A single seed may draw no purge of a scope; the default run must.
+    if seeds.len() >= DEFAULT_SEEDS as usize {
+        assert!(
+            total.scope_purges > 0 && total.expired_purges > 0 && total.answers_after_purge > 0,
+            "the histories purged, and asked after purges: {total:?}"
+        );
+    }
 }
 
 /// A seed is its history: two runs of one seed observe the same attempts,
@@ -251,5 +266,10 @@ impl Figures {
         self.takeovers += f.takeovers;
         self.excused_takeovers += f.excused_takeovers;
         self.excused_double_effects += f.excused_double_effects;
+        self.scope_purges += f.scope_purges;
+        self.expired_purges += f.expired_purges;
+        self.purged_records += f.purged_records;
+        self.reruns_after_purge += f.reruns_after_purge;
+        self.answers_after_purge += f.answers_after_purge;
     }
 }

@@ -1,15 +1,17 @@
 //! The checker on histories written by hand: each broken promise it must
 //! find, and the one double effect the contract allows, which it must excuse.
 
-use super::checker::{check, Attempt, Effect, Outcome, Run};
+use super::checker::{check, Attempt, Effect, Outcome, Purge, Run};
 use super::faults::{Fault, Kind};
 use super::wire::{Applied, Op};
 use bytes::Bytes;
 
 const KEY: &str = "order-key-0";
 
+/// Effect `n`, made by the run of claim `n + 1`.
 fn effect(n: usize, by: &'static str, at: u64) -> Effect {
     Effect {
+        token: n as i64 + 1,
         n,
         tenant: "tenant-a".into(),
         key: KEY.into(),
@@ -89,6 +91,7 @@ fn a_second_effect_without_a_takeover_is_a_violation() {
         effects: &effects,
         log: &log,
         faults: &[],
+        purges: &[],
     };
     let found = violations(&run);
     assert!(
@@ -106,6 +109,7 @@ fn a_takeover_after_an_outage_longer_than_the_lock_is_excused() {
         effects: &effects,
         log: &log,
         faults: &faults,
+        purges: &[],
     };
     let figures = check(&run).expect("excused");
     assert_eq!(figures.excused_double_effects, 1);
@@ -122,6 +126,7 @@ fn a_takeover_without_an_outage_of_the_owner_is_a_violation() {
         effects: &effects,
         log: &log,
         faults: &faults,
+        purges: &[],
     };
     let found = violations(&run);
     assert!(
@@ -140,6 +145,7 @@ fn the_store_taking_over_a_live_claim_is_a_violation() {
         effects: &[],
         log: &log,
         faults: &faults,
+        purges: &[],
     };
     let found = violations(&run);
     assert!(
@@ -159,6 +165,7 @@ fn a_completion_by_a_token_that_lost_the_key_is_a_violation() {
         effects: &[],
         log: &log,
         faults: &[],
+        purges: &[],
     };
     let found = violations(&run);
     assert!(
@@ -177,6 +184,7 @@ fn two_different_acknowledged_answers_of_a_key_are_a_violation() {
         effects: &effects[..1],
         log: &log,
         faults: &[],
+        purges: &[],
     };
     let found = violations(&run);
     assert!(
@@ -188,6 +196,7 @@ fn two_different_acknowledged_answers_of_a_key_are_a_violation() {
         effects: &effects[..1],
         log: &log,
         faults: &[],
+        purges: &[],
     };
     assert_eq!(violations(&run), Vec::<String>::new(), "one answer is fine");
 }
@@ -202,6 +211,7 @@ fn an_answer_naming_another_tenant_or_effect_is_a_violation() {
         effects: &effects,
         log: &log,
         faults: &[],
+        purges: &[],
     };
     let found = violations(&run);
     assert!(
@@ -214,10 +224,183 @@ fn an_answer_naming_another_tenant_or_effect_is_a_violation() {
         effects: &effects,
         log: &log,
         faults: &[],
+        purges: &[],
     };
     let found = violations(&run);
     assert!(
         found.iter().any(|v| v.contains("not one of its own")),
+        "{found:?}"
+    );
+}
+
+/// `purge_scope` #7 of tenant-a, applied at 300 ms, returned to app2 at 310 ms.
+fn purge_of_tenant_a() -> (Applied, Purge) {
+    let applied = Applied {
+        at: 300,
+        from: "app2".into(),
+        key: ("tenant-a".into(), String::new()),
+        op: Op::PurgedScope { id: 7, removed: 1 },
+    };
+    let purge = Purge {
+        id: 7,
+        by: "app2",
+        scope: Some("tenant-a"),
+        invoked: 290,
+        ended: 310,
+        removed: Ok(1),
+    };
+    (applied, purge)
+}
+
+fn replayed(mut attempt: Attempt) -> Attempt {
+    if let Outcome::Answer { replayed, .. } = &mut attempt.outcome {
+        *replayed = true;
+    }
+    attempt
+}
+
+#[test]
+fn a_replay_after_a_purge_returned_of_a_run_claimed_before_it_is_a_violation() {
+    let (purged, purge) = purge_of_tenant_a();
+    let effects = [effect(0, "app1", 100)];
+    // The store kept the record the purge should have erased.
+    let log = [
+        applied(90, "app1", Op::Claimed(1)),
+        applied(150, "app1", Op::Completed(1)),
+        purged,
+        applied(400, "app2", Op::Decided("replay")),
+    ];
+    let history = [
+        answer("tenant-a", 0, 120),
+        replayed(answer("tenant-a", 0, 400)),
+    ];
+    let purges = [purge];
+    let run = Run {
+        history: &history,
+        effects: &effects,
+        log: &log,
+        faults: &[],
+        purges: &purges,
+    };
+    let found = violations(&run);
+    assert!(
+        found.iter().any(|v| v.contains("claimed before the purge")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|v| v.contains("holds no record of")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn a_key_run_again_after_a_purge_of_its_scope_is_allowed() {
+    let (purged, purge) = purge_of_tenant_a();
+    let effects = [effect(0, "app1", 100), effect(1, "app2", 360)];
+    let log = [
+        applied(90, "app1", Op::Claimed(1)),
+        applied(150, "app1", Op::Completed(1)),
+        purged,
+        applied(350, "app2", Op::Claimed(2)),
+        applied(380, "app2", Op::Completed(2)),
+        applied(420, "app1", Op::Decided("replay")),
+    ];
+    // Answered once before the purge, then (another answer) after it.
+    let history = [
+        answer("tenant-a", 0, 120),
+        answer("tenant-a", 1, 340),
+        replayed(answer("tenant-a", 1, 420)),
+    ];
+    let purges = [purge];
+    let run = Run {
+        history: &history,
+        effects: &effects,
+        log: &log,
+        faults: &[],
+        purges: &purges,
+    };
+    let figures = check(&run).expect("a purge frees the key");
+    assert_eq!(
+        (figures.reruns_after_purge, figures.answers_after_purge),
+        (1, 2)
+    );
+}
+
+#[test]
+fn a_completion_after_a_purge_by_a_run_claimed_before_it_is_a_violation() {
+    let (purged, _) = purge_of_tenant_a();
+    let log = [
+        applied(90, "app1", Op::Claimed(1)),
+        purged,
+        applied(320, "app1", Op::Completed(1)),
+    ];
+    let run = Run {
+        history: &[],
+        effects: &[],
+        log: &log,
+        faults: &[],
+        purges: &[],
+    };
+    let found = violations(&run);
+    assert!(
+        found.iter().any(|v| v.contains("not holding the key")),
+        "{found:?}"
+    );
+}
+
+#[test]
+fn purge_expired_removing_a_live_claim_is_a_violation() {
+    let expired = Applied {
+        at: 400,
+        from: "app2".into(),
+        key: (String::new(), String::new()),
+        op: Op::PurgedExpired { id: 3, removed: 1 },
+    };
+    // The owner's next extension is refused...
+    let log = [
+        applied(90, "app1", Op::Claimed(1)),
+        applied(300, "app1", Op::Extended(1)),
+        expired.clone(),
+        applied(450, "app1", Op::Refused("extend", 1)),
+    ];
+    let run = Run {
+        history: &[],
+        effects: &[],
+        log: &log,
+        faults: &[],
+        purges: &[],
+    };
+    let found = violations(&run);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("refused extend of the live claim")),
+        "{found:?}"
+    );
+    // ...or a retry claims the key and runs a second time.
+    let log = [
+        applied(90, "app1", Op::Claimed(1)),
+        applied(300, "app1", Op::Extended(1)),
+        expired,
+        applied(450, "app2", Op::Claimed(2)),
+    ];
+    let effects = [effect(0, "app1", 100), effect(1, "app2", 460)];
+    let run = Run {
+        history: &[],
+        effects: &effects,
+        log: &log,
+        faults: &[],
+        purges: &[],
+    };
+    let found = violations(&run);
+    assert!(
+        found
+            .iter()
+            .any(|v| v.contains("took over a claim extended")),
+        "{found:?}"
+    );
+    assert!(
+        found.iter().any(|v| v.contains("a second effect")),
         "{found:?}"
     );
 }

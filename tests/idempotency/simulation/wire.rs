@@ -40,8 +40,9 @@ enum Request {
     Extend(Key, i64),
     Release(Key, i64),
     Wait(Key, u64),
-    PurgeExpired,
-    PurgeScope(String),
+    /// A purge, with the id its caller records it by.
+    PurgeExpired(u64),
+    PurgeScope(u64, String),
 }
 
 #[derive(Serialize, Deserialize, Debug)]
@@ -92,6 +93,17 @@ pub enum Op {
     Released(i64),
     /// `complete`, `extend` or `release` refused: the token owns nothing.
     Refused(&'static str, i64),
+    /// `purge_scope` of the scope in `key.0` (`key.1` is empty) erased
+    /// `removed` records; `id` is its caller's.
+    PurgedScope {
+        id: u64,
+        removed: u64,
+    },
+    /// `purge_expired` erased `removed` records (`key` is empty).
+    PurgedExpired {
+        id: u64,
+        removed: u64,
+    },
 }
 
 pub type StoreLog = Arc<Mutex<Vec<Applied>>>;
@@ -226,14 +238,30 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
             Ok(()) => Reply::Done,
             Err(e) => failed(e),
         },
-        Request::PurgeExpired => match store.purge_expired().await {
-            Ok(n) => Reply::Count(n),
+        Request::PurgeExpired(id) => match store.purge_expired().await {
+            Ok(removed) => {
+                let everywhere = Key {
+                    scope: String::new(),
+                    key: String::new(),
+                };
+                log(&everywhere, Op::PurgedExpired { id, removed });
+                Reply::Count(removed)
+            }
             Err(e) => failed(e),
         },
-        Request::PurgeScope(scope) => match store.purge_scope(&Scope::new(scope)).await {
-            Ok(n) => Reply::Count(n),
-            Err(e) => failed(e),
-        },
+        Request::PurgeScope(id, scope) => {
+            match store.purge_scope(&Scope::new(scope.as_str())).await {
+                Ok(removed) => {
+                    let scope = Key {
+                        scope,
+                        key: String::new(),
+                    };
+                    log(&scope, Op::PurgedScope { id, removed });
+                    Reply::Count(removed)
+                }
+                Err(e) => failed(e),
+            }
+        }
     }
 }
 
@@ -385,16 +413,15 @@ impl Store for RemoteStore {
     }
 }
 
-impl Maintenance for RemoteStore {
-    async fn purge_expired(&self) -> Result<u64, StoreError> {
-        match self.call(Request::PurgeExpired, OP_TIMEOUT).await? {
-            Reply::Count(n) => Ok(n),
-            other => Err(unexpected(other)),
-        }
-    }
-
-    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        let request = Request::PurgeScope(scope.as_str().to_owned());
+impl RemoteStore {
+    /// `Maintenance::purge_scope` of `scope`, or `purge_expired` without
+    /// one, on the store host, sent with an `id` the store's log records it
+    /// by (what the `Maintenance` trait's signature has no room for).
+    pub async fn purge(&self, id: u64, scope: Option<&str>) -> Result<u64, StoreError> {
+        let request = match scope {
+            Some(scope) => Request::PurgeScope(id, scope.to_owned()),
+            None => Request::PurgeExpired(id),
+        };
         match self.call(request, OP_TIMEOUT).await? {
             Reply::Count(n) => Ok(n),
             other => Err(unexpected(other)),
