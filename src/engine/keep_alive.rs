@@ -6,7 +6,6 @@ use crate::store::erased::ErasedStore;
 use crate::store::{FencingToken, RecordKey, StoreError};
 use pin_project_lite::pin_project;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -116,25 +115,17 @@ async fn heartbeat(
                  (run blocking work in spawn_blocking, on a multi-thread runtime)"
             );
         }
-        let extend = unwound(store.extend(&record, token));
-        let attempt = tokio::time::timeout(schedule.time_box(sent), extend);
+        let attempt = tokio::time::timeout(schedule.time_box(sent), store.extend(&record, token));
         match attempt.await {
-            Ok(Ok(Ok(()))) => {
+            Ok(Ok(())) => {
                 schedule.succeeded(sent);
                 warned_expiry = false;
             }
             // Its completion is fenced by the same token and will be refused.
-            Ok(Ok(Err(StoreError::ClaimLost))) => return Lost,
+            Ok(Err(StoreError::ClaimLost)) => return Lost,
             // A store hiccup: tried again at once, well before the lock runs out.
-            Ok(Ok(Err(error))) => {
+            Ok(Err(error)) => {
                 tracing::warn!(%error, "extending a running claim failed");
-                schedule.failed(sent, Instant::now());
-            }
-            // A store's bug, taken as a failed attempt: a heartbeat that ended
-            // here would let the claim expire under a running handler, and a
-            // retry take it over and run it again.
-            Ok(Err(Panicked)) => {
-                tracing::warn!("extending a running claim panicked");
                 schedule.failed(sent, Instant::now());
             }
             Err(_elapsed) => {
@@ -148,22 +139,6 @@ async fn heartbeat(
             warned_expiry = true;
         }
     }
-}
-
-/// A store call panicked.
-struct Panicked;
-
-/// `call`, with a panic inside it caught.
-async fn unwound<T>(call: impl Future<Output = T>) -> Result<T, Panicked> {
-    let mut call = std::pin::pin!(call);
-    std::future::poll_fn(|cx| {
-        match std::panic::catch_unwind(AssertUnwindSafe(|| call.as_mut().poll(cx))) {
-            Ok(Poll::Ready(output)) => Poll::Ready(Ok(output)),
-            Ok(Poll::Pending) => Poll::Pending,
-            Err(_) => Poll::Ready(Err(Panicked)),
-        }
-    })
-    .await
 }
 
 pin_project! {

@@ -3,12 +3,8 @@
 //! test binary re-run as a server process), a real HTTP client and the
 //! examples as processes, the layer's in-process harness, an exact model of
 //! JSON, and the scenarios several binaries run on their own store (cancel at
-<<<<<<< HEAD
-//! every poll, keep-alive, stall at every phase, the headers replayed with
-//! a recorded body).
-=======
-//! every poll, keep-alive, stall at every phase) and a store that panics.
->>>>>>> fix-sim
+//! every poll, every fault at every poll, keep-alive, stall at every phase,
+//! the headers replayed with a recorded body, a store that panics).
 //!
 //! Each binary is a folder beside this one (`idempotency/main.rs`, ...) and
 //! uses these as `tower_idempotency_tests::...`. Gated on the features of the
@@ -21,10 +17,7 @@ pub mod faults;
 pub mod http;
 pub mod keep_alive;
 pub mod oneshot;
-<<<<<<< HEAD
-pub mod representation;
-=======
 pub mod panics;
->>>>>>> fix-sim
+pub mod representation;
 pub mod stalls;
 pub mod support;
