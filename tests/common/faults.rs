@@ -609,31 +609,60 @@ async fn settle(what: &str, in_flight: &tower_idempotency::InFlight) {
     );
 }
 
-/// One faulty `Engine::run_bytes`: the operation polls twice (counted), then
-/// has its effect and returns [`BODY`]; checked as [`layer_run`] is, an
-/// outcome read as the HTTP answer it stands for.
+/// An engine operation's effect for a key, given its run's context (where a
+/// transactional engine put its transaction).
+pub type EngineEffect = Arc<
+    dyn Fn(&tower_idempotency::engine::Context, String) -> BoxFuture<'static, ()> + Send + Sync,
+>;
+
+/// One faulty `Engine::run_bytes` on a plain engine over `Faulty(inner)`,
+/// its effect counted in this process: [`engine_run_with`].
 pub async fn engine_run<S: Store + Clone>(what: &str, inner: S, plan: Arc<Plan>, lock: Duration) {
-    use tower_idempotency::engine::{Engine, Identity};
+    use tower_idempotency::engine::Engine;
     let effects = Counted::default();
-    let key = fresh_key("fault-engine");
+    let counted = effects.clone();
+    let effect: EngineEffect = Arc::new(move |_, key| {
+        counted.apply(&key);
+        Box::pin(async {})
+    });
     let faulty = Engine::new(Faulty {
         inner: inner.clone(),
         plan: plan.clone(),
-    })
-    .with_wait_timeout(Duration::ZERO);
-    let clean = Engine::new(inner).with_wait_timeout(Duration::ZERO);
+    });
+    let clean = Engine::new(inner);
+    engine_run_with(what, faulty, clean, plan, lock, effect, &effects).await;
+}
+
+/// One faulty `Engine::run_bytes` through `faulty` (an engine over a
+/// `Faulty` store of `plan`): the operation polls twice (counted), then has
+/// its effect and returns [`BODY`]; checked as [`layer_run`] is, with
+/// retries through `clean` (the same store without faults), an outcome
+/// read as the HTTP answer it stands for.
+pub async fn engine_run_with(
+    what: &str,
+    faulty: tower_idempotency::engine::Engine,
+    clean: tower_idempotency::engine::Engine,
+    plan: Arc<Plan>,
+    lock: Duration,
+    effect: EngineEffect,
+    effects: &impl Effects,
+) {
+    use tower_idempotency::engine::{Engine, Identity};
+    let key = fresh_key("fault-engine");
+    let faulty = faulty.with_wait_timeout(Duration::ZERO);
+    let clean = clean.with_wait_timeout(Duration::ZERO);
     let run = |engine: Engine, plan: Arc<Plan>| {
-        let (effects, key) = (effects.clone(), key.clone());
+        let (effect, key) = (effect.clone(), key.clone());
         async move {
             let id = tower_idempotency::IdempotencyKey::parse(key.as_bytes()).unwrap();
             let scope = Scope::new("jobs");
-            let operation = move |_| async move {
+            let operation = move |context| async move {
                 for _ in 0..2 {
                     if point(&plan, "operation").await.is_err() {
                         return Err(std::io::Error::other("injected operation error"));
                     }
                 }
-                effects.apply(&key);
+                effect(&context, key).await;
                 Ok(Bytes::from_static(BODY))
             };
             let task = tokio::spawn(async move {
@@ -647,7 +676,7 @@ pub async fn engine_run<S: Store + Clone>(what: &str, inner: S, plan: Arc<Plan>,
     let seen = run(faulty.clone(), plan).await;
     settle(what, &faulty.in_flight()).await;
     let retry = || run(clean.clone(), Plan::none());
-    check(what, &key, &seen, &effects, lock, retry).await;
+    check(what, &key, &seen, effects, lock, retry).await;
 }
 
 type EngineAnswer = Result<

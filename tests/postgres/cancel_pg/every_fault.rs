@@ -6,9 +6,11 @@
 
 use super::{postgres, PgProbe, LOCK};
 use std::sync::Arc;
+use tower_idempotency::engine::Engine;
 use tower_idempotency::PostgresTransaction;
 use tower_idempotency_tests::faults::{
-    at_every_poll, engine_run, layer_run, transactional_run, Effect, Effects,
+    at_every_poll, engine_run, engine_run_with, layer_run, transactional_run, Effect, Effects,
+    EngineEffect, Faulty,
 };
 
 struct Rows<'a>(&'a PgProbe);
@@ -71,6 +73,34 @@ async fn engine_every_fault_at_every_poll() {
     at_every_poll("postgres engine", |plan, what| {
         let store = h.store.clone();
         async move { engine_run(&what, store, plan, LOCK).await }
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_engine_every_fault_at_every_poll() {
+    let Some(h) = postgres().await else { return };
+    let table = h.probe.table.clone();
+    let effect: EngineEffect = Arc::new(move |context, key| {
+        let tx: PostgresTransaction = context.get().unwrap();
+        let table = table.clone();
+        Box::pin(async move {
+            let client = tx.client().await.unwrap();
+            let sql = format!("INSERT INTO {table}_effects (key) VALUES ($1)");
+            client.execute(&sql, &[&key]).await.unwrap();
+        })
+    });
+    let rows = Rows(&h.probe);
+    at_every_poll("postgres transactional engine", |plan, what| {
+        let (store, effect, rows) = (h.store.clone(), effect.clone(), &rows);
+        async move {
+            let faulty = Engine::transactional(Faulty {
+                inner: store.clone(),
+                plan: plan.clone(),
+            });
+            let clean = Engine::transactional(store);
+            engine_run_with(&what, faulty, clean, plan, LOCK, effect, rows).await
+        }
     })
     .await;
 }
