@@ -634,6 +634,47 @@ mod tests {
         }
     }
 
+    /// Memory over time: a hundred thousand scopes that each claim a key and
+    /// then release it, complete it and let it expire, or are purged, leave
+    /// no record and no quota entry behind; the counts stay bounded by the
+    /// records held at any moment, whatever the number of scopes seen.
+    #[tokio::test(start_paused = true)]
+    async fn scopes_that_come_and_go_leave_no_quota_entries_behind() {
+        let retention = std::time::Duration::from_secs(60);
+        let store = MemoryStore::builder()
+            .with_retention(retention)
+            .with_scope_quota(2)
+            .build();
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([9; 32]));
+        let quota = || store.shared.scope_quota.as_ref().unwrap();
+        for round in 0..10 {
+            for i in 0..10_000 {
+                let scope = format!("tenant-{round}-{i}");
+                let key = RecordKey::for_test(&scope, "key-0000001");
+                let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&key, &fp).await else {
+                    panic!("claim");
+                };
+                match i % 3 {
+                    0 => store.release(&key, token).await.unwrap(),
+                    1 => store
+                        .complete(&key, token, Completion::Response(response()))
+                        .await
+                        .unwrap(),
+                    _ => {
+                        let scope = crate::Scope::new(scope.as_str());
+                        store.purge_scope(&scope).await.unwrap();
+                    }
+                }
+                // Bounded by what is held now, never by the scopes seen.
+                assert!(quota().scopes() <= store.len(), "round {round}, scope {i}");
+                assert!(store.len() <= 10_000);
+            }
+            tokio::time::advance(retention + std::time::Duration::from_secs(1)).await;
+            store.purge_expired().await.unwrap();
+            assert_eq!((store.len(), quota().scopes()), (0, 0), "round {round}");
+        }
+    }
+
     /// The id a thread remembers from its last claim is only a shortcut: a
     /// completion of another claim, of another store, or of a store that
     /// reuses a dropped one's address (and so its remembered token), is found

@@ -65,6 +65,12 @@ impl ScopeQuota {
         self.held.remove_if(scope, |_, held| *held == 0);
     }
 
+    /// Scopes with an entry: those holding at least one record.
+    #[cfg(test)]
+    pub(super) fn scopes(&self) -> usize {
+        self.held.len()
+    }
+
     /// Records `scope` holds now.
     pub(super) fn held(&self, scope: &[u8]) -> usize {
         self.held.get(scope).map_or(0, |held| *held)
