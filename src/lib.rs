@@ -273,6 +273,22 @@ mod scope;
 pub mod store;
 pub mod telemetry;
 
+/// The PostgreSQL driver crates the `postgres` feature builds on, re-exported
+/// so that an application names the versions the stores take without
+/// depending on them itself: `deadpool_postgres::Pool` for
+/// [`PostgresStore::builder`], `tokio_postgres::Config` for its listener, and
+/// `tokio_postgres::types::ToSql` and `Row` for the queries a handler sends
+/// through its [`PostgresTransaction`]. [`PostgresStore::connect`] needs
+/// neither.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    #[doc(no_inline)]
+    pub use deadpool_postgres;
+    #[doc(no_inline)]
+    pub use tokio_postgres;
+}
+
 pub use engine::in_flight::InFlight;
 pub use idempotency::layer::IdempotencyLayer;
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
