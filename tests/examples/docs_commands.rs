@@ -249,13 +249,9 @@ impl Workspace {
                 ));
             }
         }
-        if subcommand == "run" && wanted.is_empty() {
-            if !selected
-                .iter()
-                .any(|p| p.targets.iter().any(|t| t.kind == Kind::Bin))
-            {
-                return Some("nothing to run: the package has no binary".to_owned());
-            }
+        let has_binary = |p: &&Package| p.targets.iter().any(|t| t.kind == Kind::Bin);
+        if subcommand == "run" && wanted.is_empty() && !selected.iter().any(has_binary) {
+            return Some("nothing to run: the package has no binary".to_owned());
         }
         for (kind, name) in wanted {
             let found = selected
