@@ -38,6 +38,7 @@
 //! [dependencies]
 //! # Until the crate is on crates.io, a checkout (or `git = "..."`); then `"0.1"`.
 //! tower-idempotency = { path = "../tower-idempotency" }
+//! tracing-subscriber = "0.3" # to see the layer's warnings
 //! ```
 //!
 //! **2. Authenticate, then put the layer on the routes that change state.**
@@ -46,7 +47,7 @@
 //! [`Scope`] (or found by any [`ScopeExtractor`]: a closure over the request
 //! head works).
 //!
-//! ```
+//! ```no_run
 //! use axum::extract::{Extension, Request};
 //! use axum::http::StatusCode;
 //! use axum::middleware::{self, Next};
@@ -55,7 +56,7 @@
 //! use axum::Router;
 //! use std::sync::atomic::{AtomicU64, Ordering};
 //! use std::sync::Arc;
-//! use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+//! use tower_idempotency::{IdempotencyLayer, MemoryStore, RecordCreated, Scope};
 //!
 //! /// Your authentication: here `Authorization: Bearer <tenant>`.
 //! async fn auth(mut req: Request, next: Next) -> Response {
@@ -77,14 +78,27 @@
 //!         let n = orders.fetch_add(1, Ordering::SeqCst) + 1;
 //!         (StatusCode::CREATED, format!(r#"{{"id":"ord_{n}","tenant":"{}"}}"#, tenant.as_str()))
 //!     };
+//!     let idempotency = IdempotencyLayer::new(MemoryStore::new())
+//!         // The default, written out: only `201 Created` is recorded. A handler
+//!         // answering `200` runs again on every retry (its answers carry
+//!         // `Idempotency-Status: not-recorded`); `RecordSuccess` records every 2xx.
+//!         .with_record_policy(RecordCreated);
 //!     Router::new()
 //!         .route("/v1/orders", post(create_order))
 //!         // Only on the routes above, and only when one matched.
-//!         .route_layer(IdempotencyLayer::new(MemoryStore::new()))
+//!         .route_layer(idempotency)
 //!         // Outside (runs first): authentication sets the scope.
 //!         .layer(middleware::from_fn(auth))
 //! }
-//! # let _ = app;
+//!
+//! #[tokio::main]
+//! async fn main() {
+//!     // The layer reports setup mistakes (a route whose answers it does not
+//!     // record, requests without a scope) as `WARN` events: print them.
+//!     tracing_subscriber::fmt().init();
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await.unwrap();
+//!     axum::serve(listener, app(Arc::default())).await.unwrap();
+//! }
 //! ```
 //!
 //! **3. What clients get.** Run it and send the same request twice:
@@ -158,24 +172,23 @@
 //! ```
 //!
 //! **5. Share records between instances** with PostgreSQL (feature
-//! `postgres`): `PostgresStore::new(pool)`, `migrate()` at startup,
-//! `purge_expired()` every few minutes. See [`store`] and the repository's
-//! `docs/postgres.md`. With Redis or Valkey
+//! `postgres`): `PostgresStore::connect(url)` (or `PostgresStore::builder`
+//! for options, TLS or a pool of your own), `migrate()` at startup,
+//! `purge_expired()` every few minutes; `IdempotencyLayer::transactional`
+//! commits the handler's writes with the record (`PostgresTransaction`). See
+//! the repository's `docs/postgres.md`. With Redis or Valkey
 //! (feature `redis`), one server or a Cluster: `RedisStore::connect(url)` or
 //! `RedisStore::connect_cluster(nodes)` (`docs/redis.md`).
 //!
 //! ```no_run
 //! # #[cfg(feature = "postgres")]
-//! # async fn run(
-//! #     pool: deadpool_postgres::Pool,
-//! #     pg_config: tokio_postgres::Config,
-//! # ) -> Result<(), tower_idempotency::store::StoreError> {
-//! use tower_idempotency::{IdempotencyLayer, PostgresStore, store::Store};
+//! # async fn run(database_url: &str) -> Result<(), tower_idempotency::store::StoreError> {
+//! use tower_idempotency::{IdempotencyLayer, PostgresStore};
 //!
-//! let store = PostgresStore::builder(pool).with_listener(pg_config).build();
+//! let store = PostgresStore::connect(database_url).await?;
 //! store.migrate().await?;
 //! let layer = IdempotencyLayer::new(store.clone());
-//! // and in a periodic task: store.purge_expired().await?;
+//! // and in a periodic task (`store::Maintenance`): store.purge_expired().await?;
 //! # let _ = layer;
 //! # Ok(())
 //! # }
@@ -272,6 +285,22 @@ mod response;
 mod scope;
 pub mod store;
 pub mod telemetry;
+
+/// The PostgreSQL driver crates the `postgres` feature builds on, re-exported
+/// so that an application names the versions the stores take without
+/// depending on them itself: `deadpool_postgres::Pool` for
+/// [`PostgresStore::builder`], `tokio_postgres::Config` for its listener, and
+/// `tokio_postgres::types::ToSql` and `Row` for the queries a handler sends
+/// through its [`PostgresTransaction`]. [`PostgresStore::connect`] needs
+/// neither.
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres {
+    #[doc(no_inline)]
+    pub use deadpool_postgres;
+    #[doc(no_inline)]
+    pub use tokio_postgres;
+}
 
 pub use engine::in_flight::InFlight;
 pub use idempotency::layer::IdempotencyLayer;

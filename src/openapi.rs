@@ -5,8 +5,8 @@
 //!
 //! - the required `Idempotency-Key` header parameter, with its format (8 to
 //!   128 characters of `[A-Za-z0-9._-]`, bare or as an RFC 8941 sf-string);
-//! - on its `2xx` responses, the `Idempotent-Replayed` and
-//!   `Idempotency-Key-Retention` headers;
+//! - on its `2xx` responses, the `Idempotent-Replayed`,
+//!   `Idempotency-Key-Retention` and `Idempotency-Status` headers;
 //! - one response per refusal status (`400`, `401`, `408`, `409`, `410`,
 //!   `413`, `429`, `500`, `503`), each refusal's body a schema of its own in
 //!   `components/schemas` (`IdempotencyRefusal.<code>`), generated from
@@ -39,6 +39,7 @@
 //! assert_eq!(post["parameters"][0]["name"], "Idempotency-Key");
 //! assert_eq!(post["parameters"][0]["required"], true);
 //! assert!(post["responses"]["201"]["headers"]["Idempotent-Replayed"].is_object());
+//! assert!(post["responses"]["201"]["headers"]["Idempotency-Status"].is_object());
 //! assert_eq!(
 //!     post["responses"]["409"]["content"]["application/json"]["examples"]
 //!         ["idempotency_key_reuse"]["value"]["code"],
@@ -121,6 +122,8 @@ const _: () = {
 const REPLAYED: &str = "Idempotent-Replayed";
 /// The OpenAPI name of the retention header.
 const RETENTION: &str = "Idempotency-Key-Retention";
+/// The OpenAPI name of the header on a `2xx` the record policy declined.
+const STATUS: &str = "Idempotency-Status";
 
 /// Documents the routes an [`IdempotencyLayer`] guards in an OpenAPI
 /// document: apply it with [`Modify::modify`] (or as a `modifiers(...)`
@@ -262,6 +265,19 @@ impl IdempotencyDoc {
             ))
             .build();
         response.headers.insert(REPLAYED.to_owned(), replayed);
+        let not_recorded = HeaderBuilder::new()
+            .schema(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["not-recorded"])),
+            )
+            .description(Some(
+                "`not-recorded` when the server did not record this response: a retry with \
+                 the same key runs the operation again. Absent on recorded responses and \
+                 their replays.",
+            ))
+            .build();
+        response.headers.insert(STATUS.to_owned(), not_recorded);
         let Some(value) = self.retention else {
             return;
         };

@@ -4,12 +4,16 @@
 //! ```sh
 //! cargo run --example reports --features leases
 //! # another shell: a double click is one job (202 created, then 200 join)
-//! for i in 1 2; do curl -s -X POST localhost:3001/reports/start -H 'Authorization: Bearer acme' \
+//! for i in 1 2; do curl -s -X POST localhost:3002/reports/start -H 'Authorization: Bearer acme' \
 //!   -H 'Content-Type: application/json' -d '{"report_type":"customer_health","period":"2026-08"}'; echo; done
-//! curl -sN localhost:3001/reports/$JOB/events -H 'Authorization: Bearer acme'
+//! # the job both answers name, followed live
+//! JOB=$(curl -s -X POST localhost:3002/reports/start -H 'Authorization: Bearer acme' \
+//!   -H 'Content-Type: application/json' -d '{"report_type":"customer_health","period":"2026-08"}' \
+//!   | sed 's/.*"job_id":"\([^"]*\)".*/\1/')
+//! curl -sN localhost:3002/reports/$JOB/events -H 'Authorization: Bearer acme'
 //! ```
 //!
-//! Env: `BIND` (default `127.0.0.1:3001`), `LEASE_SECONDS` (default 45),
+//! Env: `BIND` (default `127.0.0.1:3002`: the `processor` example takes 3001), `LEASE_SECONDS` (default 45),
 //! `REPORT_ALLOWANCE` (jobs per tenant per month; unset = unlimited),
 //! `REPORT_TOKEN_CAP` (model tokens per tenant per day, each start reserving
 //! its report's estimate: 1200 for `customer_health`, 800 otherwise; a failed
@@ -41,7 +45,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn Error>> {
-    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3001".into());
+    let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3002".into());
     let config = config_from_env()?;
     let (store, records, store_name) = job_store_from_env().await?;
     let worker = match config.worker {

@@ -1,6 +1,6 @@
 //! The [`Engine`]'s conformance check over a store (feature `test-util`):
 //! what the engine promises holds on that store. The store's own suite is
-//! [`store_conformance_tests!`](crate::store_conformance_tests); a store runs
+//! [`store_conformance_tests!`](crate::store::conformance::store_conformance_tests); a store runs
 //! this one beside it:
 //!
 //! ```
@@ -19,6 +19,11 @@
 //! tower_idempotency::engine_conformance_tests!(memory_store);
 //! # fn main() {}
 //! ```
+
+// Exported at the crate root, as `#[macro_export]` requires, and documented
+// here, beside the checks it runs, rather than at the top of the crate's page.
+#[doc(inline)]
+pub use crate::engine_conformance_tests;
 
 use super::{Engine, EngineError, Identity, Outcome};
 use crate::store::Store;
@@ -104,7 +109,8 @@ pub async fn the_engine_runs_an_operation_once_per_key<S: Store>(store: S) {
 }
 
 /// Generates the engine's `#[tokio::test]` for a store factory (see the
-/// [module documentation](self)).
+/// [module documentation](crate::engine::conformance)).
+#[doc(hidden)]
 #[macro_export]
 macro_rules! engine_conformance_tests {
     ($factory:path) => {

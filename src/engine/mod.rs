@@ -59,7 +59,10 @@ use self::in_flight::InFlight;
 use crate::downstream::DownstreamSecret;
 use crate::store::erased::SharedStore;
 use crate::store::{Store, StoreError, TransactionalStore};
+use crate::{IdempotencyKey, Scope};
+use bytes::Bytes;
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 /// Runs operations at most once per `(scope, key)` over a [`Store`]; see the
@@ -215,6 +218,60 @@ impl Engine {
     /// process exits, as an operation once claimed runs to completion.
     pub fn in_flight(&self) -> InFlight {
         self.in_flight.clone()
+    }
+}
+
+// Here rather than in `run.rs`, whose own `impl` the documentation would list
+// first: users call `new` and its options, then these.
+impl Engine {
+    /// Runs `operation` unless `(scope, key)` ran already; its value is the
+    /// recorded result every repeat gets.
+    ///
+    /// Once claimed, the operation runs to completion even if this future is
+    /// dropped, its claim is kept alive while it runs, and a dead owner's key
+    /// is taken over with a higher token after its lock runs out. A store
+    /// failure never runs it. An operation that fails frees the key unless
+    /// [`OnFailure::Record`] is set.
+    pub async fn run_bytes<F, Fut, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        identity: Identity<'_>,
+        operation: F,
+    ) -> Result<Outcome<Bytes>, EngineError<E>>
+    where
+        F: FnOnce(Context) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let encode = |bytes: &Bytes| Ok(bytes.clone());
+        let decode = |bytes: &Bytes| Ok(bytes.clone());
+        self.run_encoded(scope, key, identity, operation, encode, decode)
+            .await
+    }
+
+    /// [`run_bytes`](Self::run_bytes) for a typed value, recorded as JSON.
+    pub async fn run<T, F, Fut, E>(
+        &self,
+        scope: &Scope,
+        key: &IdempotencyKey,
+        identity: Identity<'_>,
+        operation: F,
+    ) -> Result<Outcome<T>, EngineError<E>>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
+        F: FnOnce(Context) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, E>> + Send + 'static,
+        E: Send + 'static,
+    {
+        let encode = |value: &T| {
+            serde_json::to_vec(value)
+                .map(Bytes::from)
+                .map_err(|e| e.to_string())
+        };
+        let decode = |bytes: &Bytes| serde_json::from_slice(bytes).map_err(|e| e.to_string());
+        self.run_encoded(scope, key, identity, operation, encode, decode)
+            .await
     }
 }
 

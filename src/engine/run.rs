@@ -99,57 +99,7 @@ fn fingerprint(scope: &Scope, key: &IdempotencyKey, identity: Identity<'_>) -> F
 }
 
 impl Engine {
-    /// Runs `operation` unless `(scope, key)` ran already; its value is the
-    /// recorded result every repeat gets.
-    ///
-    /// Once claimed, the operation runs to completion even if this future is
-    /// dropped, its claim is kept alive while it runs, and a dead owner's key
-    /// is taken over with a higher token after its lock runs out. A store
-    /// failure never runs it. An operation that fails frees the key unless
-    /// [`OnFailure::Record`] is set.
-    pub async fn run_bytes<F, Fut, E>(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        identity: Identity<'_>,
-        operation: F,
-    ) -> Result<Outcome<Bytes>, EngineError<E>>
-    where
-        F: FnOnce(Context) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
-        E: Send + 'static,
-    {
-        let encode = |bytes: &Bytes| Ok(bytes.clone());
-        let decode = |bytes: &Bytes| Ok(bytes.clone());
-        self.run_encoded(scope, key, identity, operation, encode, decode)
-            .await
-    }
-
-    /// [`run_bytes`](Self::run_bytes) for a typed value, recorded as JSON.
-    pub async fn run<T, F, Fut, E>(
-        &self,
-        scope: &Scope,
-        key: &IdempotencyKey,
-        identity: Identity<'_>,
-        operation: F,
-    ) -> Result<Outcome<T>, EngineError<E>>
-    where
-        T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
-        F: FnOnce(Context) -> Fut + Send + 'static,
-        Fut: Future<Output = Result<T, E>> + Send + 'static,
-        E: Send + 'static,
-    {
-        let encode = |value: &T| {
-            serde_json::to_vec(value)
-                .map(Bytes::from)
-                .map_err(|e| e.to_string())
-        };
-        let decode = |bytes: &Bytes| serde_json::from_slice(bytes).map_err(|e| e.to_string());
-        self.run_encoded(scope, key, identity, operation, encode, decode)
-            .await
-    }
-
-    async fn run_encoded<V, F, Fut, E>(
+    pub(super) async fn run_encoded<V, F, Fut, E>(
         &self,
         scope: &Scope,
         key: &IdempotencyKey,

@@ -1,7 +1,7 @@
 //! What the layer answers with: the handler's response or a replay, and the
 //! headers recorded and added.
 
-use super::config::{IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED};
+use super::config::{IDEMPOTENCY_KEY_RETENTION, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED};
 use crate::body::ResponseBody;
 use crate::store::StoredResponse;
 use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_RANGE, CONTENT_TYPE};
@@ -53,6 +53,17 @@ pub(crate) fn advertise_retention(parts: &mut http::response::Parts, value: Opti
         parts
             .headers
             .insert(IDEMPOTENCY_KEY_RETENTION, value.clone());
+    }
+}
+
+/// Marks a `2xx` answer the record policy declined (its key was released):
+/// a handler left unprotected by the policy shows on its first answer,
+/// without a tracing subscriber to print the warning.
+pub(crate) fn mark_not_recorded(parts: &mut http::response::Parts) {
+    if parts.status.is_success() {
+        parts
+            .headers
+            .insert(IDEMPOTENCY_STATUS, HeaderValue::from_static("not-recorded"));
     }
 }
 

@@ -20,6 +20,14 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// [`IdempotencyLayer::with_retention_header`](crate::IdempotencyLayer::with_retention_header).
 pub const IDEMPOTENCY_KEY_RETENTION: HeaderName =
     HeaderName::from_static("idempotency-key-retention");
+/// Added to a claimed request's `2xx` answer that the
+/// [`RecordPolicy`](crate::RecordPolicy) did not record:
+/// `Idempotency-Status: not-recorded`. Its key was released, so a retry runs
+/// the handler again: the default policy records only `201 Created`, and a
+/// handler answering `200` is unprotected until the layer is given
+/// [`RecordSuccess`](crate::RecordSuccess) or a policy of its own. Never on
+/// a recorded answer, a replay or a refusal.
+pub const IDEMPOTENCY_STATUS: HeaderName = HeaderName::from_static("idempotency-status");
 
 #[derive(Clone)]
 pub(crate) struct Config<E, P> {

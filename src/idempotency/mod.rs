@@ -75,6 +75,8 @@ mod run_claimed;
 mod service;
 mod warn_once;
 
-pub use config::{IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENT_REPLAYED};
+pub use config::{
+    IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED,
+};
 pub use future::ResponseFuture;
 pub use service::IdempotencyService;

@@ -8,7 +8,7 @@
 //! and only what follows the response (recording it, or releasing the claim)
 //! is boxed on its own, both small.
 
-use super::answer::{advertise_retention, recorded_headers, Answer};
+use super::answer::{advertise_retention, mark_not_recorded, recorded_headers, Answer};
 use super::config::Config;
 use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
@@ -168,6 +168,7 @@ where
     let (mut res_parts, res_body) = response.into_parts();
     if !config.policy.should_record(&res_parts) {
         warn_once::not_recorded(&config.warned, res_parts.status, path);
+        mark_not_recorded(&mut res_parts);
         let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
         return Next::Finish(Box::pin(async move {
             claim.release().await;

@@ -1,4 +1,4 @@
-use super::answer::{advertise_retention, recorded_headers, replay, Answer};
+use super::answer::{advertise_retention, mark_not_recorded, recorded_headers, replay, Answer};
 use super::config::Config;
 use super::future::ResponseFuture;
 use super::run_claimed::RunClaimed;
@@ -348,6 +348,7 @@ where
         let (mut res_parts, res_body) = response.into_parts();
         if !config.policy.should_record(&res_parts) {
             warn_once::not_recorded(&config.warned, res_parts.status, uri.path());
+            mark_not_recorded(&mut res_parts);
             transaction.rollback().await;
             claim.release().await;
             let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));

@@ -60,7 +60,8 @@ pub(crate) fn not_recorded(warned: &WarnOnce, status: http::StatusCode, path: &s
             "the handler answered {status}, which the record policy does not record: \
              the key was released and a retry runs the handler again. The default \
              policy records only `201 Created`; `.with_record_policy(RecordSuccess)` \
-             records every 2xx (logged once per route and status)"
+             records every 2xx. Such answers carry `Idempotency-Status: not-recorded` \
+             (logged once per route and status)"
         );
     }
 }

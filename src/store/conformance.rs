@@ -4,7 +4,7 @@
 //!
 //! A test file supplies a factory `async fn(Durations) -> Option<S>` (return
 //! `None` to skip, say without a database URL) and invokes
-//! [`store_conformance_tests!`](crate::store_conformance_tests), which writes
+//! [`store_conformance_tests!`](self::store_conformance_tests), which writes
 //! one `#[tokio::test]` per check (the test crate needs `tokio` with the
 //! `macros` and `rt-multi-thread` features):
 //!
@@ -33,6 +33,11 @@
 //! Each check is also a public `async fn` of this module taking the store, for
 //! harnesses of their own; they stay out of the documentation's item lists
 //! (the macro's source names every one). Not covered by semver.
+
+// Exported at the crate root, as `#[macro_export]` requires, and documented
+// here, beside the checks it runs, rather than at the top of the crate's page.
+#[doc(inline)]
+pub use crate::store_conformance_tests;
 
 use crate::store::{Claim, Completion, Maintenance};
 use crate::{
@@ -645,7 +650,9 @@ pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
     ));
 }
 
-/// Generates one `#[tokio::test]` per conformance check for a store factory.
+/// Generates one `#[tokio::test]` per conformance check for a store factory
+/// (see the [module documentation](crate::store::conformance)).
+#[doc(hidden)]
 #[macro_export]
 macro_rules! store_conformance_tests {
     ($factory:path) => {

@@ -12,6 +12,7 @@ mod checkout_as_written;
 mod checkout_binary;
 mod checkout_contract;
 mod checkout_processor;
+mod docs_commands;
 mod examples_axum_per_route;
 #[cfg(feature = "client")]
 mod examples_client;

@@ -272,3 +272,78 @@ async fn with_cancel_on_drop_a_streaming_body_is_read_to_its_end_and_recorded() 
     let layer = IdempotencyLayer::new(MemoryStore::new()).with_cancel_on_drop(true);
     recorded_whole_and_replayed_alike(layer, steps, r#"{"id":1,"lines":3}"#).await;
 }
+
+/// A `2xx` the record policy declines says so on the answer itself
+/// (`Idempotency-Status: not-recorded`), so that a `200` handler left
+/// unprotected by the default policy shows on its first answer, with no
+/// tracing subscriber installed; a recorded `201`, its replay and a `4xx`
+/// carry nothing.
+#[tokio::test]
+async fn a_2xx_the_record_policy_declines_is_marked_not_recorded() {
+    // `tower_idempotency::idempotency::IDEMPOTENCY_STATUS`, as clients see it.
+    const IDEMPOTENCY_STATUS: &str = "idempotency-status";
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    // Answers the status named by the request's `x-status` header.
+    let svc = IdempotencyLayer::new(MemoryStore::new()).layer(service_fn(
+        move |req: Request<Full<Bytes>>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let status = req.headers()["x-status"].to_str().unwrap().parse::<u16>();
+            async move {
+                let status = StatusCode::from_u16(status.unwrap()).unwrap();
+                let response = Response::builder().status(status);
+                Ok::<_, Infallible>(response.body(Full::new(Bytes::from_static(b"{}"))).unwrap())
+            }
+        },
+    ));
+    let send = |key: &'static str, status: &'static str| {
+        let mut req = request();
+        req.headers_mut()
+            .insert("idempotency-key", key.parse().unwrap());
+        req.headers_mut()
+            .insert("x-status", status.parse().unwrap());
+        svc.clone().oneshot(req)
+    };
+
+    for run in 1..=2 {
+        let ok = send("refund-key-200", "200").await.unwrap();
+        assert_eq!(ok.status(), StatusCode::OK);
+        assert_eq!(
+            ok.headers().get(IDEMPOTENCY_STATUS).unwrap(),
+            "not-recorded"
+        );
+        assert!(!ok.headers().contains_key("idempotent-replayed"));
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            run,
+            "not recorded: it runs again"
+        );
+    }
+    let accepted = send("refund-key-202", "202").await.unwrap();
+    assert_eq!(
+        accepted.headers().get(IDEMPOTENCY_STATUS).unwrap(),
+        "not-recorded"
+    );
+
+    let created = send("refund-key-201", "201").await.unwrap();
+    assert_eq!(created.status(), StatusCode::CREATED);
+    assert!(
+        !created.headers().contains_key(IDEMPOTENCY_STATUS),
+        "{created:?}"
+    );
+    let replay = send("refund-key-201", "201").await.unwrap();
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert!(
+        !replay.headers().contains_key(IDEMPOTENCY_STATUS),
+        "{replay:?}"
+    );
+
+    // A handler's `4xx` is not recorded either, as expected of it: no mark.
+    let invalid = send("refund-key-422", "422").await.unwrap();
+    assert_eq!(invalid.status(), StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        !invalid.headers().contains_key(IDEMPOTENCY_STATUS),
+        "{invalid:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 5);
+}

@@ -4,12 +4,17 @@
 //!
 //! A test file supplies `async fn(lease: Duration) -> Option<S>` (`None`
 //! skips) and invokes
-//! [`job_store_conformance_tests!`](crate::job_store_conformance_tests), which
+//! [`job_store_conformance_tests!`](self::job_store_conformance_tests), which
 //! writes one `#[tokio::test]` per check (the test crate needs `tokio` with the
 //! `macros` and `rt-multi-thread` features). Each check is also a public
 //! `async fn` of this module taking the store, kept out of the
 //! documentation's item lists (the macro's source names every one). Not
 //! covered by semver.
+
+// Exported at the crate root, as `#[macro_export]` requires, and documented
+// here, beside the checks it runs, rather than at the top of the crate's page.
+#[doc(inline)]
+pub use crate::job_store_conformance_tests;
 
 use crate::lease::store::{
     Appended, ArtifactLookup, Budget, BudgetPeriod, JobMaintenance, JobReader, JobStatus, JobStore,
@@ -927,7 +932,9 @@ pub async fn concurrent_starts_cannot_overshoot_the_budget<S: FullJobStore>(stor
     assert_eq!(created, 2);
 }
 
-/// Generates one `#[tokio::test]` per conformance check for a job store factory.
+/// Generates one `#[tokio::test]` per conformance check for a job store factory
+/// (see the [module documentation](crate::lease::store::conformance)).
+#[doc(hidden)]
 #[macro_export]
 macro_rules! job_store_conformance_tests {
     ($factory:path) => {

@@ -5,6 +5,9 @@
 use super::PostgresStore;
 use std::sync::atomic::Ordering;
 
+// Kept off the store's documentation page, where they would come before
+// what users call: test machinery, listed here.
+#[doc(hidden)]
 impl PostgresStore {
     /// The text of the `begin` and `complete` statements, for benchmarks that
     /// replay them elsewhere (pgbench).

@@ -181,7 +181,81 @@ impl fmt::Debug for PostgresStore {
     }
 }
 
+/// The pool [`PostgresStore::connect`] opens: its size, and how long
+/// connecting, waiting for a connection, creating and recycling one may each
+/// take, so that a database that is down fails a request fast (`503`).
+const POOL_SIZE: usize = 16;
+const POOL_TIMEOUT: Duration = Duration::from_secs(2);
+
 impl PostgresStore {
+    /// A store on the database at `url` (`postgres://user:password@host/db`,
+    /// or `host=... user=...`), connecting without TLS, with the defaults of
+    /// [`new`](Self::new) and a listener on the same database: the one-line
+    /// start. Fails when the database does not answer within the operation
+    /// timeout. The pool holds up to 16 connections and gives up connecting,
+    /// waiting for, creating and recycling a connection after 2 s each (a
+    /// `connect_timeout` in `url` is kept).
+    ///
+    /// Still call [`migrate`](Self::migrate) at startup. For other options use
+    /// [`builder_from_url`](Self::builder_from_url); for TLS or a pool of your
+    /// own, [`builder`](Self::builder).
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// use tower_idempotency::{IdempotencyLayer, PostgresStore};
+    ///
+    /// let store = PostgresStore::connect("postgres://app@localhost/app").await?;
+    /// store.migrate().await?;
+    /// let layer = IdempotencyLayer::transactional(store);
+    /// # let _ = layer;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        let store = Self::builder_from_url(url)?.build();
+        let inner = &store.inner;
+        inner
+            .settings
+            .timed(OPERATION, async { inner.client().await.map(drop) })
+            .await?;
+        Ok(store)
+    }
+
+    /// A [`PostgresStoreBuilder`] on the pool and listener
+    /// [`connect`](Self::connect) opens for `url`, to set other options
+    /// before the store exists. Connects nothing: the pool connects on first
+    /// use. Fails only when `url` does not parse.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// use std::time::Duration;
+    /// use tower_idempotency::PostgresStore;
+    ///
+    /// let store = PostgresStore::builder_from_url("postgres://app@localhost/app")?
+    ///     .with_schema("billing")
+    ///     .with_retention(Duration::from_secs(48 * 3600))
+    ///     .build();
+    /// store.migrate().await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn builder_from_url(url: &str) -> Result<PostgresStoreBuilder, StoreError> {
+        let mut config: tokio_postgres::Config = url.parse().map_err(backend)?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(POOL_TIMEOUT);
+        }
+        let manager = deadpool_postgres::Manager::new(config.clone(), tokio_postgres::NoTls);
+        let pool = Pool::builder(manager)
+            .max_size(POOL_SIZE)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(POOL_TIMEOUT))
+            .create_timeout(Some(POOL_TIMEOUT))
+            .recycle_timeout(Some(POOL_TIMEOUT))
+            .build()
+            .map_err(backend)?;
+        Ok(Self::builder(pool).with_listener(config))
+    }
+
     /// A store on `pool` in table `public.idempotency_records`, retaining records
     /// for 24 hours, locking claims for 10 seconds (extended while their handler runs), failing operations that take
     /// longer than 5 seconds, without a listener (waiters re-check on a backoff).

@@ -4,6 +4,9 @@
 use super::RedisStore;
 use std::sync::atomic::Ordering;
 
+// Kept off the store's documentation page, where they would come before
+// what users call: test machinery, listed here.
+#[doc(hidden)]
 impl RedisStore {
     /// Commands and scripts sent to the server so far (a script the server
     /// had to load first counts once). For tests of the round-trip budget.

@@ -282,3 +282,50 @@ async fn a_gzip_answer_replays_with_its_content_encoding_whatever_the_allow_list
     tower_idempotency_tests::representation::a_gzip_answer_replays_with_its_content_encoding(store)
         .await;
 }
+
+/// Transactional mode: a `2xx` the record policy declines is rolled back, its
+/// key released, and the answer says so (`Idempotency-Status: not-recorded`);
+/// the retry runs the handler again. A recorded `201` carries no mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_2xx_the_policy_declines_is_marked_not_recorded() {
+    let Some(url) = pg::database_url("a_transactional_2xx_the_policy_declines_is_marked") else {
+        return;
+    };
+    let store = pg::store(&url, &pg::unique_table("not_recorded"), |s| s).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = runs.clone();
+    let service = ServiceBuilder::new()
+        .layer(IdempotencyLayer::transactional(store.clone()))
+        .service_fn(move |req: Request<Full<Bytes>>| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            let status = match req.headers().contains_key("x-created") {
+                true => StatusCode::CREATED,
+                false => StatusCode::OK,
+            };
+            async move {
+                let response = Response::builder().status(status);
+                Ok::<_, Infallible>(response.body(Full::new(Bytes::from_static(b"{}"))).unwrap())
+            }
+        });
+    let key = format!("refund-{}", pg::unique_table("k"));
+    for run in 1..=2 {
+        let answer = service.clone().oneshot(order_request(&key)).await.unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(answer.headers()["idempotency-status"], "not-recorded");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            run,
+            "not recorded: it runs again"
+        );
+    }
+    let mut created = order_request(&format!("order-{}", pg::unique_table("k")));
+    created
+        .headers_mut()
+        .insert("x-created", "1".parse().unwrap());
+    let answer = service.oneshot(created).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::CREATED);
+    assert!(
+        !answer.headers().contains_key("idempotency-status"),
+        "{answer:?}"
+    );
+}

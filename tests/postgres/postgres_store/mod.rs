@@ -11,6 +11,7 @@ use tower_idempotency::store::Claim;
 use tower_idempotency_tests::support;
 
 mod claims;
+mod connect;
 mod layer;
 mod near_cache;
 mod outages;
