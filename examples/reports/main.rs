@@ -3,7 +3,7 @@
 //!
 //! ```sh
 //! cargo run --example reports --features leases
-//! # another shell: a double click is one job (202 created, then 200 join)
+//! # another shell: a double click is one job (200 created, then 200 join)
 //! for i in 1 2; do curl -s -X POST localhost:3002/reports/start -H 'Authorization: Bearer acme' \
 //!   -H 'Content-Type: application/json' -d '{"report_type":"customer_health","period":"2026-08"}'; echo; done
 //! # the job both answers name, followed live
