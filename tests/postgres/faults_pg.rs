@@ -56,6 +56,8 @@ enum TestBody {
         first_frame: bool,
         wait: bool,
     },
+    /// A data frame, then trailers (`grpc-status: 0`, as native gRPC ends).
+    Trailed(u8),
 }
 
 impl http_body::Body for TestBody {
@@ -76,6 +78,18 @@ impl http_body::Body for TestBody {
                 }
             }
             TestBody::Endless => Poll::Pending,
+            TestBody::Trailed(step) => {
+                *step += 1;
+                Poll::Ready(match step {
+                    1 => Some(Ok(Frame::data(Bytes::from_static(b"{\"order\":1}")))),
+                    2 => {
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        Some(Ok(Frame::trailers(trailers)))
+                    }
+                    _ => None,
+                })
+            }
             TestBody::Panicking {
                 polls,
                 first_frame,
@@ -154,6 +168,7 @@ impl Handler {
                     }
                     "fail-body" => Ok(created(TestBody::Failing(0))),
                     "endless-body" => Ok(created(TestBody::Endless)),
+                    "trailers-body" => Ok(created(TestBody::Trailed(0))),
                     "panic-body-first" => Ok(created(TestBody::Panicking {
                         polls: 0,
                         first_frame: false,
@@ -634,6 +649,49 @@ async fn transactional_a_body_panicking_after_the_commit_fails_for_its_caller() 
         );
     }
     assert_eq!(handler.runs(key), 1, "never run again");
+}
+
+/// A response that ends with trailers (native gRPC's `grpc-status`) reaches
+/// its caller with them, plain and transactional; a record cannot carry
+/// them, so the row is completed as "response unavailable" and retries get
+/// `410`, never the response without its trailers, never a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_with_trailers_keeps_them_and_is_never_replayed_without() {
+    let Some(url) = pg::database_url("a_response_with_trailers_keeps_them") else {
+        return;
+    };
+    for transactional in [false, true] {
+        let (table, store, sql) = setup(&url, "faults_trailers", |s| s).await;
+        let handler = Handler::default();
+        let layer = match transactional {
+            true => IdempotencyLayer::transactional(store),
+            false => IdempotencyLayer::new(store),
+        };
+        let svc = layer.layer(handler.service());
+        let key = "order-trailers-1";
+        let answer = svc
+            .clone()
+            .oneshot(request(key, Some("trailers-body")))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::CREATED);
+        let answer = answer.into_body().collect().await.unwrap();
+        let trailers = answer.trailers().cloned().unwrap_or_default();
+        assert_eq!(answer.to_bytes(), &b"{\"order\":1}"[..]);
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"0"[..]),
+            "transactional: {transactional}: the trailers were dropped"
+        );
+        until_state(&sql, &table, key, Some("unavailable")).await;
+        let retry = send(&svc, key, None).await;
+        assert_eq!(
+            (retry.status, retry.code.as_str()),
+            (StatusCode::GONE, "idempotency_response_unavailable"),
+            "transactional: {transactional}: {retry:?}"
+        );
+        assert_eq!(handler.runs(key), 1, "never run again");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
