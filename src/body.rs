@@ -1,6 +1,7 @@
 //! The response body type of both layers.
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 use std::pin::Pin;
@@ -24,6 +25,8 @@ pin_project! {
     enum Kind<B> {
         Inner { #[pin] body: B },
         Full { data: Option<Bytes> },
+        // A response read whole that ended with trailers (boxed: rare, and large).
+        Trailed { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
         Failed { error: Option<BoxError> },
         Streamed { frames: Frames },
     }
@@ -43,6 +46,17 @@ impl<B> ResponseBody<B> {
         let data = (!data.is_empty()).then_some(data);
         Self {
             kind: Kind::Full { data },
+        }
+    }
+
+    /// A response read whole: its data, then its trailers.
+    pub(crate) fn trailed(data: Bytes, trailers: HeaderMap) -> Self {
+        let data = (!data.is_empty()).then_some(data);
+        Self {
+            kind: Kind::Trailed {
+                data,
+                trailers: Some(Box::new(trailers)),
+            },
         }
     }
 
@@ -84,6 +98,10 @@ where
                 })
             }),
             KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            KindProj::Trailed { data, trailers } => Poll::Ready(match data.take() {
+                Some(data) => Some(Ok(Frame::data(data))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            }),
             KindProj::Failed { error } => Poll::Ready(error.take().map(Err)),
             KindProj::Streamed { frames } => frames.poll_recv(cx),
         }
@@ -93,6 +111,7 @@ where
         match &self.kind {
             Kind::Inner { body } => body.is_end_stream(),
             Kind::Full { data } => data.is_none(),
+            Kind::Trailed { data, trailers } => data.is_none() && trailers.is_none(),
             Kind::Failed { error } => error.is_none(),
             Kind::Streamed { frames } => frames.is_closed() && frames.is_empty(),
         }
@@ -101,7 +120,7 @@ where
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
             Kind::Inner { body } => body.size_hint(),
-            Kind::Full { data } => {
+            Kind::Full { data } | Kind::Trailed { data, .. } => {
                 SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
             }
             Kind::Failed { .. } | Kind::Streamed { .. } => SizeHint::default(),
@@ -114,6 +133,7 @@ impl<B> std::fmt::Debug for ResponseBody<B> {
         let kind = match &self.kind {
             Kind::Inner { .. } => "Inner",
             Kind::Full { .. } => "Full",
+            Kind::Trailed { .. } => "Trailed",
             Kind::Failed { .. } => "Failed",
             Kind::Streamed { .. } => "Streamed",
         };

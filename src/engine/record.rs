@@ -14,7 +14,7 @@ use crate::store::erased::ErasedStore;
 use crate::store::{Completion, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
-use http::{HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body::{Body, Frame};
 use pin_project_lite::pin_project;
 use std::future::Future;
@@ -70,6 +70,7 @@ pub(crate) struct RecordCopy {
     len: usize,
     limit: usize,
     over: bool,
+    trailers: bool,
 }
 
 impl RecordCopy {
@@ -79,6 +80,16 @@ impl RecordCopy {
             len: 0,
             limit,
             over: false,
+            trailers: false,
+        }
+    }
+
+    /// Keeps a frame's data; notes trailers, which a record cannot carry.
+    fn keep_frame(&mut self, frame: &Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            self.keep(data);
+        } else if frame.trailers_ref().is_some_and(|t| !t.is_empty()) {
+            self.trailers = true;
         }
     }
 
@@ -99,6 +110,13 @@ impl RecordCopy {
     /// Whether the body went over the record limit.
     pub(crate) fn is_over(&self) -> bool {
         self.over
+    }
+
+    /// Whether the body had trailers: replayed without them, the response
+    /// would not be the one the handler gave (gRPC's `grpc-status`), so it is
+    /// not replayable.
+    pub(crate) fn has_trailers(&self) -> bool {
+        self.trailers
     }
 
     pub(crate) fn into_bytes(self) -> Bytes {
@@ -246,9 +264,7 @@ where
             None => return Poll::Ready(Read::Ended),
             Some(Err(error)) => return Poll::Ready(Read::Failed(error)),
             Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    copy.keep(data);
-                }
+                copy.keep_frame(&frame);
                 read.push(frame);
                 if copy.is_over() {
                     return Poll::Ready(Read::Over);
@@ -435,6 +451,10 @@ where
             return true;
         }
         match next_frame(body).await {
+            None if copy.has_trailers() => {
+                recorder.unavailable(TRAILERS).await;
+                return false;
+            }
             None => {
                 recorder.complete(copy.into_bytes()).await;
                 return false;
@@ -445,9 +465,7 @@ where
                 return false;
             }
             Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    copy.keep(data);
-                }
+                copy.keep_frame(&frame);
                 forward.send(Ok(frame)).await;
             }
         }
@@ -541,19 +559,19 @@ pub(crate) fn conclude<X>(
             let completion = recorder.map(|r| Ending::Unavailable(r, "the response body failed"));
             (ResponseBody::failed(error), completion)
         }
-        (_, Some(recorder)) if copy.is_over() => {
-            let why = "the response is over the record limit";
-            (
-                ResponseBody::full(concat(read)),
-                Some(Ending::Unavailable(recorder, why)),
-            )
+        (_, Some(recorder)) if copy.is_over() || copy.has_trailers() => {
+            let why = match copy.is_over() {
+                true => "the response is over the record limit",
+                false => TRAILERS,
+            };
+            (answer(read), Some(Ending::Unavailable(recorder, why)))
         }
         (_, Some(recorder)) => {
             let body = copy.into_bytes();
             let completion = Ending::Record(recorder, body.clone());
             (ResponseBody::full(body), Some(completion))
         }
-        (_, None) => (ResponseBody::full(concat(read)), None),
+        (_, None) => (answer(read), None),
     };
     async move {
         let outcome = match completion {
@@ -603,13 +621,28 @@ where
     conclude(end, copy, frames, recorder).await
 }
 
-/// The data of `frames`, joined (trailers are not recorded or replayed).
-fn concat(frames: OneOrMany<Frame<Bytes>>) -> Bytes {
+/// Why a response with trailers is completed as "response unavailable".
+const TRAILERS: &str = "the response has trailers, which a record cannot carry";
+
+/// The answer of a body read whole: its data joined, then its trailers.
+pub(crate) fn answer<X>(frames: OneOrMany<Frame<Bytes>>) -> ResponseBody<X> {
     let mut joined = BytesMut::new();
+    let mut trailers: Option<HeaderMap> = None;
     for frame in frames {
-        if let Ok(data) = frame.into_data() {
-            joined.extend_from_slice(&data);
+        match frame.into_data() {
+            Ok(data) => joined.extend_from_slice(&data),
+            Err(frame) => {
+                if let Ok(more) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(trailers) => trailers.extend(more),
+                        None => trailers = Some(more),
+                    }
+                }
+            }
         }
     }
-    joined.freeze()
+    match trailers {
+        None => ResponseBody::full(joined.freeze()),
+        Some(trailers) => ResponseBody::trailed(joined.freeze(), trailers),
+    }
 }

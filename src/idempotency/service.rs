@@ -365,10 +365,11 @@ where
                 let response = Response::from_parts(res_parts, ResponseBody::failed(error));
                 return (Ok(response), Outcome::Released);
             }
-            Read::Ended => {}
-            // Too large to record: the writes commit, marked as not replayable,
-            // and the body goes on to the caller.
-            Read::Over | Read::Continues => {
+            Read::Ended if !copy.has_trailers() => {}
+            // Too large to record, or ended with trailers (which a record cannot
+            // carry): the writes commit, marked as not replayable, and the body
+            // goes on to the caller, trailers and all.
+            end => {
                 if let Err(error) = transaction.commit(Completion::Unavailable).await {
                     tracing::warn!(%error, "the handler's transaction did not commit");
                     claim.release().await;
@@ -383,9 +384,12 @@ where
                     read: frames,
                     recorder: None,
                 };
-                let body = match record::spawn_rest(rest, config.in_flight.enter()) {
-                    Ok(frames) => ResponseBody::streamed(frames),
-                    Err(rest) => record::finish_here(*rest).await.0,
+                let body = match end {
+                    Read::Ended => record::answer(rest.read),
+                    _ => match record::spawn_rest(rest, config.in_flight.enter()) {
+                        Ok(frames) => ResponseBody::streamed(frames),
+                        Err(rest) => record::finish_here(*rest).await.0,
+                    },
                 };
                 return (
                     Ok(Response::from_parts(res_parts, body)),

@@ -1,5 +1,6 @@
 //! `examples/grpc_web/`: the tonic-web service behind the layer, driven with
-//! hand-built gRPC-Web frames over loopback HTTP/1.1, in-process and as a process.
+//! hand-built gRPC-Web frames over loopback HTTP/1.1, in-process and as a process;
+//! and the same service as native gRPC (HTTP trailers), in process.
 
 // The example's own source (an example is no crate to depend on): what
 // users run is what these tests drive.
@@ -158,4 +159,52 @@ async fn the_binary_serves_grpc_web_and_replays() {
     assert_eq!(grpc_status(&first), "0");
     assert!(retry.replayed());
     assert_eq!(first.body, retry.body);
+}
+
+/// Native gRPC (the same service without the gRPC-Web translation) ends its
+/// answer with HTTP trailers (`grpc-status: 0`): the first caller gets them,
+/// and since a record cannot carry them a retry is refused (`410`) rather
+/// than given the message without its status; the order is created once.
+/// In process: the tests have no HTTP/2 transport.
+#[tokio::test]
+async fn native_grpc_keeps_its_trailers_and_is_never_replayed_without_them() {
+    use http_body_util::BodyExt;
+    use tower::{Layer, ServiceExt};
+    let created = Arc::new(AtomicU64::new(0));
+    let grpc_success = |head: &::http::response::Parts| {
+        head.status == ::http::StatusCode::OK && !head.headers.contains_key("grpc-status")
+    };
+    let server = tower::ServiceBuilder::new()
+        .map_request(|req: ::http::Request<axum::body::Body>| req.map(tonic::body::Body::new))
+        .service(example::OrdersServer::new(created.clone()));
+    let svc = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new())
+        .with_record_policy(grpc_success)
+        .layer(server);
+    let request = || {
+        let mut req = ::http::Request::post(CREATE_ORDER)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("idempotency-key", "order-native-1")
+            .body(axum::body::Body::from(order("A-1", 2)))
+            .unwrap();
+        req.extensions_mut()
+            .insert(tower_idempotency::Scope::new("acme"));
+        req
+    };
+    let first = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(first.status(), ::http::StatusCode::OK);
+    assert!(!first.headers().contains_key("grpc-status"));
+    let first = first.into_body().collect().await.unwrap();
+    let trailers = first
+        .trailers()
+        .cloned()
+        .expect("the trailers reach the caller");
+    assert_eq!(trailers["grpc-status"], "0");
+    let (reply, _) = unframe::<Order>(&first.to_bytes());
+    assert_eq!(reply.expect("an Order message").id, "ord_0001");
+    for _ in 0..2 {
+        let retry = svc.clone().oneshot(request()).await.unwrap();
+        assert_eq!(retry.status(), ::http::StatusCode::GONE);
+    }
+    assert_eq!(created.load(Ordering::SeqCst), 1);
 }

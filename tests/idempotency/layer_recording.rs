@@ -347,3 +347,104 @@ async fn a_2xx_the_record_policy_declines_is_marked_not_recorded() {
     );
     assert_eq!(runs.load(Ordering::SeqCst), 5);
 }
+
+/// A data frame, then (after a wait, if `wait`) trailers, as a native gRPC
+/// answer ends with `grpc-status: 0`.
+struct Trailed {
+    data: Option<Bytes>,
+    wait: bool,
+    trailers: Option<http::HeaderMap>,
+}
+
+fn trailed(data: Bytes, wait: bool) -> Trailed {
+    let mut trailers = http::HeaderMap::new();
+    trailers.insert("grpc-status", "0".parse().unwrap());
+    Trailed {
+        data: Some(data),
+        wait,
+        trailers: Some(trailers),
+    }
+}
+
+impl Body for Trailed {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if let Some(data) = self.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if std::mem::take(&mut self.wait) {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+}
+
+/// A response that ends with trailers reaches its caller with them, whether
+/// read whole, streamed or over the record limit, and with or without
+/// `with_cancel_on_drop`. A record cannot carry trailers, so a retry is
+/// never given the response without them: it gets `410`, and the handler
+/// never runs again.
+#[tokio::test]
+async fn a_response_with_trailers_reaches_its_caller_with_them_and_is_never_replayed_without() {
+    let limit = 1024;
+    for cancel_on_drop in [false, true] {
+        for wait in [false, true] {
+            for size in [16, 4 * limit] {
+                let case = format!("cancel on drop: {cancel_on_drop}, wait: {wait}, size: {size}");
+                let runs = Arc::new(AtomicUsize::new(0));
+                let data = Bytes::from(vec![b'x'; size]);
+                let layer = IdempotencyLayer::new(MemoryStore::new())
+                    .with_record_limit(limit)
+                    .with_cancel_on_drop(cancel_on_drop);
+                let svc = layer.layer(service_fn({
+                    let (runs, data) = (runs.clone(), data.clone());
+                    move |_req: Request<Full<Bytes>>| {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        let body = trailed(data.clone(), wait);
+                        async move {
+                            Ok::<_, Infallible>(Response::builder().status(201).body(body).unwrap())
+                        }
+                    }
+                }));
+                let first = svc.clone().oneshot(request()).await.unwrap();
+                assert_eq!(first.status(), StatusCode::CREATED, "{case}");
+                let first = first.into_body().collect().await.unwrap();
+                let trailers = first.trailers().cloned();
+                assert_eq!(first.to_bytes(), data, "{case}");
+                let status = trailers.as_ref().and_then(|t| t.get("grpc-status"));
+                assert_eq!(
+                    status.map(|v| v.as_bytes()),
+                    Some(&b"0"[..]),
+                    "{case}: no trailers"
+                );
+                for _ in 0..2 {
+                    let retry = svc.clone().oneshot(request()).await.unwrap();
+                    if retry.status() == StatusCode::GONE {
+                        let (_, text) = code_of(retry).await;
+                        assert!(
+                            text.contains("idempotency_response_unavailable"),
+                            "{case}: {text}"
+                        );
+                        continue;
+                    }
+                    // A replay, if any, must be the whole answer.
+                    assert_eq!(retry.status(), StatusCode::CREATED, "{case}");
+                    let replayed = retry.into_body().collect().await.unwrap();
+                    let trailers = replayed.trailers().cloned();
+                    assert_eq!(replayed.to_bytes(), data, "{case}");
+                    assert!(
+                        trailers.is_some_and(|t| t.get("grpc-status").is_some()),
+                        "{case}: replayed without its trailers"
+                    );
+                }
+                assert_eq!(runs.load(Ordering::SeqCst), 1, "{case}: ran again");
+            }
+        }
+    }
+}

@@ -45,11 +45,19 @@ const PATIENCE: Duration = Duration::from_secs(30);
 // A handler whose behaviour each request chooses (`x-mode`)
 // ---------------------------------------------------------------------------
 
-/// The handler's response body: whole, failing mid-stream, or never ending.
+/// The handler's response body: whole, failing mid-stream, never ending, or
+/// panicking (at its first poll, or after a first frame and, if `wait`, a wait).
 enum TestBody {
     Whole(Option<Bytes>),
     Failing(u8),
     Endless,
+    Panicking {
+        polls: u8,
+        first_frame: bool,
+        wait: bool,
+    },
+    /// A data frame, then trailers (`grpc-status: 0`, as native gRPC ends).
+    Trailed(u8),
 }
 
 impl http_body::Body for TestBody {
@@ -58,7 +66,7 @@ impl http_body::Body for TestBody {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _cx: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match &mut *self {
             TestBody::Whole(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
@@ -70,6 +78,35 @@ impl http_body::Body for TestBody {
                 }
             }
             TestBody::Endless => Poll::Pending,
+            TestBody::Trailed(step) => {
+                *step += 1;
+                Poll::Ready(match step {
+                    1 => Some(Ok(Frame::data(Bytes::from_static(b"{\"order\":1}")))),
+                    2 => {
+                        let mut trailers = http::HeaderMap::new();
+                        trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                        Some(Ok(Frame::trailers(trailers)))
+                    }
+                    _ => None,
+                })
+            }
+            TestBody::Panicking {
+                polls,
+                first_frame,
+                wait,
+            } => {
+                *polls += 1;
+                match (*polls, *first_frame, *wait) {
+                    (1, true, _) => {
+                        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"{\"charge\":")))))
+                    }
+                    (2, true, true) => {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                    _ => panic!("response body bug (expected by this test)"),
+                }
+            }
         }
     }
 }
@@ -131,6 +168,22 @@ impl Handler {
                     }
                     "fail-body" => Ok(created(TestBody::Failing(0))),
                     "endless-body" => Ok(created(TestBody::Endless)),
+                    "trailers-body" => Ok(created(TestBody::Trailed(0))),
+                    "panic-body-first" => Ok(created(TestBody::Panicking {
+                        polls: 0,
+                        first_frame: false,
+                        wait: false,
+                    })),
+                    "panic-body-next" => Ok(created(TestBody::Panicking {
+                        polls: 0,
+                        first_frame: true,
+                        wait: false,
+                    })),
+                    "panic-body-later" => Ok(created(TestBody::Panicking {
+                        polls: 0,
+                        first_frame: true,
+                        wait: true,
+                    })),
                     "down-then-error" => {
                         this.proxy.as_ref().unwrap().set_up(false);
                         // Let the proxy cut its connections before the layer goes on.
@@ -508,6 +561,137 @@ async fn response_body_failing_mid_stream_is_never_recorded() {
         (StatusCode::GONE, "idempotency_response_unavailable")
     );
     assert_eq!(handler.runs(key), 1, "never run again");
+}
+
+/// The first answer to a request whose response body panicked: a `5xx`, or
+/// a body that fails; never one cut short that ends cleanly.
+async fn assert_failed_answer<S>(svc: &S, key: &str, mode: &str)
+where
+    S: Service<Request<Full<Bytes>>, Response = Answer, Error = BoxError> + Clone,
+{
+    let answer = svc
+        .clone()
+        .oneshot(request(key, Some(mode)))
+        .await
+        .expect("an answer");
+    if !answer.status().is_server_error() {
+        let read = tokio::time::timeout(PATIENCE, answer.into_body().collect()).await;
+        let read = read.unwrap_or_else(|_| panic!("{mode}: the body never ended"));
+        assert!(
+            read.is_err(),
+            "{mode}: a truncated body ended cleanly: {:?}",
+            read.map(|body| body.to_bytes())
+        );
+    }
+}
+
+/// The handler answered `201` (its effects happened), then its body
+/// panicked: a failed body. The row is completed as "response unavailable",
+/// and retries, even past the claim's lock, get `410`, never a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_body_that_panics_completes_the_key_and_never_runs_again() {
+    let Some(url) = pg::database_url("a_response_body_that_panics_completes_the_key") else {
+        return;
+    };
+    let (table, store, sql) = setup(&url, "faults_panic_body", |s| s).await;
+    let handler = Handler::default();
+    let svc = IdempotencyLayer::new(store).layer(handler.service());
+    let cases = [
+        ("order-panic-first", "panic-body-first"),
+        ("order-panic-next", "panic-body-next"),
+        ("order-panic-later", "panic-body-later"),
+    ];
+    for (key, mode) in cases {
+        assert_failed_answer(&svc, key, mode).await;
+        until_state(&sql, &table, key, Some("unavailable")).await;
+    }
+    // Past the claim's lock: a claim left in progress would be taken over now.
+    sleep(LOCK + Duration::from_millis(500)).await;
+    for (key, _) in cases {
+        for _ in 0..2 {
+            let retry = send(&svc, key, None).await;
+            assert_eq!(
+                (retry.status, retry.code.as_str()),
+                (StatusCode::GONE, "idempotency_response_unavailable"),
+                "{key}: {retry:?}"
+            );
+        }
+        assert_eq!(handler.runs(key), 1, "{key}: never run again");
+    }
+}
+
+/// Transactional mode: a body over the record limit commits the writes
+/// marked unavailable and streams on; a panic after the commit reaches the
+/// caller as an error, never as a clean end, and no retry runs it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn transactional_a_body_panicking_after_the_commit_fails_for_its_caller() {
+    let Some(url) = pg::database_url("transactional_a_body_panicking_after_the_commit") else {
+        return;
+    };
+    let (table, store, sql) = setup(&url, "faults_panic_tx", |s| s).await;
+    let handler = Handler::default();
+    // The first frame alone is over the limit: the commit comes before the panic.
+    let svc = IdempotencyLayer::transactional(store)
+        .with_record_limit(4)
+        .layer(handler.service());
+    let key = "order-panic-tx01";
+    assert_failed_answer(&svc, key, "panic-body-next").await;
+    assert_eq!(
+        state(&sql, &table, key).await.as_deref(),
+        Some("unavailable")
+    );
+    for _ in 0..2 {
+        let retry = send(&svc, key, None).await;
+        assert_eq!(
+            (retry.status, retry.code.as_str()),
+            (StatusCode::GONE, "idempotency_response_unavailable"),
+            "{retry:?}"
+        );
+    }
+    assert_eq!(handler.runs(key), 1, "never run again");
+}
+
+/// A response that ends with trailers (native gRPC's `grpc-status`) reaches
+/// its caller with them, plain and transactional; a record cannot carry
+/// them, so the row is completed as "response unavailable" and retries get
+/// `410`, never the response without its trailers, never a second run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_with_trailers_keeps_them_and_is_never_replayed_without() {
+    let Some(url) = pg::database_url("a_response_with_trailers_keeps_them") else {
+        return;
+    };
+    for transactional in [false, true] {
+        let (table, store, sql) = setup(&url, "faults_trailers", |s| s).await;
+        let handler = Handler::default();
+        let layer = match transactional {
+            true => IdempotencyLayer::transactional(store),
+            false => IdempotencyLayer::new(store),
+        };
+        let svc = layer.layer(handler.service());
+        let key = "order-trailers-1";
+        let answer = svc
+            .clone()
+            .oneshot(request(key, Some("trailers-body")))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::CREATED);
+        let answer = answer.into_body().collect().await.unwrap();
+        let trailers = answer.trailers().cloned().unwrap_or_default();
+        assert_eq!(answer.to_bytes(), &b"{\"order\":1}"[..]);
+        assert_eq!(
+            trailers.get("grpc-status").map(|v| v.as_bytes()),
+            Some(&b"0"[..]),
+            "transactional: {transactional}: the trailers were dropped"
+        );
+        until_state(&sql, &table, key, Some("unavailable")).await;
+        let retry = send(&svc, key, None).await;
+        assert_eq!(
+            (retry.status, retry.code.as_str()),
+            (StatusCode::GONE, "idempotency_response_unavailable"),
+            "transactional: {transactional}: {retry:?}"
+        );
+        assert_eq!(handler.runs(key), 1, "never run again");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
