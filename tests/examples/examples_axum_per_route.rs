@@ -183,10 +183,7 @@ async fn the_served_openapi_document_describes_the_layer_on_each_guarded_route()
         assert_eq!(retention["type"], "integer");
         assert_eq!(retention["examples"][0], 86400);
         for (status, codes) in [
-            (
-                "400",
-                &["body_unreadable"][..],
-            ),
+            ("400", &["body_unreadable"][..]),
             ("409", &["idempotency_key_reuse", "idempotency_in_progress"]),
             (
                 "503",
