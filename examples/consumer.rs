@@ -215,7 +215,7 @@ async fn from_env() -> Result<(Engine, Ledger, &'static str), Box<dyn std::error
             .runtime(Runtime::Tokio1)
             .build()?;
         let store = tower_idempotency::PostgresStore::builder(pool.clone())
-            .with_table(&format!("{tables}_records"))
+            .with_table(format!("{tables}_records").parse()?)
             .with_lock_timeout(Duration::from_secs(2))
             .with_listener(config)
             .build();

@@ -29,7 +29,10 @@
 //! gives one to every operation. `docs/idempotency.md` ("Carrying the key
 //! down the chain") says what they guarantee and what they cannot.
 
+use crate::config::ConfigError;
 use crate::{IdempotencyKey, Scope};
+use hmac::{Hmac, Mac};
+use sha2::digest::Update;
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
@@ -42,8 +45,8 @@ const DOMAIN: &[u8] = b"tower-idempotency/downstream-key/v1";
 const HEX_DIGITS: usize = 48;
 /// The shortest secret [`DownstreamSecret::new`] accepts, in bytes.
 pub const MIN_SECRET_LEN: usize = 16;
-/// SHA-256's block size, the HMAC key's length (RFC 2104).
-const BLOCK: usize = 64;
+
+type HmacSha256 = Hmac<Sha256>;
 
 /// The downstream keys of one `(scope, idempotency key)`: one per name, see
 /// [`key_for`](Self::key_for) and the [module documentation](self).
@@ -109,7 +112,7 @@ impl DownstreamKeys {
                 absorb(&mut hash, fields);
                 ("dk1-", hash.finalize())
             }
-            Some(secret) => ("dk1h-", secret.0.mac(fields)),
+            Some(secret) => ("dk1h-", secret.mac(fields)),
         };
         let mut out = String::with_capacity(prefix.len() + HEX_DIGITS);
         out.push_str(prefix);
@@ -142,10 +145,11 @@ impl fmt::Debug for DownstreamKeys {
 }
 
 /// The domain, then each field, each preceded by its length (8 bytes, big
-/// endian): `("ab", "c")` and `("a", "bc")` hash different bytes.
-fn absorb(hash: &mut Sha256, fields: [&str; 3]) {
+/// endian): `("ab", "c")` and `("a", "bc")` hash different bytes. The same
+/// bytes go into the plain hash and the keyed one.
+fn absorb(hash: &mut impl Update, fields: [&str; 3]) {
     let mut field = |bytes: &[u8]| {
-        hash.update((bytes.len() as u64).to_be_bytes());
+        hash.update(&(bytes.len() as u64).to_be_bytes());
         hash.update(bytes);
     };
     field(DOMAIN);
@@ -215,23 +219,41 @@ impl From<DownstreamKey> for String {
 ///
 /// It is not shown by `Debug`.
 #[derive(Clone)]
-pub struct DownstreamSecret(Arc<Hmac>);
+pub struct DownstreamSecret(Arc<HmacSha256>);
 
 impl DownstreamSecret {
     /// A secret of at least [`MIN_SECRET_LEN`] bytes (32 random bytes
     /// recommended).
     ///
-    /// # Panics
+    /// A shorter one is a configuration mistake to see at startup: it is
+    /// refused with [`ConfigError::ShortSecret`], which says its length and
+    /// never its bytes.
     ///
-    /// If `secret` is shorter than [`MIN_SECRET_LEN`] bytes: a short secret
-    /// is a configuration mistake to see at startup.
-    pub fn new(secret: impl AsRef<[u8]>) -> Self {
+    /// ```
+    /// use tower_idempotency::downstream::DownstreamSecret;
+    ///
+    /// # let bytes_from_the_vault = [7u8; 32];
+    /// let secret = DownstreamSecret::new(bytes_from_the_vault)?;
+    /// # let _ = secret;
+    /// assert!(DownstreamSecret::new("short").is_err());
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
+    /// ```
+    pub fn new(secret: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
         let secret = secret.as_ref();
-        assert!(
-            secret.len() >= MIN_SECRET_LEN,
-            "a downstream secret needs at least {MIN_SECRET_LEN} bytes"
-        );
-        Self(Arc::new(Hmac::new(secret)))
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(ConfigError::ShortSecret {
+                len: secret.len(),
+                min: MIN_SECRET_LEN,
+            });
+        }
+        Ok(Self(Arc::new(keyed(secret))))
+    }
+
+    /// The MAC of `fields`, as [`absorb`] lays them out.
+    fn mac(&self, fields: [&str; 3]) -> sha2::digest::Output<Sha256> {
+        let mut mac = (*self.0).clone();
+        absorb(&mut mac, fields);
+        mac.finalize().into_bytes()
     }
 }
 
@@ -241,42 +263,13 @@ impl fmt::Debug for DownstreamSecret {
     }
 }
 
-/// HMAC-SHA-256 (RFC 2104) with its key's inner and outer pads absorbed
-/// once: each key then costs the two hashes of the message.
-struct Hmac {
-    inner: Sha256,
-    outer: Sha256,
-}
-
-impl Hmac {
-    fn new(secret: &[u8]) -> Self {
-        let mut block = [0u8; BLOCK];
-        match secret.len() > BLOCK {
-            true => block[..32].copy_from_slice(&Sha256::digest(secret)),
-            false => block[..secret.len()].copy_from_slice(secret),
-        }
-        let pad = |byte: u8| {
-            let mut hash = Sha256::new();
-            hash.update(block.map(|b| b ^ byte));
-            hash
-        };
-        Self {
-            inner: pad(0x36),
-            outer: pad(0x5c),
-        }
-    }
-
-    fn mac(&self, fields: [&str; 3]) -> sha2::digest::Output<Sha256> {
-        let mut inner = self.inner.clone();
-        absorb(&mut inner, fields);
-        self.finish(inner)
-    }
-
-    fn finish(&self, inner: Sha256) -> sha2::digest::Output<Sha256> {
-        let mut outer = self.outer.clone();
-        outer.update(inner.finalize());
-        outer.finalize()
-    }
+/// HMAC-SHA-256 (RFC 2104) keyed with `secret`: its inner and outer pads
+/// are absorbed once here, so each downstream key costs the two hashes of
+/// its message (a clone of this state, then the fields).
+fn keyed(secret: &[u8]) -> HmacSha256 {
+    // A key of any length is valid for HMAC (a longer one than the block is
+    // hashed first), so this never fails.
+    <HmacSha256 as Mac>::new_from_slice(secret).expect("HMAC takes a key of any length")
 }
 
 #[cfg(test)]
@@ -291,7 +284,7 @@ mod tests {
     }
 
     fn secret() -> DownstreamSecret {
-        DownstreamSecret::new(b"0123456789abcdef0123456789abcdef")
+        DownstreamSecret::new(b"0123456789abcdef0123456789abcdef").expect("32 bytes")
     }
 
     /// The exact output: a change that would make two versions derive
@@ -338,7 +331,7 @@ mod tests {
             keys("acme", "order-0002").key_for("card-processor"),
             base.clone().with_secret(secret()).key_for("card-processor"),
             base.clone()
-                .with_secret(DownstreamSecret::new(b"another secret of 32 bytes......"))
+                .with_secret(DownstreamSecret::new(b"another secret of 32 bytes......").unwrap())
                 .key_for("card-processor"),
         ];
         let distinct: std::collections::HashSet<_> = all.iter().collect();
@@ -408,10 +401,11 @@ mod tests {
         );
     }
 
-    /// RFC 4231, test cases 1, 2 and 6 (a key longer than the block).
+    /// RFC 4231, test cases 1, 2, 6 and 7 (6 and 7: a key longer than the
+    /// block, hashed first), through the keyed state a secret holds.
     #[test]
     fn hmac_matches_rfc_4231() {
-        let cases: [(&[u8], &[u8], &str); 3] = [
+        let cases: [(&[u8], &[u8], &str); 4] = [
             (
                 &[0x0b; 20],
                 b"Hi There",
@@ -427,21 +421,38 @@ mod tests {
                 b"Test Using Larger Than Block-Size Key - Hash Key First",
                 "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54",
             ),
+            (
+                &[0xaa; 131],
+                b"This is a test using a larger than block-size key and a larger than block-size data. The key needs to be hashed before being used by the HMAC algorithm.",
+                "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2",
+            ),
         ];
         for (key, data, expected) in cases {
-            let hmac = Hmac::new(key);
-            let mut inner = hmac.inner.clone();
-            inner.update(data);
-            let mac = hmac.finish(inner);
-            let hex: String = mac.iter().map(|b| format!("{b:02x}")).collect();
+            let mut mac = keyed(key);
+            Mac::update(&mut mac, data);
+            let hex: String = mac
+                .finalize()
+                .into_bytes()
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
             assert_eq!(hex, expected);
         }
     }
 
     #[test]
-    #[should_panic(expected = "at least 16 bytes")]
-    fn a_short_secret_is_refused() {
-        let _ = DownstreamSecret::new(b"short");
+    fn a_short_secret_is_an_error_that_does_not_show_it() {
+        for short in [&b""[..], b"short", &[b's'; MIN_SECRET_LEN - 1]] {
+            let refused = DownstreamSecret::new(short).map(|_| ());
+            let expected = ConfigError::ShortSecret {
+                len: short.len(),
+                min: MIN_SECRET_LEN,
+            };
+            assert_eq!(refused, Err(expected));
+        }
+        let shown = DownstreamSecret::new("sesame").unwrap_err().to_string();
+        assert!(!shown.contains("sesame"), "{shown}");
+        assert!(DownstreamSecret::new([0u8; MIN_SECRET_LEN]).is_ok());
     }
 
     #[test]

@@ -155,8 +155,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use http::StatusCode;
-//! use tower_idempotency::{RecordSuccess, ErrorFormat, IdempotencyLayer, MemoryStore};
+//! use tower_idempotency::{RecordSuccess, ErrorFormat, IdempotencyLayer, KeyReuseStatus, MemoryStore};
 //!
 //! let store = MemoryStore::builder()
 //!     .with_retention(Duration::from_secs(24 * 3600)) // how long a response replays
@@ -166,7 +165,7 @@
 //!     .with_record_policy(RecordSuccess)                // record every 2xx, not only 201
 //!     .with_body_limit(256 * 1024)
 //!     .with_wait_timeout(Duration::from_secs(2))      // a duplicate waits this long
-//!     .with_key_reuse_status(StatusCode::UNPROCESSABLE_ENTITY) // as the IETF draft
+//!     .with_key_reuse_status(KeyReuseStatus::UnprocessableEntity) // 422, as the IETF draft
 //!     .with_error_format(ErrorFormat::Problem);       // RFC 9457 problem details
 //! # let _ = layer;
 //! ```
@@ -266,6 +265,7 @@
 pub mod body;
 mod buffer;
 pub mod client;
+mod config;
 pub mod downstream;
 pub mod engine;
 pub mod fingerprint;
@@ -302,6 +302,7 @@ pub mod postgres {
     pub use tokio_postgres;
 }
 
+pub use config::ConfigError;
 pub use engine::in_flight::InFlight;
 pub use idempotency::layer::IdempotencyLayer;
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
@@ -340,7 +341,7 @@ pub struct IdempotencyGuide;
 pub struct CompatibilityGuide;
 
 pub use policy::{RecordCreated, RecordPolicy, RecordSuccess};
-pub use response::{ErrorFormat, KeyCodes, Refusal, RefusalResponse, Refused};
+pub use response::{ErrorFormat, KeyCodes, KeyReuseStatus, Refusal, RefusalResponse, Refused};
 pub use scope::{FromExtension, Scope, ScopeExtractor};
 pub use store::memory::MemoryStore;
 #[cfg(feature = "postgres")]

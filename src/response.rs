@@ -1,6 +1,7 @@
 //! Every response the layers build themselves: refusals and replays.
 
 use crate::body::ResponseBody;
+use crate::config::ConfigError;
 use crate::key::KeyProblem;
 use crate::telemetry::Outcome;
 use bytes::Bytes;
@@ -254,6 +255,52 @@ pub enum KeyCodes {
     Distinct,
 }
 
+/// The status of `idempotency_key_reuse` (a key reused with another
+/// request): the two the IETF `Idempotency-Key` draft allows.
+///
+/// ```
+/// use http::StatusCode;
+/// use tower_idempotency::{IdempotencyLayer, KeyReuseStatus, MemoryStore};
+///
+/// // `422`, as the draft's examples.
+/// let layer = IdempotencyLayer::new(MemoryStore::new())
+///     .with_key_reuse_status(KeyReuseStatus::UnprocessableEntity);
+/// # let _ = layer;
+/// // From a status read from configuration: any other is an `Err`.
+/// assert_eq!(KeyReuseStatus::try_from(StatusCode::CONFLICT), Ok(KeyReuseStatus::Conflict));
+/// assert!(KeyReuseStatus::try_from(StatusCode::BAD_REQUEST).is_err());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KeyReuseStatus {
+    /// `409 Conflict` (default).
+    #[default]
+    Conflict,
+    /// `422 Unprocessable Entity`.
+    UnprocessableEntity,
+}
+
+impl From<KeyReuseStatus> for StatusCode {
+    fn from(status: KeyReuseStatus) -> Self {
+        match status {
+            KeyReuseStatus::Conflict => StatusCode::CONFLICT,
+            KeyReuseStatus::UnprocessableEntity => StatusCode::UNPROCESSABLE_ENTITY,
+        }
+    }
+}
+
+impl TryFrom<StatusCode> for KeyReuseStatus {
+    type Error = ConfigError;
+
+    /// `409` or `422`; any other status is [`ConfigError::KeyReuseStatus`].
+    fn try_from(status: StatusCode) -> Result<Self, ConfigError> {
+        match status {
+            StatusCode::CONFLICT => Ok(Self::Conflict),
+            StatusCode::UNPROCESSABLE_ENTITY => Ok(Self::UnprocessableEntity),
+            other => Err(ConfigError::KeyReuseStatus(other)),
+        }
+    }
+}
+
 /// The shape of refusal bodies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -333,7 +380,7 @@ where
 #[derive(Clone)]
 pub(crate) struct Responder {
     pub(crate) format: ErrorFormat,
-    pub(crate) reuse_status: StatusCode,
+    pub(crate) reuse_status: KeyReuseStatus,
     pub(crate) key_codes: KeyCodes,
     pub(crate) retry_after: Duration,
     /// The application's own refusal answers, if it has them.
@@ -359,7 +406,7 @@ impl Default for Responder {
     fn default() -> Self {
         Self {
             format: ErrorFormat::Json,
-            reuse_status: StatusCode::CONFLICT,
+            reuse_status: KeyReuseStatus::Conflict,
             key_codes: KeyCodes::Shared,
             retry_after: Duration::from_secs(1),
             hook: None,
@@ -371,7 +418,7 @@ impl Default for Responder {
 impl Responder {
     pub(crate) fn status(&self, refusal: Refusal) -> StatusCode {
         match refusal {
-            Refusal::KeyReuse => self.reuse_status,
+            Refusal::KeyReuse => self.reuse_status.into(),
             other => other.default_status(),
         }
     }

@@ -33,6 +33,7 @@ use http_body_util::{BodyExt, Full};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::hint::black_box;
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicIsize, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tower_idempotency::store::Claim;
@@ -231,7 +232,7 @@ fn main() {
     for &n in &sizes {
         let capacity = (n + (batch * 2 + http_batch) * rounds as u64 + 10_000) as usize;
         let store = MemoryStore::builder()
-            .with_capacity(capacity)
+            .with_capacity(NonZeroUsize::new(capacity).unwrap())
             .with_lock_timeout(Duration::from_millis(lock_ms))
             .build();
         let app = ours_app(Handler::with(Duration::ZERO, 100), store.clone());

@@ -12,6 +12,7 @@
 //! `JOBS_ROUNDS` (5).
 
 use bytes::Bytes;
+use std::num::NonZeroU64;
 use std::time::Instant;
 use tower_idempotency::lease::store::MemoryJobStore;
 use tower_idempotency::lease::store::{Budget, JobStore, StartJob, StartOutcome};
@@ -62,7 +63,7 @@ fn main() {
     println!();
     println!("| jobs held | ns/start | min–max | RSS MiB |");
     println!("|---|---|---|---|");
-    let budget = Some(Budget::per_month(u64::MAX));
+    let budget = Some(Budget::per_month(NonZeroU64::MAX));
     rt.block_on(async {
         for &size in &sizes {
             let store = MemoryJobStore::new();

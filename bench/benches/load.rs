@@ -36,6 +36,7 @@ use axum::Router;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use std::net::SocketAddr;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -79,7 +80,7 @@ async fn pg_store(url: &str, pool_size: usize, table: &str) -> PostgresStore {
     let config: tokio_postgres::Config = url.parse().expect("DATABASE_URL");
     let pool = pool(url, pool_size);
     let store = PostgresStore::builder(pool.clone())
-        .with_table(table)
+        .with_table(table.parse().unwrap())
         .with_listener(config)
         .build();
     store.migrate().await.expect("migrate");
@@ -121,7 +122,9 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
             "memory" => match handler_app() {
                 None => ours_memory_app(h.clone()),
                 Some(app) => app.route_layer(IdempotencyLayer::new(
-                    MemoryStore::builder().with_capacity(50_000_000).build(),
+                    MemoryStore::builder()
+                        .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
+                        .build(),
                 )),
             },
             "pg" => {
@@ -150,7 +153,7 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
                 let prefix = format!("bench-load-{}", std::process::id());
                 if route == "redis" {
                     let store = tower_idempotency::RedisStore::builder()
-                        .with_prefix(&prefix)
+                        .with_prefix(prefix.parse().unwrap())
                         .connect(&url)
                         .await
                         .expect("Redis");
@@ -165,8 +168,11 @@ async fn start_server(bind: &str, routes: &[String], handler_kind: &str) -> Serv
                     continue;
                 };
                 let nodes: Vec<&str> = urls.split(',').collect();
-                let builder = tower_idempotency::RedisStore::builder()
-                    .with_prefix(&format!("bench-{route}-{}", std::process::id()));
+                let builder = tower_idempotency::RedisStore::builder().with_prefix(
+                    format!("bench-{route}-{}", std::process::id())
+                        .parse()
+                        .unwrap(),
+                );
                 let builder = match route.as_str() {
                     "redis-cluster-acks" => builder.with_replica_acks(1, Duration::from_secs(1)),
                     _ => builder,

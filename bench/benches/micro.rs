@@ -20,6 +20,7 @@ use axum::Router;
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
+use std::num::NonZeroUsize;
 use std::time::{Duration, Instant};
 use tower_idempotency::fingerprint::canonicalize_json;
 use tower_idempotency::store::Claim;
@@ -115,8 +116,12 @@ async fn setup(variant: Variant, body: &Bytes) -> (Router, RequestTemplate) {
         Variant::OursFresh | Variant::OursReplay | Variant::OursReuse409 => ours_memory_app(h),
         Variant::OursFreshInline => ours_app_with(
             h,
-            IdempotencyLayer::new(MemoryStore::builder().with_capacity(50_000_000).build())
-                .with_cancel_on_drop(true),
+            IdempotencyLayer::new(
+                MemoryStore::builder()
+                    .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
+                    .build(),
+            )
+            .with_cancel_on_drop(true),
         ),
         Variant::IdempotentFresh | Variant::IdempotentReplay => idempotent_app(h),
         Variant::AxumIdemFresh | Variant::AxumIdemReplay | Variant::SessionStackOnly => {
@@ -458,7 +463,9 @@ fn bench_store(c: &mut Criterion) {
     let mut g = c.benchmark_group("memory_store");
     g.bench_function("begin_claim+complete", |b| {
         b.iter_custom(|iters| {
-            let store = MemoryStore::builder().with_capacity(50_000_000).build();
+            let store = MemoryStore::builder()
+                .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
+                .build();
             let keys: Vec<RecordKey> = (0..iters).map(record_key).collect();
             let response = stored_response();
             rt.block_on(async {
@@ -478,7 +485,9 @@ fn bench_store(c: &mut Criterion) {
     });
     g.bench_function("begin_claim+release", |b| {
         b.iter_custom(|iters| {
-            let store = MemoryStore::builder().with_capacity(50_000_000).build();
+            let store = MemoryStore::builder()
+                .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
+                .build();
             let keys: Vec<RecordKey> = (0..iters).map(record_key).collect();
             rt.block_on(async {
                 let start = Instant::now();
@@ -567,7 +576,9 @@ fn profile_loop() {
         }
         "store_fresh" | "store_replay" => {
             let rt = current_thread();
-            let store = MemoryStore::builder().with_capacity(50_000_000).build();
+            let store = MemoryStore::builder()
+                .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
+                .build();
             let fp = RequestFingerprint::from(Fingerprint([7; 32]));
             let keys: Vec<RecordKey> = (0..n).map(record_key).collect();
             let response = stored_response();

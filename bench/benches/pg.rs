@@ -157,7 +157,7 @@ async fn store(url: &str, pool_size: usize) -> PostgresStore {
         .runtime(deadpool_postgres::Runtime::Tokio1)
         .build()
         .expect("pool");
-    let builder = PostgresStore::builder(pool).with_table(TABLE);
+    let builder = PostgresStore::builder(pool).with_table(TABLE.parse().unwrap());
     let store = if std::env::var("PG_NO_LISTENER").is_ok() {
         builder.build()
     } else {

@@ -196,7 +196,7 @@ struct Run {
 
 async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> Run {
     let store = PostgresStore::builder(pool(url, clients))
-        .with_table("bench_txn_records")
+        .with_table("bench_txn_records".parse().unwrap())
         .with_lock_timeout(Duration::from_secs(2))
         .build();
     let own = |own_transaction| Orders {
@@ -361,7 +361,7 @@ fn main() {
         )
         .await
         .unwrap();
-        let store = PostgresStore::builder(pool(&url, 2)).with_table("bench_txn_records").build();
+        let store = PostgresStore::builder(pool(&url, 2)).with_table("bench_txn_records".parse().unwrap()).build();
         store.migrate().await.unwrap();
         println!("## Transactional vs plain mode vs the bare handler: fresh requests inserting one row");
         println!("{}", machine_line());

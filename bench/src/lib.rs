@@ -11,6 +11,7 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +126,12 @@ pub fn ours_app_with(h: Arc<Handler>, layer: IdempotencyLayer) -> Router {
 
 /// Our layer over a `MemoryStore` large enough never to fill during a benchmark.
 pub fn ours_memory_app(h: Arc<Handler>) -> Router {
-    ours_app(h, MemoryStore::builder().with_capacity(50_000_000).build())
+    ours_app(
+        h,
+        MemoryStore::builder()
+            .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
+            .build(),
+    )
 }
 
 /// `idempotent` 2.0: its tower `IdempotencyLayer` over its in-memory store,

@@ -9,6 +9,7 @@ use axum::routing::post;
 use axum::Router;
 use bytes::Bytes;
 use std::hint::black_box;
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tower::ServiceExt;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
@@ -132,8 +133,12 @@ pub async fn app(variant: Variant) -> (Router, Option<HeaderValue>) {
         Variant::Baseline => (route().route_layer(identity), None),
         Variant::OursFresh | Variant::OursReplay => (
             route().route_layer(
-                IdempotencyLayer::new(MemoryStore::builder().with_capacity(50_000_000).build())
-                    .with_scope(tenant),
+                IdempotencyLayer::new(
+                    MemoryStore::builder()
+                        .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
+                        .build(),
+                )
+                .with_scope(tenant),
             ),
             None,
         ),

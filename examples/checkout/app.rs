@@ -64,7 +64,7 @@ pub const MAX_CONCURRENT_ORDERS: usize = 64;
 /// Claimed handlers running at once, those whose client hung up included
 /// (they run to completion): past it a new order is answered `503 overloaded`
 /// with `Retry-After`, and its key is free for the retry.
-pub const MAX_IN_FLIGHT: usize = 64;
+pub const MAX_IN_FLIGHT: std::num::NonZeroUsize = std::num::NonZeroUsize::new(64).unwrap();
 
 #[derive(Clone)]
 struct AppState {

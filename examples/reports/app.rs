@@ -34,6 +34,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use http::request::Parts;
 use serde_json::Value;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_http::auth::AsyncRequireAuthorizationLayer;
@@ -100,7 +101,7 @@ pub struct Config {
     pub budget: Option<Budget>,
     /// Model tokens per tenant and day (`REPORT_TOKEN_CAP`): each start
     /// reserves its report's estimate ([`report_tokens`]). Replaces `budget`.
-    pub token_cap: Option<u64>,
+    pub token_cap: Option<NonZeroU64>,
     /// Makes the built-in worker's provider fail (`REPORT_PROVIDER_FAIL`).
     pub provider_failure: Option<ProviderFailure>,
     /// Holds each provider call until a permit is available (one per call):
@@ -207,9 +208,10 @@ pub fn router_with_records(store: AnyJobStore, records: impl Store, config: Conf
 pub fn lease_layer(
     store: AnyJobStore,
     budget: Option<Budget>,
-    token_cap: Option<u64>,
+    token_cap: Option<NonZeroU64>,
 ) -> LeaseLayer<impl JobKeyExtractor> {
-    let layer = LeaseLayer::new(store, "report", report_key()).with_location_prefix("/reports/");
+    let kind = "report".parse().expect("a non-empty literal");
+    let layer = LeaseLayer::new(store, kind, report_key()).with_location_prefix("/reports/");
     match (token_cap, budget) {
         (Some(cap), _) => layer.with_budget(Budget::per_day(cap)).with_cost(
             |_: &Scope, _: &Parts, body: &Bytes| {

@@ -35,6 +35,7 @@ mod app;
 mod postgres;
 
 use std::error::Error;
+use std::num::NonZeroU64;
 use std::time::Duration;
 use tower_idempotency::lease::store::Budget;
 use tower_idempotency::lease::store::{AnyJobStore, JobStore, MemoryJobStore};
@@ -142,15 +143,16 @@ async fn job_store_from_env() -> Result<(AnyJobStore, Records, String), Box<dyn 
 fn config_from_env() -> Result<app::Config, Box<dyn Error>> {
     let mut config = app::Config::default();
     if let Ok(v) = std::env::var("REPORT_ALLOWANCE") {
-        let allowance: u64 = v
-            .parse()
-            .map_err(|_| "REPORT_ALLOWANCE must be a number of jobs per tenant per month")?;
+        // `NonZeroU64` refuses 0 too: an allowance of none would refuse every start.
+        let allowance: NonZeroU64 = v.parse().map_err(|_| {
+            "REPORT_ALLOWANCE must be a positive number of jobs per tenant per month"
+        })?;
         config.budget = Some(Budget::per_month(allowance));
     }
     if let Ok(v) = std::env::var("REPORT_TOKEN_CAP") {
-        let cap: u64 = v
-            .parse()
-            .map_err(|_| "REPORT_TOKEN_CAP must be a number of tokens per tenant per day")?;
+        let cap: NonZeroU64 = v.parse().map_err(|_| {
+            "REPORT_TOKEN_CAP must be a positive number of tokens per tenant per day"
+        })?;
         config.token_cap = Some(cap);
     }
     config.provider_failure = match std::env::var("REPORT_PROVIDER_FAIL").as_deref() {

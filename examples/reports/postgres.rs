@@ -7,6 +7,7 @@ use std::error::Error;
 use std::time::Duration;
 use tokio_postgres::NoTls;
 use tower_idempotency::lease::store::PostgresJobStore;
+use tower_idempotency::store::SqlIdentifier;
 use tower_idempotency::PostgresStore;
 
 /// Connections per instance: starts, worker calls and each `/events` poll
@@ -33,13 +34,11 @@ pub async fn job_store(
     let mut builder = PostgresJobStore::builder(pool(config)?).with_lease(lease);
     let mut table = "lease_jobs".to_owned();
     if let Ok(name) = std::env::var("REPORT_JOBS_TABLE") {
-        if !is_identifier(&name) {
-            return Err(
-                "REPORT_JOBS_TABLE must be a plain identifier [a-z_][a-z0-9_]{0,62}".into(),
-            );
-        }
-        builder = builder.with_table(&name);
-        table = name;
+        let name: SqlIdentifier = name
+            .parse()
+            .map_err(|e| format!("REPORT_JOBS_TABLE: {e}"))?;
+        table = name.to_string();
+        builder = builder.with_table(name);
     }
     let store = builder.build();
     store
@@ -53,7 +52,7 @@ pub async fn job_store(
 pub async fn records_store(jobs_url: &str) -> Result<PostgresStore, Box<dyn Error>> {
     let config: tokio_postgres::Config = jobs_url.parse()?;
     let store = PostgresStore::builder(pool(config.clone())?)
-        .with_table("report_idempotency_records")
+        .with_table("report_idempotency_records".parse()?)
         .with_listener(config)
         .build();
     store.migrate().await?;
@@ -91,13 +90,4 @@ fn describe(config: &tokio_postgres::Config) -> String {
         .or(config.get_user())
         .unwrap_or("postgres");
     format!("database {database} on {host}:{port}")
-}
-
-/// What `PostgresJobStoreBuilder::with_table` accepts (it panics on anything else).
-fn is_identifier(name: &str) -> bool {
-    let b = name.as_bytes();
-    (1..=63).contains(&b.len())
-        && (b[0].is_ascii_lowercase() || b[0] == b'_')
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }

@@ -6,6 +6,7 @@ use crate::engine::in_flight::InFlight;
 use crate::options::Options;
 use crate::store::erased::SharedStore;
 use http::{HeaderName, HeaderValue};
+use std::num::NonZeroUsize;
 use std::time::Duration;
 
 use super::warn_once::WarnOnce;
@@ -52,7 +53,7 @@ pub(crate) struct Settings {
     pub(crate) retention_header: Option<HeaderValue>,
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
-    pub(crate) max_in_flight: Option<usize>,
+    pub(crate) max_in_flight: Option<NonZeroUsize>,
     /// The setup mistakes already warned about, per route.
     pub(crate) warned: WarnOnce,
     /// Keys the derivation of each claimed request's `DownstreamKeys`.

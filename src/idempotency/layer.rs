@@ -7,12 +7,13 @@ use crate::engine::in_flight::InFlight;
 use crate::limits;
 use crate::options::Options;
 use crate::policy::{RecordCreated, RecordPolicy};
-use crate::response::{ErrorFormat, KeyCodes, RefusalResponse};
+use crate::response::{ErrorFormat, KeyCodes, KeyReuseStatus, RefusalResponse};
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::erased::{ErasedStore, SharedStore};
 use crate::store::{Store, TransactionalStore};
 use http::header::{HeaderName, ETAG, LINK, LOCATION, SET_COOKIE};
-use http::{HeaderValue, Method, StatusCode};
+use http::{HeaderValue, Method};
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
@@ -234,7 +235,11 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
     /// It counts what [`in_flight`](Self::in_flight) counts: claimed handlers,
     /// and responses still being recorded after their head was sent, across
     /// every layer sharing that [`InFlight`].
-    pub fn with_max_in_flight(mut self, max: usize) -> Self {
+    ///
+    /// Never zero (every claim shed), so a `NonZeroUsize`:
+    /// `NonZeroUsize::new(256).unwrap()` in a `const`, checked when
+    /// compiling, or `NonZeroUsize::try_from(n)?` for a number read at startup.
+    pub fn with_max_in_flight(mut self, max: NonZeroUsize) -> Self {
         self.config_mut().max_in_flight = Some(max);
         self
     }
@@ -327,9 +332,12 @@ impl<E: Clone, P: Clone> IdempotencyLayer<E, P> {
         self
     }
 
-    /// The status for a key reused with another request: `409` (default) or
-    /// `422`, as the IETF `Idempotency-Key` draft specifies.
-    pub fn with_key_reuse_status(mut self, status: StatusCode) -> Self {
+    /// The status for a key reused with another request:
+    /// [`Conflict`](KeyReuseStatus::Conflict) (`409`, default) or
+    /// [`UnprocessableEntity`](KeyReuseStatus::UnprocessableEntity) (`422`),
+    /// the two the IETF `Idempotency-Key` draft allows. A status read from
+    /// configuration converts with `KeyReuseStatus::try_from(status)?`.
+    pub fn with_key_reuse_status(mut self, status: KeyReuseStatus) -> Self {
         self.config_mut().options.responder.reuse_status = status;
         self
     }

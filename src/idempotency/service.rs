@@ -209,7 +209,7 @@ where
         let token = claim.token;
         let admitted = match config.max_in_flight {
             None => Some(config.in_flight.enter()),
-            Some(max) => config.in_flight.try_enter(max),
+            Some(max) => config.in_flight.try_enter(max.get()),
         };
         let Some(running) = admitted else {
             // Shed before the handler: its claim (and transaction) go back at once.

@@ -1,5 +1,6 @@
 use super::config::{LeaseConfig, LeaseSettings, StartedStatus};
 use super::key::{JobCost, JobKeyExtractor};
+use super::kind::JobKind;
 use super::service::LeaseService;
 use crate::lease::store::{Budget, JobStore};
 use crate::options::Options;
@@ -25,16 +26,12 @@ impl<K: JobKeyExtractor> LeaseLayer<K> {
     /// A job is identified by `(tenant, kind, key)`, three separate fields. The
     /// kind keeps two layers apart that share a store (say `/exports` and
     /// `/imports`, both keyed by a month): give each route its own, e.g.
-    /// `"export"` and `"import"`. Leases are granted to `"{hostname}-{pid}"`
+    /// `"export".parse()?` and `"import".parse()?`; a [`JobKind`] is never
+    /// empty. Leases are granted to `"{hostname}-{pid}"`
     /// unless [`with_owner`](Self::with_owner) names the worker; job locations
     /// are `/jobs/{job_id}` unless [`with_location_prefix`](Self::with_location_prefix).
-    ///
-    /// # Panics
-    ///
-    /// If `kind` is empty: a kind that cannot be told apart is the mistake it prevents.
-    pub fn new(store: impl JobStore, kind: impl Into<Arc<str>>, key: K) -> Self {
+    pub fn new(store: impl JobStore, kind: JobKind, key: K) -> Self {
         let kind = kind.into();
-        assert!(!kind.is_empty(), "a LeaseLayer needs a non-empty job kind");
         Self {
             config: LeaseConfig {
                 key,
@@ -110,18 +107,21 @@ impl<K, E> LeaseLayer<K, E> {
     /// ```
     /// use bytes::Bytes;
     /// use http::request::Parts;
+    /// use std::num::NonZeroU64;
     /// use tower_idempotency::{LeaseLayer, lease::JsonJobKey};
     /// use tower_idempotency::lease::store::{Budget, MemoryJobStore};
     /// use tower_idempotency::Scope;
     ///
     /// // 50 000 tokens per tenant and day; a report's estimate by its type.
+    /// const TOKENS_PER_DAY: NonZeroU64 = NonZeroU64::new(50_000).unwrap();
     /// let key = JsonJobKey::new(["type", "period"]);
-    /// let layer = LeaseLayer::new(MemoryJobStore::new(), "report", key)
-    ///     .with_budget(Budget::per_day(50_000))
+    /// let layer = LeaseLayer::new(MemoryJobStore::new(), "report".parse()?, key)
+    ///     .with_budget(Budget::per_day(TOKENS_PER_DAY))
     ///     .with_cost(|_: &Scope, _: &Parts, body: &Bytes| {
     ///         if body.windows(6).any(|w| w == b"health") { 12_000 } else { 3_000 }
     ///     });
     /// # let _ = layer;
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
     /// ```
     pub fn with_cost(mut self, cost: impl JobCost) -> Self {
         self.config.cost = Some(Arc::new(cost));
@@ -159,9 +159,10 @@ impl<K, E> LeaseLayer<K, E> {
     /// use tower_idempotency::LeaseLayer;
     ///
     /// // Every start answers 200; the body's `created`/`join` says which.
-    /// let layer = LeaseLayer::new(MemoryJobStore::new(), "report", JsonJobKey::new(["period"]))
+    /// let layer = LeaseLayer::new(MemoryJobStore::new(), "report".parse()?, JsonJobKey::new(["period"]))
     ///     .with_started_status(StartedStatus::Ok);
     /// # let _ = layer;
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
     /// ```
     pub fn with_started_status(mut self, status: StartedStatus) -> Self {
         self.config.started_status = status;

@@ -38,11 +38,12 @@
 //! let app: Router = Router::new().route(
 //!     "/reports/start",
 //!     post(start_report).layer(
-//!         LeaseLayer::new(jobs, "report", JsonJobKey::new(["report_type", "period"]))
+//!         LeaseLayer::new(jobs, "report".parse()?, JsonJobKey::new(["report_type", "period"]))
 //!             .with_location_prefix("/reports/"),
 //!     ),
 //! );
 //! # let _ = app;
+//! # Ok::<(), tower_idempotency::ConfigError>(())
 //! ```
 
 /// The subsystem's contract in full: setting it up, the natural key, the
@@ -56,6 +57,7 @@ mod config;
 mod future;
 pub(crate) mod handle;
 mod key;
+mod kind;
 pub(crate) mod layer;
 mod outcome;
 mod service;
@@ -64,4 +66,5 @@ pub mod store;
 pub use config::StartedStatus;
 pub use future::ResponseFuture;
 pub use key::{JobCost, JobKeyExtractor, JobKeyRejection, JsonJobKey};
+pub use kind::JobKind;
 pub use service::LeaseService;

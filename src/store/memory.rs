@@ -63,14 +63,19 @@ thread_local! {
 /// by its [`builder`](Self::builder):
 ///
 /// ```
+/// use std::num::NonZeroUsize;
 /// use std::time::Duration;
 /// use tower_idempotency::MemoryStore;
+///
+/// // Neither may be zero, checked when compiling.
+/// const CAPACITY: NonZeroUsize = NonZeroUsize::new(100_000).unwrap();
+/// const SCOPE_QUOTA: NonZeroUsize = NonZeroUsize::new(10_000).unwrap();
 ///
 /// let store = MemoryStore::builder()
 ///     .with_retention(Duration::from_secs(24 * 3600))
 ///     .with_lock_timeout(Duration::from_secs(60))
-///     .with_capacity(100_000)
-///     .with_scope_quota(10_000)
+///     .with_capacity(CAPACITY)
+///     .with_scope_quota(SCOPE_QUOTA)
 ///     .build();
 /// assert_eq!(store.len(), 0);
 /// ```
@@ -158,7 +163,7 @@ impl MemoryStore {
                 live: AtomicUsize::new(0),
                 next_token: AtomicI64::new(1),
                 settings: builder.settings,
-                capacity: builder.capacity,
+                capacity: builder.capacity.get(),
                 scope_quota: builder.scope_quota.map(ScopeQuota::new),
                 retention_deadlines: Mutex::new(VecDeque::new()),
                 last_full_sweep: Mutex::new(None),
@@ -643,7 +648,7 @@ mod tests {
         let retention = std::time::Duration::from_secs(60);
         let store = MemoryStore::builder()
             .with_retention(retention)
-            .with_scope_quota(2)
+            .with_scope_quota(std::num::NonZeroUsize::new(2).unwrap())
             .build();
         let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([9; 32]));
         let quota = || store.shared.scope_quota.as_ref().unwrap();

@@ -27,11 +27,11 @@ pub use memory::{MemoryStoreBuilder, MemoryStoreError};
 pub use near_cache::NearCache;
 #[cfg(feature = "postgres")]
 pub use postgres::{
-    PostgresRecordTransaction, PostgresStoreBuilder, TransactionClient, TransactionQuery,
-    TransactionStatement,
+    PostgresRecordTransaction, PostgresStoreBuilder, SqlIdentifier, TransactionClient,
+    TransactionQuery, TransactionStatement,
 };
 #[cfg(feature = "redis")]
-pub use redis::RedisStoreBuilder;
+pub use redis::{RedisPrefix, RedisStoreBuilder};
 
 use crate::body::BoxError;
 use crate::{fingerprint::RequestFingerprint, IdempotencyKey, Scope};

@@ -37,7 +37,7 @@ fn expected(scope: &str, key: &str, secret: Option<&DownstreamSecret>) -> String
 }
 
 fn secret() -> DownstreamSecret {
-    DownstreamSecret::new("a downstream secret of 32 bytes.")
+    DownstreamSecret::new("a downstream secret of 32 bytes.").unwrap()
 }
 
 /// `POST /charge` answers the downstream key it was given: `500` on its

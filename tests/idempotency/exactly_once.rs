@@ -12,6 +12,7 @@ mod postgres_liveness;
 #[cfg(feature = "postgres")]
 mod processes;
 #[cfg(feature = "postgres")]
+use std::num::NonZeroUsize;
 use tower_idempotency::store::Maintenance;
 #[cfg(feature = "postgres")]
 use tower_idempotency_tests::support;
@@ -288,7 +289,8 @@ async fn extreme_durations_neither_panic_nor_run_twice() {
 #[tokio::test]
 async fn over_the_in_flight_cap_a_claim_is_shed_before_its_handler_and_its_key_freed() {
     let effects = Effects::default();
-    let layer = IdempotencyLayer::new(MemoryStore::new()).with_max_in_flight(2);
+    let layer =
+        IdempotencyLayer::new(MemoryStore::new()).with_max_in_flight(NonZeroUsize::new(2).unwrap());
     let in_flight = layer.in_flight();
     let app = app(layer, &effects, STEP);
     // A completed request, to replay while the cap is reached.
@@ -332,8 +334,8 @@ async fn over_the_in_flight_cap_a_claim_is_shed_before_its_handler_and_its_key_f
 async fn a_tenant_flooding_fresh_keys_gets_429_and_the_others_keep_working() {
     let effects = Effects::default();
     let store = MemoryStore::builder()
-        .with_capacity(1_000)
-        .with_scope_quota(100)
+        .with_capacity(NonZeroUsize::new(1_000).unwrap())
+        .with_scope_quota(NonZeroUsize::new(100).unwrap())
         .build();
     let app = app(IdempotencyLayer::new(store), &effects, Duration::ZERO);
     let tenant = |key: String, scope: &str| {

@@ -30,6 +30,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::convert::Infallible;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -715,7 +716,7 @@ where
 async fn a_million_distinct_keys_memory_stays_bounded_by_the_capacity() {
     let retention = Duration::from_secs(600);
     let store = MemoryStore::builder()
-        .with_capacity(CAPACITY)
+        .with_capacity(NonZeroUsize::new(CAPACITY).unwrap())
         .with_retention(retention)
         .with_lock_timeout(Duration::from_secs(30))
         .build();
@@ -787,7 +788,7 @@ async fn a_million_distinct_keys_memory_stays_bounded_by_the_capacity() {
 #[tokio::test(start_paused = true)]
 async fn a_million_released_claims_memory_stays_bounded_by_the_capacity() {
     let store = MemoryStore::builder()
-        .with_capacity(CAPACITY)
+        .with_capacity(NonZeroUsize::new(CAPACITY).unwrap())
         .with_lock_timeout(Duration::from_secs(60))
         .build();
     let orders = Orders::forgetful();
@@ -812,4 +813,103 @@ async fn a_million_released_claims_memory_stays_bounded_by_the_capacity() {
         "the store holds no record but {peak} bytes (bound {bound}): \
          released claims' lock deadlines are kept until the lock timeout"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Configuration read from the environment or a file
+// ---------------------------------------------------------------------------
+
+/// Strings an operator's environment or a tenant-supplied setting may hold.
+fn hostile_strings() -> Vec<String> {
+    let mut values: Vec<String> = [
+        "",
+        " ",
+        "\0",
+        "\0hidden",
+        "{tag}",
+        "a{b}c",
+        "jobs; DROP TABLE users; --",
+        "\"quoted\"",
+        "Users{0}",
+        "r\u{e9}sum\u{e9}",
+        "\u{202e}gnp.exe",
+        "\r\nSET x 1",
+        "a b",
+        "%s%n",
+        "../../etc/passwd",
+        "\u{ff}",
+    ]
+    .map(str::to_owned)
+    .into();
+    values.push("x".repeat(100_000));
+    values.push("\u{1F600}".repeat(1_000));
+    values
+}
+
+/// Every hostile value is an `Err` from the type that validates it, never a
+/// panic: table and schema names, Redis prefixes, job kinds, downstream
+/// secrets and key reuse statuses. Before, the builders panicked on the
+/// first three, and the layer accepted any status.
+#[test]
+fn hostile_configuration_is_an_err_never_a_panic() {
+    use tower_idempotency::downstream::{DownstreamSecret, MIN_SECRET_LEN};
+    use tower_idempotency::{ConfigError, KeyReuseStatus};
+
+    for value in hostile_strings() {
+        #[cfg(feature = "postgres")]
+        {
+            use tower_idempotency::store::SqlIdentifier;
+            let refused = value.parse::<SqlIdentifier>();
+            assert_eq!(refused, Err(ConfigError::SqlIdentifier(value.clone())));
+            // The message quotes the name escaped: no control byte reaches a log.
+            let shown = refused.unwrap_err().to_string();
+            assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        }
+        #[cfg(feature = "redis")]
+        {
+            use tower_idempotency::store::RedisPrefix;
+            let refused = RedisPrefix::try_from(value.as_str());
+            assert_eq!(refused, Err(ConfigError::RedisPrefix(value.clone())));
+            let shown = refused.unwrap_err().to_string();
+            assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        }
+        #[cfg(feature = "leases")]
+        {
+            // Any non-empty kind is a kind: stores compare it as its own field.
+            use tower_idempotency::lease::JobKind;
+            match JobKind::try_from(value.clone()) {
+                Ok(kind) => assert_eq!(kind.as_str(), value),
+                Err(refused) => {
+                    assert!(value.is_empty(), "{value:?}");
+                    assert_eq!(refused, ConfigError::EmptyJobKind);
+                }
+            }
+        }
+        match DownstreamSecret::new(&value) {
+            Ok(_) => assert!(value.len() >= MIN_SECRET_LEN),
+            Err(refused) => {
+                let expected = ConfigError::ShortSecret {
+                    len: value.len(),
+                    min: MIN_SECRET_LEN,
+                };
+                assert_eq!(refused, expected);
+                // A short secret is still a secret: its length is shown, never its bytes.
+                let shown = format!("{refused} {refused:?}");
+                assert!(value.len() < 3 || !shown.contains(&value), "{shown}");
+            }
+        }
+    }
+    // Only the two statuses the draft allows are a key reuse status.
+    for code in 100..=999u16 {
+        let status = StatusCode::from_u16(code).unwrap();
+        match KeyReuseStatus::try_from(status) {
+            Ok(reuse) => assert_eq!(StatusCode::from(reuse), status),
+            Err(refused) => {
+                assert_eq!(refused, ConfigError::KeyReuseStatus(status));
+                assert!(code != 409 && code != 422, "{code}");
+            }
+        }
+    }
+    assert!(KeyReuseStatus::try_from(StatusCode::CONFLICT).is_ok());
+    assert!(KeyReuseStatus::try_from(StatusCode::UNPROCESSABLE_ENTITY).is_ok());
 }

@@ -16,12 +16,13 @@ use http::header::{CONTENT_TYPE, ETAG, LINK, LOCATION, RETRY_AFTER, SET_COOKIE};
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use std::convert::Infallible;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 use tower::{Layer, Service};
 use tower_idempotency::idempotency::IDEMPOTENT_REPLAYED;
 use tower_idempotency::{
-    ErrorFormat, IdempotencyLayer, KeyCodes, MemoryStore, RecordPolicy, RecordSuccess, Refusal,
-    Scope, ScopeExtractor,
+    ErrorFormat, IdempotencyLayer, KeyCodes, KeyReuseStatus, MemoryStore, RecordPolicy,
+    RecordSuccess, Refusal, Scope, ScopeExtractor,
 };
 
 const KEY: &str = "order-7f3a9c2e";
@@ -464,7 +465,7 @@ async fn key_reuse_on_another_path_query_or_method_is_409() {
 #[tokio::test]
 async fn key_reuse_status_can_be_422_as_the_ietf_draft_says() {
     let layer = IdempotencyLayer::new(MemoryStore::new())
-        .with_key_reuse_status(StatusCode::UNPROCESSABLE_ENTITY);
+        .with_key_reuse_status(KeyReuseStatus::UnprocessableEntity);
     let (svc, runs) = orders(layer);
     send(&svc, post(Some(KEY), ORDER))
         .await
@@ -596,18 +597,29 @@ async fn closure_record_policy_decides_what_is_recorded() {
 
 #[tokio::test]
 async fn store_failure_is_503_with_retry_after_and_nothing_runs() {
-    let (svc, runs) = orders(IdempotencyLayer::new(
-        MemoryStore::builder().with_capacity(0).build(),
-    ));
+    // A store with room for one record, filled by a first order: it refuses
+    // every new key as full.
+    let full = || {
+        MemoryStore::builder()
+            .with_capacity(NonZeroUsize::MIN)
+            .build()
+    };
+    const FILLER: &str = "order-filler-0001";
+    let (svc, runs) = orders(IdempotencyLayer::new(full()));
+    send(&svc, post(Some(FILLER), ORDER))
+        .await
+        .assert_order(1, false);
     let reply = send(&svc, post(Some(KEY), ORDER)).await;
     reply.assert_refusal(
         StatusCode::SERVICE_UNAVAILABLE,
         "idempotency_store_unavailable",
     );
     assert_eq!(reply.headers[RETRY_AFTER], "1");
-    let layer = IdempotencyLayer::new(MemoryStore::builder().with_capacity(0).build())
-        .with_retry_after(Duration::from_millis(2500));
+    let layer = IdempotencyLayer::new(full()).with_retry_after(Duration::from_millis(2500));
     let (svc2, runs2) = orders(layer);
+    send(&svc2, post(Some(FILLER), ORDER))
+        .await
+        .assert_order(1, false);
     let reply = send(&svc2, post(Some(KEY), ORDER)).await;
     reply.assert_refusal(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -617,14 +629,18 @@ async fn store_failure_is_503_with_retry_after_and_nothing_runs() {
         reply.headers[RETRY_AFTER], "3",
         "rounded up to whole seconds"
     );
-    assert_eq!(runs.get() + runs2.get(), 0, "the handler never ran");
+    assert_eq!(
+        runs.get() + runs2.get(),
+        2,
+        "the handler ran for the fillers only"
+    );
 }
 
 #[tokio::test]
 async fn problem_format_refusals_are_rfc9457_problem_details() {
     let layer = IdempotencyLayer::new(MemoryStore::new())
         .with_error_format(ErrorFormat::Problem)
-        .with_key_reuse_status(StatusCode::UNPROCESSABLE_ENTITY);
+        .with_key_reuse_status(KeyReuseStatus::UnprocessableEntity);
     let (svc, runs) = orders(layer);
     send(&svc, post(Some(KEY), ORDER))
         .await

@@ -1,5 +1,6 @@
 //! The store conformance suite against `MemoryStore`, plus its own bounds.
 
+use std::num::NonZeroUsize;
 use tower_idempotency::store::conformance;
 use tower_idempotency::store::Claim;
 use tower_idempotency::store::Completion;
@@ -26,7 +27,9 @@ tower_idempotency::engine_conformance_tests!(memory_store);
 
 #[tokio::test]
 async fn capacity_bounds_memory_and_fails_closed_when_full() {
-    let store = MemoryStore::builder().with_capacity(100).build();
+    let store = MemoryStore::builder()
+        .with_capacity(NonZeroUsize::new(100).unwrap())
+        .build();
     let fp = conformance::fingerprint("a");
     for i in 0..100 {
         let key = conformance::record("s", &format!("key-{i:08}"));
@@ -54,7 +57,7 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(10))
-        .with_capacity(1_000)
+        .with_capacity(NonZeroUsize::new(1_000).unwrap())
         .build();
     let fp = conformance::fingerprint("a");
     for i in 0..1_000 {
@@ -94,7 +97,7 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
 async fn abandoned_claims_are_swept_when_the_store_is_full() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
-        .with_capacity(10)
+        .with_capacity(NonZeroUsize::new(10).unwrap())
         .build();
     let fp = conformance::fingerprint("a");
     for i in 0..10 {
@@ -123,7 +126,7 @@ async fn abandoned_claims_are_swept_when_the_store_is_full() {
 /// the same store.
 #[tokio::test]
 async fn a_cloned_builder_builds_a_store_of_its_own() {
-    let builder = MemoryStore::builder().with_capacity(1);
+    let builder = MemoryStore::builder().with_capacity(NonZeroUsize::new(1).unwrap());
     let short = builder.clone().with_lock_timeout(Duration::from_secs(1));
     let (a, b) = (builder.build(), short.build());
     assert_eq!(a.timings().lock_timeout, Duration::from_secs(10));

@@ -5,6 +5,7 @@
 //! `reports/mod.rs`.
 
 use crate::reports;
+use std::num::NonZeroU64;
 
 use reports::*;
 use serde_json::json;
@@ -28,7 +29,7 @@ for_each_store! {
 async fn an_expired_job_is_not_acquired_past_the_allowance(backend: Backend) {
     let opts = Opts {
         lease: SHORT_LEASE,
-        budget: Some(Budget::per_month(1)),
+        budget: Some(Budget::per_month(NonZeroU64::new(1).unwrap())),
         ..Opts::default()
     };
     let app = demo_with(&backend, opts).await;
@@ -255,7 +256,7 @@ async fn budget_counts_live_and_complete_jobs_not_failed_ones_and_reset_makes_ro
     let app = demo_with(
         &backend,
         Opts {
-            budget: Some(Budget::per_month(2)),
+            budget: Some(Budget::per_month(NonZeroU64::new(2).unwrap())),
             ..Opts::default()
         },
     )
@@ -349,7 +350,7 @@ async fn concurrent_starts_cannot_overshoot_the_allowance(backend: Backend) {
     let app = demo_with(
         &backend,
         Opts {
-            budget: Some(Budget::per_month(2)),
+            budget: Some(Budget::per_month(NonZeroU64::new(2).unwrap())),
             ..Opts::default()
         },
     )

@@ -303,7 +303,7 @@ async fn setup_behind_proxy(
         tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(url).await).await,
     );
     let store = PostgresStore::builder(pg::pool(pg::pg_config_at(url, proxy.port), 4))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(LOCK)
         .with_operation_timeout(Duration::from_secs(2))
         .build();
@@ -426,7 +426,7 @@ async fn exhausted_pool_answers_503_within_the_operation_timeout_then_recovers()
     let pool = pg::pool(pg::pg_config(&url), 2);
     let op = Duration::from_millis(300);
     let store = PostgresStore::builder(pool.clone())
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_operation_timeout(op)
         .build();
     let handler = Handler::default();

@@ -34,13 +34,13 @@ async fn a_stall_of_nine_tenths_of_the_lease_keeps_the_workers_lease() {
     };
     let table = pg::unique_table("keep_alive_jobs");
     let competitor = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 4))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lease(LEASE)
         .build();
     competitor.migrate().await.expect("migrate");
     let proxy = Proxy::start(pg::server_addr(&url).await).await;
     let owner = PostgresJobStore::builder(pg::pool(pg::pg_config_at(&url, proxy.port), 2))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lease(LEASE)
         .build();
     let StartOutcome::Created(job, grant) = owner.start(&start("worker")).await.unwrap() else {

@@ -20,7 +20,7 @@ async fn stall(fraction: f64, test: &str) {
     let competitor = pg::store(&url, &table, |s| s.with_lock_timeout(LOCK)).await;
     let proxy = Proxy::start(pg::server_addr(&url).await).await;
     let owner = PostgresStore::builder(pg::pool(pg::pg_config_at(&url, proxy.port), 2))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(LOCK)
         .build();
     keep_alive::a_stall_of_the_owners_store_keeps_its_claim(

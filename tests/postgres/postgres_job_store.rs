@@ -5,6 +5,7 @@
 //! (CI, `./scripts/test`) they fail instead.
 #![cfg(feature = "postgres")]
 
+use std::num::NonZeroU64;
 use tower_idempotency::lease::store::conformance as job_conformance;
 use tower_idempotency::store::Completion;
 use tower_idempotency_tests::support;
@@ -22,7 +23,7 @@ use tower_idempotency::Lease;
 
 async fn job_store(url: &str, table: &str, lease: Duration) -> PostgresJobStore {
     let store = PostgresJobStore::builder(pg::pool(pg::pg_config(url), 8))
-        .with_table(table)
+        .with_table(table.parse().unwrap())
         .with_lease(lease)
         .build();
     store.migrate().await.expect("migrate");
@@ -43,7 +44,7 @@ async fn migrate_is_idempotent_and_concurrent() {
     };
     let table = pg::unique_table("jobs_migrate");
     let store = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 8))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     let runs: Vec<_> = (0..6)
         .map(|_| {
@@ -107,7 +108,7 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
         .await
         .expect("first release schema");
     let store = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 4))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     store.migrate().await.expect("upgrade");
     store.migrate().await.expect("upgrade is idempotent");
@@ -168,12 +169,13 @@ async fn migrate_upgrades_a_table_keyed_by_a_joined_string() {
 }
 
 #[test]
-#[should_panic(expected = "not a plain identifier")]
 fn table_names_are_validated() {
-    let pool = pg::pool(pg::pg_config("postgres://x@127.0.0.1:1/x"), 1);
-    let _ = PostgresJobStore::builder(pool)
-        .with_table("jobs; drop table x")
-        .build();
+    use tower_idempotency::{store::SqlIdentifier, ConfigError};
+    let refused = SqlIdentifier::try_from("jobs; drop table x");
+    assert_eq!(
+        refused,
+        Err(ConfigError::SqlIdentifier("jobs; drop table x".into()))
+    );
 }
 
 // ---------------------------------------------------------------------------
@@ -467,7 +469,7 @@ async fn start_through_layer(store: &PostgresJobStore, period: &str) -> (u16, St
     use tower::{Layer, ServiceExt};
     let layer = tower_idempotency::LeaseLayer::new(
         store.clone(),
-        "export",
+        "export".parse().unwrap(),
         tower_idempotency::lease::JsonJobKey::new(["period"]),
     );
     let svc = layer.layer(tower::service_fn(
@@ -518,7 +520,7 @@ async fn a_frozen_database_answers_503_within_the_operation_timeout_then_recover
     let proxy =
         tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
     let store = PostgresJobStore::builder(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_operation_timeout(OPERATION)
         .build();
     assert_eq!(start_through_layer(&store, "2026-01").await.0, 202);
@@ -548,7 +550,7 @@ async fn a_table_locked_elsewhere_answers_503_within_the_operation_timeout() {
     let table = pg::unique_table("jobs_locked");
     job_store(&url, &table, job_conformance::LONG).await; // migrated directly
     let store = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 8))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lease(job_conformance::LONG)
         .with_operation_timeout(OPERATION)
         .build();
@@ -575,12 +577,12 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
     let schema = pg::unique_table("fresh_schema");
     let pool = pg::pool(pg::pg_config(&url), 12);
     let records = tower_idempotency::PostgresStore::builder(pool.clone())
-        .with_schema(&schema)
-        .with_table("records")
+        .with_schema(schema.parse().unwrap())
+        .with_table("records".parse().unwrap())
         .build();
     let jobs = PostgresJobStore::builder(pool)
-        .with_schema(&schema)
-        .with_table("jobs")
+        .with_schema(schema.parse().unwrap())
+        .with_table("jobs".parse().unwrap())
         .build();
     let mut runs = Vec::new();
     for _ in 0..4 {
@@ -648,9 +650,11 @@ async fn weighted_starts_from_two_instances_never_overshoot() {
     let table = pg::unique_table("jobs_weighted");
     let first = job_store(&url, &table, job_conformance::LONG).await;
     let second = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 8))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
-    let budget = Some(tower_idempotency::lease::store::Budget::per_day(10_000));
+    let budget = Some(tower_idempotency::lease::store::Budget::per_day(
+        NonZeroU64::new(10_000).unwrap(),
+    ));
     let starts: Vec<_> = (0..40)
         .map(|i| {
             let store = if i % 2 == 0 {
@@ -695,7 +699,7 @@ fn a_cloned_postgres_builder_builds_a_store_of_its_own() {
     let builder = tower_idempotency::PostgresStore::builder(pool);
     let other = builder
         .clone()
-        .with_table("other_records")
+        .with_table("other_records".parse().unwrap())
         .with_retention(Duration::from_secs(60));
     let (a, b) = (builder.build(), other.build());
     assert_eq!(a.table(), "public.idempotency_records");
@@ -714,10 +718,10 @@ async fn a_cloned_postgres_job_builder_builds_a_store_of_its_own() {
         return;
     };
     let builder = PostgresJobStore::builder(pg::pool(pg::pg_config(&url), 4))
-        .with_table(&pg::unique_table("jobs_a"));
+        .with_table(pg::unique_table("jobs_a").parse().unwrap());
     let other = builder
         .clone()
-        .with_table(&pg::unique_table("jobs_b"))
+        .with_table(pg::unique_table("jobs_b").parse().unwrap())
         .with_lease(Duration::from_secs(1));
     let (a, b) = (builder.build(), other.build());
     a.migrate().await.unwrap();

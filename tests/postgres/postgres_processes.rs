@@ -64,7 +64,7 @@ struct App {
 
 async fn serve(url: String, table: String, lock: Duration, wait: Duration) {
     let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(lock)
         .with_listener(pg::pg_config(&url))
         .build();
@@ -370,7 +370,7 @@ async fn killed_owner_blocks_until_its_lock_expires_then_runs_once_and_is_fenced
 
     // The dead owner's token is fenced: its late completion cannot overwrite.
     let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     let late = StoredResponse {
         status: http::StatusCode::CREATED,

@@ -73,7 +73,7 @@ struct App {
 
 async fn serve(url: String, table: String) {
     let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(Duration::from_secs(10))
         .with_listener(pg::pg_config(&url))
         .build();

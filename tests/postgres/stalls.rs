@@ -53,13 +53,13 @@ async fn world(url: &str, mode: Mode) -> World {
     let proxy = Arc::new(Proxy::start_half_closing(pg::server_addr(url).await).await);
     let through = || pg::pg_config_at(url, proxy.port);
     let a_store = PostgresStore::builder(pg::pool(through(), 4))
-        .with_table(table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(LOCK)
         .with_operation_timeout(OPERATION)
         .with_listener(through())
         .build();
     let b_store = PostgresStore::builder(pg::pool(pg::pg_config(url), 4))
-        .with_table(table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(LOCK)
         .with_listener(pg::pg_config(url))
         .build();

@@ -288,7 +288,7 @@ async fn killed_and_restarted_database_under_load_no_double_execution_no_lost_re
     config.connect_timeout(Duration::from_secs(1));
     let store = Acknowledging {
         inner: PostgresStore::builder(pg::pool(config.clone(), 8))
-            .with_table(&table)
+            .with_table(table.parse().unwrap())
             .with_lock_timeout(Duration::from_secs(120))
             .with_operation_timeout(Duration::from_secs(2))
             .with_listener(config)

@@ -22,7 +22,7 @@ async fn stall(fraction: f64, test: &str) {
         let prefix = prefix.clone();
         async move {
             RedisStore::builder()
-                .with_prefix(&prefix)
+                .with_prefix(prefix.parse().unwrap())
                 .with_lock_timeout(LOCK)
                 .connect(&url)
                 .await

@@ -51,7 +51,8 @@ impl Deployment {
         &self,
         f: impl Fn(RedisStoreBuilder) -> RedisStoreBuilder,
     ) -> (RedisStore, RedisStore) {
-        let builder = f(RedisStore::builder().with_prefix(&r::unique_prefix("near")));
+        let builder =
+            f(RedisStore::builder().with_prefix(r::unique_prefix("near").parse().unwrap()));
         let a = self.connect(builder.clone()).await;
         let b = self.connect(builder).await;
         until_listening(&a).await;
@@ -232,11 +233,13 @@ async fn unsubscribed_or_disabled_every_begin_asks_redis() {
             }
         };
         let unheard = unheard
-            .connect(RedisStore::builder().with_prefix(&r::unique_prefix("unheard")))
+            .connect(
+                RedisStore::builder().with_prefix(r::unique_prefix("unheard").parse().unwrap()),
+            )
             .await;
         unheard.start_listener();
         let disabled = RedisStore::builder()
-            .with_prefix(&r::unique_prefix("disabled"))
+            .with_prefix(r::unique_prefix("disabled").parse().unwrap())
             .with_near_cache(NearCache::disabled());
         let disabled = deployment.connect(disabled).await;
         until_listening(&disabled).await;

@@ -42,7 +42,7 @@ async fn serve(prefix: String) {
         .collect();
     let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
     let store = tower_idempotency::RedisStore::builder()
-        .with_prefix(&prefix)
+        .with_prefix(prefix.parse().unwrap())
         .connect_cluster(&nodes)
         .await
         .expect("connect");

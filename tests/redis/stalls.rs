@@ -16,7 +16,7 @@ async fn world(url: &str) -> World {
     let proxy = Arc::new(Proxy::start_half_closing(target).await);
     let prefix = redis::unique_prefix("stall");
     let b_builder = RedisStore::builder()
-        .with_prefix(&prefix)
+        .with_prefix(prefix.parse().unwrap())
         .with_lock_timeout(LOCK);
     let a_store = b_builder
         .clone()

@@ -21,6 +21,7 @@ use crate::lease::store::{
     LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 use bytes::Bytes;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -233,7 +234,7 @@ pub async fn purge_tenant_erases_one_tenants_jobs_only<S: FullJobStore>(store: S
 #[doc(hidden)]
 pub async fn weighted_budget_reserves_costs_and_failure_returns_them<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
-    let budget = Some(Budget::per_day(1000));
+    let budget = Some(Budget::per_day(NonZeroU64::new(1000).unwrap()));
     let start_cost = |key: &'static str, cost: u64| {
         let tenant = tenant.clone();
         let store = &store;
@@ -762,7 +763,7 @@ pub async fn stale_sweep_fails_abandoned_jobs_only<S: FullJobStore>(store: S) {
 #[doc(hidden)]
 pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: S) {
     let tenant = unique("acme");
-    let budget = Some(Budget::per_month(2));
+    let budget = Some(Budget::per_month(NonZeroU64::new(2).unwrap()));
     let start_b = |key: &'static str| start(&store, &tenant, key, "w", budget);
     let StartOutcome::Created(_, done) = start_b("r:2026-01").await else {
         panic!("first")
@@ -829,7 +830,7 @@ pub async fn budget_counts_delivered_and_live_jobs_only<S: FullJobStore>(store: 
 /// Never two completed jobs under `per_month(1)`.
 #[doc(hidden)]
 pub async fn acquire_revives_an_expired_job_only_within_the_budget<S: FullJobStore>(store: S) {
-    let budget = Some(Budget::per_month(1));
+    let budget = Some(Budget::per_month(NonZeroU64::new(1).unwrap()));
     // One tenant whose job A is still queued, one whose A a worker was running.
     let (queued, running) = (unique("acme"), unique("globex"));
     let mut expired = Vec::new();
@@ -917,7 +918,14 @@ pub async fn concurrent_starts_cannot_overshoot_the_budget<S: FullJobStore>(stor
             let (store, tenant) = (store.clone(), tenant.clone());
             tokio::spawn(async move {
                 let key = format!("r:period-{i}");
-                start(&*store, &tenant, &key, "w", Some(Budget::per_month(2))).await
+                start(
+                    &*store,
+                    &tenant,
+                    &key,
+                    "w",
+                    Some(Budget::per_month(NonZeroU64::new(2).unwrap())),
+                )
+                .await
             })
         })
         .collect();

@@ -205,11 +205,13 @@ impl<S: ErasedJobStore + ErasedJobReader + ErasedJobMaintenance> ErasedJobs for 
 /// use tower_idempotency::lease::store::{AnyJobStore, JobReader, MemoryJobStore};
 /// use tower_idempotency::{LeaseLayer, lease::JsonJobKey};
 ///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// // Or a `PostgresJobStore`, chosen at start-up: the rest of the app is the same.
 /// let jobs = AnyJobStore::new(MemoryJobStore::new());
-/// let _starts = LeaseLayer::new(jobs.clone(), "report", JsonJobKey::new(["period"]));
-/// assert_eq!(jobs.job("acme", "no-such-job").await.unwrap(), None);
+/// let _starts = LeaseLayer::new(jobs.clone(), "report".parse()?, JsonJobKey::new(["period"]));
+/// assert_eq!(jobs.job("acme", "no-such-job").await?, None);
+/// # Ok(())
 /// # }
 /// ```
 #[derive(Clone)]

@@ -316,7 +316,7 @@ impl JobStore for MemoryJobStore {
         let over_budget = |state: &State| {
             let budget = request.budget?;
             let counted = state.counted(request.tenant, budget, now, today);
-            (counted.saturating_add(request.cost) > budget.allowance)
+            (counted.saturating_add(request.cost) > budget.allowance.get())
                 .then(|| StartOutcome::BudgetExhausted(budget_reset(today, budget)))
         };
         if let Some(id) = state.live_by_key.get(&identity).cloned() {
@@ -415,7 +415,7 @@ impl JobStore for MemoryJobStore {
         // a steal's is.
         if let (true, Some(budget)) = (expired, entry.budget) {
             let counted = state.counted(&entry.job.tenant, budget, now, today);
-            if counted.saturating_add(entry.job.cost) > budget.allowance {
+            if counted.saturating_add(entry.job.cost) > budget.allowance.get() {
                 return Ok(None);
             }
         }

@@ -19,6 +19,7 @@ use crate::store::FencingToken;
 use bytes::Bytes;
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU64;
 use std::sync::Arc;
 
 /// Where a job is in its life. `Complete` and `Failed` are endings.
@@ -128,8 +129,8 @@ pub struct LeaseGrant {
 /// allowance.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Budget {
-    /// Units allowed per period.
-    pub allowance: u64,
+    /// Units allowed per period: never zero, which would refuse every start.
+    pub allowance: NonZeroU64,
     /// The period, in UTC on the store's clock.
     pub period: BudgetPeriod,
 }
@@ -145,15 +146,20 @@ pub enum BudgetPeriod {
 
 impl Budget {
     /// `allowance` units (jobs, at the default cost of 1) per UTC calendar month.
-    pub fn per_month(allowance: u64) -> Self {
+    ///
+    /// Never zero (every start refused), so a `NonZeroU64`:
+    /// `NonZeroU64::new(100).unwrap()` in a `const`, checked when compiling,
+    /// or `NonZeroU64::try_from(n)?` for a number read at startup.
+    pub fn per_month(allowance: NonZeroU64) -> Self {
         Self {
             allowance,
             period: BudgetPeriod::Month,
         }
     }
 
-    /// `allowance` units (jobs, at the default cost of 1) per UTC calendar day.
-    pub fn per_day(allowance: u64) -> Self {
+    /// `allowance` units (jobs, at the default cost of 1) per UTC calendar
+    /// day; never zero, as for [`per_month`](Self::per_month).
+    pub fn per_day(allowance: NonZeroU64) -> Self {
         Self {
             allowance,
             period: BudgetPeriod::Day,

@@ -6,8 +6,8 @@ pub use builder::PostgresJobStoreBuilder;
 
 use crate::body::BoxError;
 use crate::lease::store::{
-    Appended, ArtifactLookup, Budget, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance,
-    JobReader, JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
+    Appended, ArtifactLookup, BudgetPeriod, BudgetReset, Chunk, Job, JobMaintenance, JobReader,
+    JobStatus, JobStore, JobStoreError, LeaseError, LeaseGrant, StartJob, StartOutcome,
 };
 use crate::store::postgres::sql::derived_name;
 use crate::store::settings::{Settings, TimedOut};
@@ -227,8 +227,8 @@ fn decode_grant(row: &Row, job: &Job) -> Result<LeaseGrant, JobStoreError> {
     })
 }
 
-fn period_unit(budget: Budget) -> &'static str {
-    match budget.period {
+fn period_unit(period: BudgetPeriod) -> &'static str {
+    match period {
         BudgetPeriod::Day => "day",
         BudgetPeriod::Month => "month",
     }
@@ -275,19 +275,19 @@ impl JobStore for PostgresJobStore {
                 // Kept with the job, for an `acquire` that revives it.
                 let allowance = request
                     .budget
-                    .map(|b| i64::try_from(b.allowance).unwrap_or(i64::MAX));
-                let period = request.budget.map(period_unit);
+                    .map(|b| i64::try_from(b.allowance.get()).unwrap_or(i64::MAX));
+                let period = request.budget.map(|b| period_unit(b.period));
                 if let Some(budget) = request.budget {
                     // The reservation and the creation are one decision: this
                     // transaction holds the tenant's budget lock until it commits.
-                    let unit = period_unit(budget);
+                    let unit = period_unit(budget.period);
                     let counted: i64 = tx
                         .query_one(&sql.budget_count, &[&request.tenant, &unit])
                         .await
                         .map_err(backend)?
                         .try_get(0)
                         .map_err(backend)?;
-                    let allowance = i64::try_from(budget.allowance).unwrap_or(i64::MAX);
+                    let allowance = i64::try_from(budget.allowance.get()).unwrap_or(i64::MAX);
                     if counted.saturating_add(cost) > allowance {
                         let row = tx
                             .query_one(&sql.budget_reset_at, &[&unit])
@@ -579,10 +579,7 @@ impl JobMaintenance for PostgresJobStore {
         self.inner
             .settings
             .timed(OPERATION, async {
-                let unit = period_unit(Budget {
-                    allowance: 0,
-                    period,
-                });
+                let unit = period_unit(period);
                 let client = self.client().await?;
                 client
                     .execute(&self.inner.sql.reset_budget, &[&tenant, &unit])

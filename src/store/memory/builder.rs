@@ -2,7 +2,11 @@
 //! configuration, consumed by `build` (beside the store it makes).
 
 use crate::store::settings::Settings;
+use std::num::NonZeroUsize;
 use std::time::Duration;
+
+/// The default [`MemoryStoreBuilder::with_capacity`].
+const DEFAULT_CAPACITY: NonZeroUsize = NonZeroUsize::new(1_000_000).unwrap();
 
 /// The configuration of a [`MemoryStore`](super::MemoryStore), from
 /// [`MemoryStore::builder`](super::MemoryStore::builder): every option is set
@@ -12,12 +16,15 @@ use std::time::Duration;
 /// with the first.
 ///
 /// ```
+/// use std::num::NonZeroUsize;
 /// use std::time::Duration;
 /// use tower_idempotency::MemoryStore;
 ///
+/// const CAPACITY: NonZeroUsize = NonZeroUsize::new(10_000).unwrap();
+///
 /// let store = MemoryStore::builder()
 ///     .with_lock_timeout(Duration::from_secs(30))
-///     .with_capacity(10_000)
+///     .with_capacity(CAPACITY)
 ///     .build();
 /// assert!(store.is_empty());
 /// ```
@@ -25,15 +32,15 @@ use std::time::Duration;
 #[derive(Clone)]
 pub struct MemoryStoreBuilder {
     pub(super) settings: Settings,
-    pub(super) capacity: usize,
-    pub(super) scope_quota: Option<usize>,
+    pub(super) capacity: NonZeroUsize,
+    pub(super) scope_quota: Option<NonZeroUsize>,
 }
 
 impl Default for MemoryStoreBuilder {
     fn default() -> Self {
         Self {
             settings: Settings::RECORDS,
-            capacity: 1_000_000,
+            capacity: DEFAULT_CAPACITY,
             scope_quota: None,
         }
     }
@@ -77,7 +84,11 @@ impl MemoryStoreBuilder {
     /// [`StoreError::Backend`](crate::store::StoreError::Backend)) (`503`) until
     /// records expire; see [`with_scope_quota`](Self::with_scope_quota) for
     /// keeping one scope from filling it.
-    pub fn with_capacity(mut self, capacity: usize) -> Self {
+    ///
+    /// Never zero (a store that refuses every key), so a `NonZeroUsize`:
+    /// `NonZeroUsize::new(100_000).unwrap()` in a `const`, checked when
+    /// compiling, or `NonZeroUsize::try_from(n)?` for a number read at startup.
+    pub fn with_capacity(mut self, capacity: NonZeroUsize) -> Self {
         self.capacity = capacity;
         self
     }
@@ -96,10 +107,12 @@ impl MemoryStoreBuilder {
     /// retention (100 new orders a minute kept 24 h: 144 000). With capacity
     /// `c` and quota `q`, at least `c / q` scopes can reach their quota before
     /// the store is full, so choose `q` no larger than `c` divided by the
-    /// number of scopes that must keep working when others misbehave. A quota
-    /// of 0 refuses every new key. Counting costs one more map update per new
-    /// or removed record.
-    pub fn with_scope_quota(mut self, quota: usize) -> Self {
+    /// number of scopes that must keep working when others misbehave.
+    /// Counting costs one more map update per new or removed record.
+    ///
+    /// Never zero (every new key refused), so a `NonZeroUsize`, as for
+    /// [`with_capacity`](Self::with_capacity).
+    pub fn with_scope_quota(mut self, quota: NonZeroUsize) -> Self {
         self.scope_quota = Some(quota);
         self
     }

@@ -2,6 +2,7 @@
 
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use std::num::NonZeroUsize;
 
 /// How many records each scope holds, and the most it may.
 ///
@@ -14,9 +15,9 @@ pub(super) struct ScopeQuota {
 }
 
 impl ScopeQuota {
-    pub(super) fn new(quota: usize) -> Self {
+    pub(super) fn new(quota: NonZeroUsize) -> Self {
         Self {
-            quota,
+            quota: quota.get(),
             held: DashMap::new(),
         }
     }

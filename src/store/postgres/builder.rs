@@ -2,7 +2,7 @@
 //! by [`build`](PostgresStoreBuilder::build).
 
 use super::wait::listener_connect;
-use super::{Config, PostgresStore};
+use super::{Config, PostgresStore, SqlIdentifier};
 use crate::store::near_cache::NearCache;
 use crate::store::settings::Settings;
 use deadpool_postgres::Pool;
@@ -20,12 +20,12 @@ use tokio_postgres::Socket;
 ///
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
-/// #     -> Result<(), tower_idempotency::store::StoreError> {
+/// #     -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower_idempotency::PostgresStore;
 ///
 /// let store = PostgresStore::builder(pool)
-///     .with_table("idempotency_records")
+///     .with_table("idempotency_records".parse()?)
 ///     .with_lock_timeout(Duration::from_secs(30))
 ///     .with_listener(pg)
 ///     .build();
@@ -73,24 +73,20 @@ impl PostgresStoreBuilder {
     /// The schema holding the table (default `public`);
     /// [`migrate`](PostgresStore::migrate) creates it if missing.
     ///
-    /// # Panics
-    ///
-    /// If `schema` is not a plain lower-case identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_schema(mut self, schema: &str) -> Self {
-        assert_identifier("schema", schema);
-        self.config.schema = schema.to_owned();
+    /// A [`SqlIdentifier`] is a plain lower-case identifier, so a bad name is
+    /// an `Err` where it is parsed: `.with_schema("billing".parse()?)`.
+    pub fn with_schema(mut self, schema: SqlIdentifier) -> Self {
+        self.config.schema = schema.as_str().to_owned();
         self
     }
 
     /// The table's name (default `idempotency_records`). The store also uses a
     /// sequence `<table>_token_seq` and an index `<table>_expires_at_idx`.
     ///
-    /// # Panics
-    ///
-    /// If `table` is not a plain lower-case identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_table(mut self, table: &str) -> Self {
-        assert_identifier("table", table);
-        self.config.table = table.to_owned();
+    /// A [`SqlIdentifier`] is a plain lower-case identifier, so a bad name is
+    /// an `Err` where it is parsed: `.with_table("idempotency_records".parse()?)`.
+    pub fn with_table(mut self, table: SqlIdentifier) -> Self {
+        self.config.table = table.as_str().to_owned();
         self
     }
 
@@ -169,11 +165,4 @@ impl PostgresStoreBuilder {
     pub fn build(self) -> PostgresStore {
         PostgresStore::of(self.pool, self.settings, self.config)
     }
-}
-
-fn assert_identifier(what: &str, name: &str) {
-    assert!(
-        super::sql::is_identifier(name),
-        "PostgresStore {what} name {name:?} is not a plain identifier [a-z_][a-z0-9_]{{0,62}}"
-    );
 }

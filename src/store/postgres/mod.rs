@@ -23,7 +23,7 @@
 //!     .create_timeout(Some(Duration::from_secs(2)))
 //!     .build()?;
 //! let store = PostgresStore::builder(pool)
-//!     .with_table("idempotency_records")
+//!     .with_table("idempotency_records".parse()?)
 //!     .with_lock_timeout(Duration::from_secs(30))
 //!     .with_listener(pg)
 //!     .build();
@@ -36,6 +36,7 @@
 
 mod builder;
 mod control;
+mod identifier;
 #[cfg(feature = "test-util")]
 mod instrumentation;
 pub(crate) mod migrate;
@@ -46,6 +47,7 @@ mod transaction;
 mod wait;
 
 pub use builder::PostgresStoreBuilder;
+pub use identifier::SqlIdentifier;
 pub use transaction::{
     PostgresRecordTransaction, PostgresTransaction, TransactionClient, TransactionQuery,
     TransactionStatement,
@@ -114,13 +116,13 @@ const OPERATION: &str = "PostgreSQL operation";
 ///
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
-/// #     -> Result<(), tower_idempotency::store::StoreError> {
+/// #     -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower_idempotency::store::Maintenance;
 /// use tower_idempotency::PostgresStore;
 ///
 /// let store = PostgresStore::builder(pool)
-///     .with_schema("billing")
+///     .with_schema("billing".parse()?)
 ///     .with_retention(Duration::from_secs(48 * 3600))
 ///     .with_listener(pg)
 ///     .build();

@@ -2,7 +2,7 @@
 //! [`connect`](RedisStoreBuilder::connect) or
 //! [`connect_cluster`](RedisStoreBuilder::connect_cluster).
 
-use super::{eviction, Config, RedisStore, ReplicaAcks};
+use super::{eviction, Config, RedisPrefix, RedisStore, ReplicaAcks};
 use crate::limits;
 use crate::store::near_cache::NearCache;
 use crate::store::settings::Settings;
@@ -22,9 +22,9 @@ use std::time::Duration;
 /// use std::time::Duration;
 /// use tower_idempotency::RedisStore;
 ///
-/// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = RedisStore::builder()
-///     .with_prefix("checkout")
+///     .with_prefix("checkout".parse()?)
 ///     .with_lock_timeout(Duration::from_secs(30))
 ///     .connect("redis://127.0.0.1:6379")
 ///     .await?;
@@ -87,22 +87,11 @@ impl RedisStoreBuilder {
     /// The prefix of every key and of the pub/sub channel (default
     /// `idempotency`): stores with different prefixes share nothing.
     ///
-    /// # Panics
-    ///
-    /// If `prefix` is empty, longer than 64 bytes, or has a byte other than
-    /// ASCII letters, digits, `_`, `-`, `.` and `:` (braces would change the
-    /// hash tag).
-    pub fn with_prefix(mut self, prefix: &str) -> Self {
-        let valid = !prefix.is_empty()
-            && prefix.len() <= 64
-            && prefix
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"_-.:".contains(&b));
-        assert!(
-            valid,
-            "RedisStore prefix {prefix:?} must be 1 to 64 of [A-Za-z0-9_.:-]"
-        );
-        self.config.prefix = prefix.to_owned();
+    /// A [`RedisPrefix`] is 1 to 64 of `[A-Za-z0-9_.:-]` (braces would change
+    /// the hash tag), so a bad prefix is an `Err` where it is parsed:
+    /// `.with_prefix("checkout".parse()?)`.
+    pub fn with_prefix(mut self, prefix: RedisPrefix) -> Self {
+        self.config.prefix = prefix.as_str().to_owned();
         self
     }
 

@@ -34,9 +34,11 @@ mod eviction;
 mod instrumentation;
 mod listen;
 mod operations;
+mod prefix;
 mod scripts;
 
 pub use self::builder::RedisStoreBuilder;
+pub use self::prefix::RedisPrefix;
 use self::scripts::Scripts;
 use super::encoding::hex;
 use super::near_cache::{Cache, Claims, Completed, NearCache};

@@ -95,7 +95,7 @@ pub async fn store(
     configure: impl FnOnce(PostgresStoreBuilder) -> PostgresStoreBuilder,
 ) -> PostgresStore {
     let builder = PostgresStore::builder(pool(pg_config(url), 8))
-        .with_table(table)
+        .with_table(table.parse().unwrap())
         .with_listener(pg_config(url));
     let store = configure(builder).build();
     store.migrate().await.expect("migrate");

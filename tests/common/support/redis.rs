@@ -59,7 +59,7 @@ pub async fn standalone(
     url: &str,
     f: impl FnOnce(RedisStoreBuilder) -> RedisStoreBuilder,
 ) -> RedisStore {
-    f(RedisStore::builder().with_prefix(&unique_prefix("s")))
+    f(RedisStore::builder().with_prefix(unique_prefix("s").parse().unwrap()))
         .connect(url)
         .await
         .expect("connect to Redis")
@@ -71,7 +71,7 @@ pub async fn on_cluster(
     f: impl FnOnce(RedisStoreBuilder) -> RedisStoreBuilder,
 ) -> RedisStore {
     let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
-    f(RedisStore::builder().with_prefix(&unique_prefix("c")))
+    f(RedisStore::builder().with_prefix(unique_prefix("c").parse().unwrap()))
         .connect_cluster(&nodes)
         .await
         .expect("connect to the Redis Cluster")

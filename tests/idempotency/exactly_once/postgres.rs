@@ -10,6 +10,7 @@ use axum::routing::post;
 use axum::Router;
 use http::StatusCode;
 use http_body_util::BodyExt;
+use std::num::NonZeroUsize;
 use std::time::Duration;
 use tokio::time::{sleep, timeout, Instant};
 use tower::ServiceExt;
@@ -152,7 +153,7 @@ async fn setup_with(
     configure: impl FnOnce(PostgresStoreBuilder) -> PostgresStoreBuilder,
 ) -> (PostgresStore, String) {
     let builder = PostgresStore::builder(pg::pool(pg::pg_config(url), pool_size))
-        .with_table(&pg::unique_table("exactly_once"))
+        .with_table(pg::unique_table("exactly_once").parse().unwrap())
         .with_lock_timeout(lock)
         .with_listener(pg::pg_config(url));
     let store = configure(builder).build();
@@ -441,7 +442,12 @@ async fn transactional_round_trips_fresh_two_replay_one_before_the_answer() {
     let instance = |table: Option<&str>| {
         let pool = pg::pool(pg::pg_config(&url), 1);
         let store = PostgresStore::builder(pool.clone())
-            .with_table(&table.map_or_else(|| pg::unique_table("exactly_once"), str::to_owned))
+            .with_table(
+                table
+                    .map_or_else(|| pg::unique_table("exactly_once"), str::to_owned)
+                    .parse()
+                    .unwrap(),
+            )
             .with_lock_timeout(Duration::from_secs(10))
             .with_listener(pg::pg_config(&url))
             .build();
@@ -549,7 +555,8 @@ async fn a_shed_transactional_claim_is_rolled_back_and_its_key_freed() {
         table: table.clone(),
         step: Duration::from_millis(600),
     };
-    let layer = IdempotencyLayer::transactional(store.clone()).with_max_in_flight(1);
+    let layer = IdempotencyLayer::transactional(store.clone())
+        .with_max_in_flight(NonZeroUsize::new(1).unwrap());
     let in_flight = layer.in_flight();
     let app = app(layer, effects);
     let slow = tokio::spawn({

@@ -84,7 +84,7 @@ async fn setup(url: &str) -> (Router, Provider) {
     let mut config = pg::pg_config(url);
     config.options("-c idle_in_transaction_session_timeout=300");
     let store = PostgresStore::builder(pg::pool(config, 4))
-        .with_table(&pg::unique_table("liveness"))
+        .with_table(pg::unique_table("liveness").parse().unwrap())
         .with_lock_timeout(Duration::from_millis(500))
         .with_listener(pg::pg_config(url))
         .build();

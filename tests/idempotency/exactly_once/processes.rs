@@ -60,7 +60,7 @@ struct Shop {
 
 async fn serve(url: String, mode: String, table: String) {
     let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(LOCK)
         .with_listener(pg::pg_config(&url))
         .build();
@@ -167,7 +167,7 @@ impl Shops {
     async fn new(url: &str, mode: &'static str) -> Self {
         let table = pg::unique_table("killed");
         let store = PostgresStore::builder(pg::pool(pg::pg_config(url), 2))
-            .with_table(&table)
+            .with_table(table.parse().unwrap())
             .build();
         store.migrate().await.unwrap();
         pg::connect(url)

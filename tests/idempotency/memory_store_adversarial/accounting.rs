@@ -10,7 +10,7 @@ async fn len_never_drifts_across_every_path() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(2))
-        .with_capacity(20)
+        .with_capacity(NonZeroUsize::new(20).unwrap())
         .build();
     let a = |i: usize| record("a", &format!("a-key-{i:08}"));
     let mut tokens = Vec::new();
@@ -105,7 +105,9 @@ async fn len_never_drifts_across_every_path() {
 /// (completed, packed or large) still answer while it is full.
 #[tokio::test]
 async fn capacity_is_exact_and_freed_by_every_removal() {
-    let store = MemoryStore::builder().with_capacity(5).build();
+    let store = MemoryStore::builder()
+        .with_capacity(NonZeroUsize::new(5).unwrap())
+        .build();
     let k = |i: usize| record("cap", &format!("cap-key-{i:08}"));
     let mut tokens: Vec<_> = Vec::new();
     for i in 0..5 {

@@ -17,6 +17,7 @@ mod waiters;
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, StatusCode};
+use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -18,8 +18,8 @@ async fn one_scope_at_its_quota_cannot_lock_the_others_out() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(10))
-        .with_capacity(100)
-        .with_scope_quota(3)
+        .with_capacity(NonZeroUsize::new(100).unwrap())
+        .with_scope_quota(NonZeroUsize::new(3).unwrap())
         .build();
     let key = |scope: &str, i: usize| record(scope, &format!("{scope}-key-{i:08}"));
     // The noisy scope: two completed records and one claim in progress.
@@ -89,7 +89,7 @@ async fn the_count_follows_every_removal_path() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(2))
-        .with_scope_quota(1_000)
+        .with_scope_quota(NonZeroUsize::new(1_000).unwrap())
         .build();
     let key = |i: usize| record("s", &format!("s-key-{i:08}"));
     let mut tokens = Vec::new();
@@ -128,10 +128,13 @@ async fn the_count_follows_every_removal_path() {
 }
 
 #[tokio::test]
-async fn a_quota_of_zero_refuses_every_new_key_and_nothing_else_breaks() {
-    let store = MemoryStore::builder().with_scope_quota(0).build();
-    over_quota(store.begin(&record("s", "s-key-00000001"), &fp("x")).await);
-    assert_eq!(store.len(), 0);
+async fn a_quota_of_one_refuses_a_second_key_and_nothing_else_breaks() {
+    let store = MemoryStore::builder()
+        .with_scope_quota(NonZeroUsize::MIN)
+        .build();
+    claim(&store, &record("s", "s-key-00000001"), &fp("x")).await;
+    over_quota(store.begin(&record("s", "s-key-00000002"), &fp("x")).await);
+    assert_eq!(store.len(), 1);
     // Without a quota, the scan counts.
     let open = MemoryStore::new();
     claim(&open, &record("a", "a-key-00000001"), &fp("x")).await;
@@ -145,7 +148,9 @@ async fn a_quota_of_zero_refuses_every_new_key_and_nothing_else_breaks() {
 /// records each scope holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_quota_is_exact_under_concurrency() {
-    let store = MemoryStore::builder().with_scope_quota(10).build();
+    let store = MemoryStore::builder()
+        .with_scope_quota(NonZeroUsize::new(10).unwrap())
+        .build();
     let scopes = ["a", "b", "c", "d"];
     let over = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();

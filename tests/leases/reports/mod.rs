@@ -22,6 +22,7 @@ use app::{Config, Worker};
 use bytes::Bytes;
 use client::{serve, HttpClient, Reply};
 use serde_json::{json, Value};
+use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -97,7 +98,7 @@ impl Backend {
                 use support::pg;
                 use tower_idempotency::lease::store::PostgresJobStore;
                 let store = PostgresJobStore::builder(pg::pool(pg::pg_config(url), 16))
-                    .with_table(&pg::unique_table("reports"))
+                    .with_table(pg::unique_table("reports").parse().unwrap())
                     .with_lease(lease)
                     .build();
                 store.migrate().await.expect("migrate the job store");
@@ -238,7 +239,9 @@ pub fn config(opts: &Opts) -> Config {
     Config {
         worker: opts.worker,
         budget: opts.budget,
-        token_cap: opts.token_cap,
+        token_cap: opts
+            .token_cap
+            .map(|cap| NonZeroU64::new(cap).expect("a test's cap is not zero")),
         provider_failure: opts.provider_failure,
         provider_gate: opts.provider_gate.clone(),
         admin_token: "admin".into(),

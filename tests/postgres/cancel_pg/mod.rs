@@ -173,7 +173,7 @@ pub async fn postgres() -> Option<Harness<PostgresStore, PgProbe>> {
     config.application_name(&application_name);
     let pool = pg::pool(config, POOL_SIZE);
     let store = PostgresStore::builder(pool.clone())
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(LOCK)
         .with_operation_timeout(Duration::from_secs(2))
         .with_listener(pg::pg_config(&url))

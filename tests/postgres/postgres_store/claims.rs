@@ -11,7 +11,7 @@ async fn claim_is_one_atomic_insert_across_two_pools_300_concurrent_begins() {
     let first = pg::store(&url, &table, |s| s).await;
     // A second, independent pool on the same table, as another app instance has.
     let second = PostgresStore::builder(pg::pool(pg::pg_config(&url), 16))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     let stores = [Arc::new(first), Arc::new(second)];
     for round in 0..3 {

@@ -15,7 +15,7 @@ async fn a_store_starts_from_a_url_and_runs_a_transactional_handler() {
 
     let store = PostgresStore::builder_from_url(&url)
         .expect("the URL parses")
-        .with_table(&pg::unique_table("from_url"))
+        .with_table(pg::unique_table("from_url").parse().unwrap())
         .build();
     store.migrate().await.expect("migrate");
     // The listener comes with it, on the same database.

@@ -72,7 +72,7 @@ async fn round_trips_fresh_request_two_replay_one() {
     let table = pg::unique_table("round_trips");
     // One connection, so its statement cache is warm after the first request.
     let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     store.migrate().await.unwrap();
     let service = ServiceBuilder::new()

@@ -13,7 +13,7 @@ async fn two_instances(url: &str, retention: Duration) -> (PostgresStore, Postgr
     // One connection each, so that one `begin` prepares its statement for good.
     let instance = || {
         PostgresStore::builder(pg::pool(pg::pg_config(url), 1))
-            .with_table(&table)
+            .with_table(table.parse().unwrap())
             .with_retention(retention)
             .with_listener(pg::pg_config(url))
             .build()
@@ -128,7 +128,7 @@ async fn without_a_listener_or_disabled_every_begin_asks_the_database() {
     };
     let table = pg::unique_table("near_off");
     let unheard = PostgresStore::builder(pg::pool(pg::pg_config(&url), 2))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     unheard.migrate().await.unwrap();
     let disabled = pg::store(&url, &table, |s| s.with_near_cache(NearCache::disabled())).await;

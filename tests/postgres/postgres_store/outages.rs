@@ -57,7 +57,7 @@ async fn service_resumes_without_restart_when_the_database_returns() {
     let proxy =
         tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
     let store = PostgresStore::builder(pg::pool(pg::pg_config_at(&url, proxy.port), 4))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_operation_timeout(Duration::from_secs(3))
         .build();
     let (service, runs) = counting_service(store.clone());

@@ -12,7 +12,7 @@ async fn purge_deletes_expired_records_in_batches_of_1000() {
     let table = pg::unique_table("purge");
     // One connection, so the purge statement is prepared once.
     let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     store.migrate().await.unwrap();
     let live = fresh_key();

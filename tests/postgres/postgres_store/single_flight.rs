@@ -20,7 +20,7 @@ async fn one_connection_store(
 ) -> (PostgresStore, deadpool_postgres::Pool) {
     let pool = pg::pool(pg::pg_config(url), 1);
     let store = PostgresStore::builder(pool.clone())
-        .with_table(&pg::unique_table("flight"))
+        .with_table(pg::unique_table("flight").parse().unwrap())
         .build();
     store.migrate().await.unwrap();
     let token = claim(&store, key, "a").await;
@@ -218,7 +218,7 @@ async fn a_failed_leader_shares_no_answer_and_strands_no_follower() {
         tower_idempotency_tests::support::proxy::Proxy::start(pg::server_addr(&url).await).await;
     let pool = pg::pool(pg::pg_config_at(&url, proxy.port), 1);
     let store = PostgresStore::builder(pool.clone())
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     let key = fresh_key();
     let token = claim(&store, &key, "a").await;

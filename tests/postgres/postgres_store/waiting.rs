@@ -12,7 +12,7 @@ async fn waiters_are_woken_by_notify_from_another_instance() {
     let waiting = Arc::new(pg::store(&url, &table, |s| s).await);
     // The completing instance has its own pool and no listener.
     let completing = PostgresStore::builder(pg::pool(pg::pg_config(&url), 2))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .build();
     until_listening(&waiting).await;
     let key = fresh_key();
@@ -59,7 +59,7 @@ async fn waiters_without_a_listener_notice_completion_by_rechecking() {
     let table = pg::unique_table("no_listener");
     let store = Arc::new(
         PostgresStore::builder(pg::pool(pg::pg_config(&url), 4))
-            .with_table(&table)
+            .with_table(table.parse().unwrap())
             .build(),
     );
     store.migrate().await.unwrap();

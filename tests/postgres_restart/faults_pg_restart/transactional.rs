@@ -84,7 +84,7 @@ async fn database_killed_mid_transaction_never_two_orders() {
     config.options("-c synchronous_commit=on");
     config.connect_timeout(Duration::from_secs(1));
     let store = PostgresStore::builder(pg::pool(config.clone(), 16))
-        .with_table(&table)
+        .with_table(table.parse().unwrap())
         .with_lock_timeout(Duration::from_secs(2))
         .with_operation_timeout(Duration::from_secs(2))
         .with_listener(config)

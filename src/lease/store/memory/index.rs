@@ -124,6 +124,9 @@ impl TenantJobs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::num::NonZeroU64;
+
+    const NINE: NonZeroU64 = NonZeroU64::new(9).unwrap();
 
     #[test]
     fn civil_months() {
@@ -164,14 +167,14 @@ mod tests {
         let today = PeriodStarts::of(SystemTime::now());
         tenant.count_complete(today, 1, true);
         tenant.count_complete(today, 1200, true);
-        assert_eq!(tenant.complete_in(Budget::per_day(9), today), 1201);
-        assert_eq!(tenant.complete_in(Budget::per_month(9), today), 1201);
+        assert_eq!(tenant.complete_in(Budget::per_day(NINE), today), 1201);
+        assert_eq!(tenant.complete_in(Budget::per_month(NINE), today), 1201);
         tenant.count_complete(today, 1200, false);
-        assert_eq!(tenant.complete_in(Budget::per_day(9), today), 1);
+        assert_eq!(tenant.complete_in(Budget::per_day(NINE), today), 1);
         let tomorrow = PeriodStarts {
             day: today.day + 1,
             month: today.month,
         };
-        assert_eq!(tenant.complete_in(Budget::per_day(9), tomorrow), 0);
+        assert_eq!(tenant.complete_in(Budget::per_day(NINE), tomorrow), 0);
     }
 }

@@ -2,7 +2,7 @@
 //! [`PostgresJobStore`](super::PostgresJobStore)'s configuration, consumed by
 //! `build` (beside the store it makes).
 
-use crate::store::postgres::sql::is_identifier;
+use crate::store::postgres::SqlIdentifier;
 use crate::store::settings::Settings;
 use deadpool_postgres::Pool;
 use std::time::Duration;
@@ -14,12 +14,12 @@ use std::time::Duration;
 /// A clone of a builder builds a second store of its own on the same pool.
 ///
 /// ```no_run
-/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), tower_idempotency::lease::store::JobStoreError> {
+/// # async fn run(pool: deadpool_postgres::Pool) -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower_idempotency::lease::store::PostgresJobStore;
 ///
 /// let jobs = PostgresJobStore::builder(pool)
-///     .with_table("report_jobs")
+///     .with_table("report_jobs".parse()?)
 ///     .with_lease(Duration::from_secs(45))
 ///     .build();
 /// jobs.migrate().await?;
@@ -58,29 +58,19 @@ impl PostgresJobStoreBuilder {
 
     /// The schema of the tables (default `public`); `migrate` creates it.
     ///
-    /// # Panics
-    ///
-    /// If `schema` is not a plain identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_schema(mut self, schema: &str) -> Self {
-        assert!(
-            is_identifier(schema),
-            "schema {schema:?} is not a plain identifier"
-        );
-        self.schema = schema.to_owned();
+    /// A [`SqlIdentifier`] is a plain lower-case identifier, so a bad name is
+    /// an `Err` where it is parsed: `.with_schema("reports".parse()?)`.
+    pub fn with_schema(mut self, schema: SqlIdentifier) -> Self {
+        self.schema = schema.as_str().to_owned();
         self
     }
 
     /// The jobs table (default `lease_jobs`); chunks go to `<table>_chunks`.
     ///
-    /// # Panics
-    ///
-    /// If `table` is not a plain identifier `[a-z_][a-z0-9_]{0,62}`.
-    pub fn with_table(mut self, table: &str) -> Self {
-        assert!(
-            is_identifier(table),
-            "table {table:?} is not a plain identifier"
-        );
-        self.table = table.to_owned();
+    /// A [`SqlIdentifier`] is a plain lower-case identifier, so a bad name is
+    /// an `Err` where it is parsed: `.with_table("report_jobs".parse()?)`.
+    pub fn with_table(mut self, table: SqlIdentifier) -> Self {
+        self.table = table.as_str().to_owned();
         self
     }
 
