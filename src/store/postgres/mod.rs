@@ -229,12 +229,12 @@ impl PostgresStore {
     /// use. Fails only when `url` does not parse.
     ///
     /// ```no_run
-    /// # async fn run() -> Result<(), tower_idempotency::store::StoreError> {
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use tower_idempotency::PostgresStore;
     ///
     /// let store = PostgresStore::builder_from_url("postgres://app@localhost/app")?
-    ///     .with_schema("billing")
+    ///     .with_schema("billing".parse()?)
     ///     .with_retention(Duration::from_secs(48 * 3600))
     ///     .build();
     /// store.migrate().await?;
