@@ -29,20 +29,48 @@ fn caught<'a, T: 'a>(
     method: &'static str,
     call: impl Future<Output = Result<T, StoreError>> + Send + 'a,
 ) -> BoxFuture<'a, Result<T, StoreError>> {
-    let mut call = Box::pin(call);
-    let mut done = false;
-    Box::pin(std::future::poll_fn(move |cx| {
-        if done {
-            return std::task::Poll::Ready(Err(panicked(method)));
+    // One box, as the call alone would take.
+    Box::pin(catch(method, call))
+}
+
+/// `call` with its panics caught, unboxed (for a call inside another future).
+fn catch<F>(method: &'static str, call: F) -> Caught<F> {
+    Caught {
+        call,
+        method,
+        done: false,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A store call whose panics are its errors.
+    struct Caught<F> {
+        #[pin]
+        call: F,
+        method: &'static str,
+        done: bool,
+    }
+}
+
+impl<T, F: Future<Output = Result<T, StoreError>>> Future for Caught<F> {
+    type Output = Result<T, StoreError>;
+
+    fn poll(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let this = self.project();
+        if *this.done {
+            return std::task::Poll::Ready(Err(panicked(this.method)));
         }
-        let polled =
-            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.as_mut().poll(cx)));
+        let call = this.call;
+        let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.poll(cx)));
         polled.unwrap_or_else(|_| {
             // The call is not polled again: its state is unknown.
-            done = true;
-            std::task::Poll::Ready(Err(panicked(method)))
+            *this.done = true;
+            std::task::Poll::Ready(Err(panicked(this.method)))
         })
-    }))
+    }
 }
 
 fn panicked(method: &'static str) -> StoreError {
@@ -162,7 +190,7 @@ impl<S: TransactionalStore> ErasedTransactionalStore for S {
     ) -> BoxFuture<'a, Result<Begun, StoreError>> {
         let call = TransactionalStore::begin_in_transaction(self, key, request);
         Box::pin(async move {
-            let (begun, opened) = caught("begin_in_transaction", call).await?;
+            let (begun, opened) = catch("begin_in_transaction", call).await?;
             Ok((begun, opened.map(erase_transaction)))
         })
     }
@@ -174,7 +202,7 @@ impl<S: TransactionalStore> ErasedTransactionalStore for S {
     ) -> BoxFuture<'a, Result<Box<dyn ErasedTransaction>, StoreError>> {
         let call = TransactionalStore::open(self, key, token);
         Box::pin(async move {
-            let opened = caught("open", call).await?;
+            let opened = catch("open", call).await?;
             Ok(erase_transaction(opened))
         })
     }
@@ -221,7 +249,7 @@ impl<T: RecordTransaction> ErasedTransaction for T {
         Box::pin(async move {
             // Nothing to answer: a rollback that panicked ends the
             // transaction as its drop does.
-            let _ = caught("rollback", async move {
+            let _ = catch("rollback", async move {
                 rollback.await;
                 Ok(())
             })
