@@ -130,3 +130,41 @@ async fn a_thousand_waiters_on_one_key_share_their_rechecks() {
     assert!(queries <= 50, "{queries} queries");
     assert_eq!(store.watched_keys(), 0);
 }
+
+/// Memory over time: two thousand waiters on fifty keys held in progress,
+/// half giving up at their own timeout and half dropped mid-wait by their
+/// caller, leave no registration behind, round after round: the waiting
+/// side holds an entry per key some caller waits on now, never per key
+/// ever waited on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_that_give_up_or_are_dropped_leave_no_registration_behind() {
+    let Some(url) = pg::database_url("waiters_that_give_up_or_are_dropped") else {
+        return;
+    };
+    let store = Arc::new(pg::store(&url, &pg::unique_table("waiters_soak"), |s| s).await);
+    for round in 0..4 {
+        let keys: Vec<_> = (0..50).map(|_| fresh_key()).collect();
+        for key in &keys {
+            claim(&store, key, "a").await;
+        }
+        let waiters: Vec<_> = (0..2000)
+            .map(|i| {
+                let (store, key) = (store.clone(), keys[i % keys.len()].clone());
+                tokio::spawn(async move {
+                    if i % 2 == 0 {
+                        // Gives up at its own timeout.
+                        store.wait(&key, Duration::from_millis(50)).await.unwrap();
+                    } else {
+                        // Dropped by its caller mid-wait.
+                        let wait = store.wait(&key, Duration::from_secs(30));
+                        let _ = tokio::time::timeout(Duration::from_millis(20), wait).await;
+                    }
+                })
+            })
+            .collect();
+        for waiter in waiters {
+            waiter.await.unwrap();
+        }
+        assert_eq!(store.watched_keys(), 0, "round {round}: registrations left");
+    }
+}
