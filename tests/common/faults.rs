@@ -45,6 +45,8 @@ pub struct Plan {
     polls: AtomicUsize,
     target: usize,
     fault: Fault,
+    /// Counts only the polls of this site, when set.
+    only: Option<&'static str>,
     fired: Mutex<Option<&'static str>>,
 }
 
@@ -55,6 +57,19 @@ impl Plan {
             polls: AtomicUsize::new(0),
             target,
             fault,
+            only: None,
+            fired: Mutex::new(None),
+        })
+    }
+
+    /// The fault `fault` at the first poll of `site` (a store call's name:
+    /// `begin`, `complete`, `extend`, `release`, `wait`, ...), once.
+    pub fn at_first(site: &'static str, fault: Fault) -> Arc<Self> {
+        Arc::new(Self {
+            polls: AtomicUsize::new(0),
+            target: 0,
+            fault,
+            only: Some(site),
             fired: Mutex::new(None),
         })
     }
@@ -66,6 +81,9 @@ impl Plan {
 
     /// Counts one poll at `site`: the fault to inject there, if this is the one.
     pub fn tick(&self, site: &'static str) -> Option<Fault> {
+        if self.only.is_some_and(|only| only != site) {
+            return None;
+        }
         if self.polls.fetch_add(1, Ordering::SeqCst) != self.target {
             return None;
         }

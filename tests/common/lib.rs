@@ -4,7 +4,7 @@
 //! examples as processes, the layer's in-process harness, an exact model of
 //! JSON, and the scenarios several binaries run on their own store (cancel at
 //! every poll, every fault at every poll, keep-alive, stall at every phase,
-//! the headers replayed with a recorded body, a store that panics).
+//! the headers replayed with a recorded body).
 //!
 //! Each binary is a folder beside this one (`idempotency/main.rs`, ...) and
 //! uses these as `tower_idempotency_tests::...`. Gated on the features of the
@@ -17,7 +17,6 @@ pub mod faults;
 pub mod http;
 pub mod keep_alive;
 pub mod oneshot;
-pub mod panics;
 pub mod representation;
 pub mod stalls;
 pub mod support;

@@ -5,8 +5,10 @@
 //! takes it as a backend error), so the request is answered in bounded
 //! time, the handler's effect happens at most once across retries, the key is not
 //! stuck past its lock (a retry after it runs or replays), and the runtime
-//! serves later requests. The wrapper is a faithful store when not armed: it
-//! passes the conformance suite.
+//! serves later requests. The wrapper is the fault harness's `Faulty`
+//! (tests/common/faults.rs), whose plan here panics at the first poll of one
+//! call; with no plan it is a faithful store: it passes the conformance suite.
+#![cfg(feature = "test-util")]
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
@@ -18,18 +20,43 @@ use tokio::sync::Notify;
 use tower::{Layer, ServiceExt};
 use tower_idempotency::store::conformance::Durations;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
-use tower_idempotency_tests::panics::{Call, PanicStore};
+use tower_idempotency_tests::faults::{Fault, Faulty, Plan};
 
-#[cfg(feature = "test-util")]
-async fn panic_store(d: Durations) -> Option<PanicStore<MemoryStore>> {
+/// A `Store` call that panics, by the name the fault harness gives it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Call {
+    Begin,
+    Complete,
+    Extend,
+    Release,
+    /// A duplicate's wait for the request in progress.
+    Wait,
+}
+
+impl Call {
+    fn site(self) -> &'static str {
+        match self {
+            Self::Begin => "begin",
+            Self::Complete => "complete",
+            Self::Extend => "extend",
+            Self::Release => "release",
+            Self::Wait => "wait",
+        }
+    }
+}
+
+/// The wrapper, armed with nothing: a faithful store.
+async fn panic_store(d: Durations) -> Option<Faulty<MemoryStore>> {
     let store = MemoryStore::builder()
         .with_lock_timeout(d.lock)
         .with_retention(d.retention)
         .build();
-    Some(PanicStore::new(store))
+    Some(Faulty {
+        inner: store,
+        plan: Plan::none(),
+    })
 }
 
-#[cfg(feature = "test-util")]
 mod unarmed_conformance {
     use super::*;
     tower_idempotency::store_conformance_tests!(panic_store, in_process);
@@ -89,7 +116,12 @@ impl Handler {
 /// One panic in `call` across a request and its retries; what the
 /// request's caller saw first.
 async fn panic_once_in(call: Call) -> Ended {
-    let store = PanicStore::new(MemoryStore::builder().with_lock_timeout(LOCK).build());
+    // Panics at the first poll of `call`, once.
+    let plan = Plan::at_first(call.site(), Fault::Panic);
+    let store = Faulty {
+        inner: MemoryStore::builder().with_lock_timeout(LOCK).build(),
+        plan: plan.clone(),
+    };
     let handler = Handler::default();
     // The keep-alive extends only a handler that waits: this one outlasts
     // its lock thrice. The duplicate's wait needs a request in progress.
@@ -129,7 +161,6 @@ async fn panic_once_in(call: Call) -> Ended {
         }
     };
 
-    store.arm(call);
     let first = match call {
         // A duplicate arrives while the first request runs, and waits.
         Call::Wait => {
@@ -162,8 +193,8 @@ async fn panic_once_in(call: Call) -> Ended {
         _ => send("order-key-0001").await,
     };
     assert_eq!(
-        store.panicked(),
-        vec![call],
+        plan.fired(),
+        Some(call.site()),
         "the store panicked once, in {call:?}"
     );
     if let Ended::Answered(status, _) = &first {
