@@ -208,3 +208,74 @@ async fn native_grpc_keeps_its_trailers_and_is_never_replayed_without_them() {
     }
     assert_eq!(created.load(Ordering::SeqCst), 1);
 }
+
+/// Native gRPC over a real HTTP/2 connection on loopback (hyper's HTTP/2
+/// server and client, as tonic's transport uses them): the first caller
+/// gets its `grpc-status: 0` trailers, and a retry with the key never gets
+/// the answer without them (`410`), the order created once.
+#[tokio::test]
+async fn native_grpc_over_http2_keeps_its_trailers_and_is_never_replayed_without_them() {
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tower::Layer;
+    let created = Arc::new(AtomicU64::new(0));
+    let grpc_success = |head: &::http::response::Parts| {
+        head.status == ::http::StatusCode::OK && !head.headers.contains_key("grpc-status")
+    };
+    let server = tower::ServiceBuilder::new()
+        .map_request(|req: ::http::Request<axum::body::Body>| req.map(tonic::body::Body::new))
+        .service(example::OrdersServer::new(created.clone()));
+    let layer = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new())
+        .with_record_policy(grpc_success);
+    let svc = tower::ServiceBuilder::new()
+        // The tenant, as an auth layer in front would put it.
+        .map_request(|mut req: ::http::Request<hyper::body::Incoming>| {
+            req.extensions_mut()
+                .insert(tower_idempotency::Scope::new("acme"));
+            req.map(axum::body::Body::new)
+        })
+        .service(layer.layer(server));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (io, _) = listener.accept().await.unwrap();
+            let service = hyper_util::service::TowerToHyperService::new(svc.clone());
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(io), service)
+                    .await;
+            });
+        }
+    });
+    let io = TokioIo::new(tokio::net::TcpStream::connect(addr).await.unwrap());
+    let (mut sender, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = || {
+        ::http::Request::post(format!("http://{addr}{CREATE_ORDER}"))
+            .version(::http::Version::HTTP_2)
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("idempotency-key", "order-native-h2-1")
+            .body(Full::new(Bytes::from(order("A-1", 2))))
+            .unwrap()
+    };
+    let first = sender.send_request(request()).await.unwrap();
+    assert_eq!(first.version(), ::http::Version::HTTP_2);
+    assert_eq!(first.status(), ::http::StatusCode::OK);
+    let first = first.into_body().collect().await.unwrap();
+    let trailers = first
+        .trailers()
+        .cloned()
+        .expect("the trailers cross HTTP/2");
+    assert_eq!(trailers["grpc-status"], "0");
+    let (reply, _) = unframe::<Order>(&first.to_bytes());
+    assert_eq!(reply.expect("an Order message").id, "ord_0001");
+    for _ in 0..2 {
+        let retry = sender.send_request(request()).await.unwrap();
+        assert_eq!(retry.status(), ::http::StatusCode::GONE);
+    }
+    assert_eq!(created.load(Ordering::SeqCst), 1);
+}
