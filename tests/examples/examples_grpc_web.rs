@@ -259,7 +259,7 @@ async fn native_grpc_over_http2_keeps_its_trailers_and_is_never_replayed_without
             .header("content-type", "application/grpc")
             .header("te", "trailers")
             .header("idempotency-key", "order-native-h2-1")
-            .body(Full::new(Bytes::from(order("A-1", 2))))
+            .body(Full::new(order("A-1", 2)))
             .unwrap()
     };
     let first = sender.send_request(request()).await.unwrap();
