@@ -156,6 +156,9 @@ pub fn script() -> Vec<Step> {
     ]
 }
 
+/// How the script reaches the demo. Two values per test run: their sizes
+/// do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Transport {
     Http(HttpClient),
     InProcess(axum::Router),
