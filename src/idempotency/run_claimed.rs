@@ -166,7 +166,14 @@ where
         }
     };
     let (mut res_parts, res_body) = response.into_parts();
-    if !config.policy.should_record(&res_parts) {
+    // The handler answered: its effects happened. A policy that panics
+    // decides nothing, so the key is kept as "response unavailable", as for
+    // a body that fails; releasing it would let a retry run them again.
+    let policy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        config.policy.should_record(&res_parts)
+    }));
+    let policy_panicked = policy.is_err();
+    if !policy.unwrap_or(true) {
         warn_once::not_recorded(&config.warned, res_parts.status, path);
         mark_not_recorded(&mut res_parts);
         let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
@@ -191,7 +198,11 @@ where
     // recorded before the answer, as they are replayed.
     let mut body = record::pinned(res_body);
     let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
-    match record::read_ready(&mut body, &mut copy, &mut frames, cx) {
+    let read = match policy_panicked {
+        true => Read::Failed("the record policy panicked".into()),
+        false => record::read_ready(&mut body, &mut copy, &mut frames, cx),
+    };
+    match read {
         end @ (Read::Ended | Read::Failed(_)) => {
             let concluded = record::conclude(end, copy, frames, Some(recorder));
             Next::Finish(Box::pin(async move {

@@ -412,6 +412,47 @@ async fn a_streamed_response_body_panicking_mid_stream_never_charges_twice() {
     a_panicking_body_is_a_failed_body(PanicAt::AfterAWait).await;
 }
 
+/// A record policy that panics decides after the handler answered, its
+/// effects done: the key is kept as "response unavailable" (the caller reads
+/// an error), never released for a retry to run the handler again.
+#[tokio::test(start_paused = true)]
+async fn a_record_policy_that_panics_never_charges_twice() {
+    let lock = Duration::from_secs(1);
+    let (store, runs) = (
+        MemoryStore::builder().with_lock_timeout(lock).build(),
+        Runs::default(),
+    );
+    let layer =
+        IdempotencyLayer::new(store).with_record_policy(|parts: &http::response::Parts| -> bool {
+            if parts.status == StatusCode::CREATED {
+                panic!("a bug in the record policy");
+            }
+            false
+        });
+    let svc = layer.layer(handler(&runs, |_req, run| async move {
+        Ok::<_, Infallible>(created(run))
+    }));
+    let first = tokio::spawn(svc.clone().oneshot(post(KEY, ORDER)))
+        .await
+        .unwrap_or_else(|e| panic!("the panic reached the caller: {e}"))
+        .unwrap();
+    if !first.status().is_server_error() {
+        let read = timeout(PATIENCE, first.into_body().collect())
+            .await
+            .unwrap();
+        assert!(
+            read.is_err(),
+            "the caller read an answer that was never recorded"
+        );
+    }
+    sleep(lock * 3).await;
+    for _ in 0..2 {
+        let retry = send(&svc, post(KEY, ORDER)).await;
+        retry.assert_refusal(StatusCode::GONE, "idempotency_response_unavailable");
+    }
+    assert_eq!(runs.get(), 1, "the handler ran again");
+}
+
 // Request body: limits, timeouts, exact bytes.
 
 #[tokio::test]
