@@ -26,7 +26,7 @@ impl Store for PostgresStore {
         inner.ensure_listener();
         // Shared by every instance: only the canonical fingerprint is comparable.
         let fp = request.fingerprint().as_bytes();
-        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fp)) {
+        if let Some(known) = inner.known(key, fp) {
             return Ok(known);
         }
         // Concurrent identical calls share one query (see `single_flight`): after a
@@ -235,15 +235,8 @@ impl PostgresStore {
                 Ok(())
             })
             .await;
-        match &completed {
-            Ok(()) => {
-                let stored = Completed::Response(Arc::new(response));
-                inner.remember_completed(key, token, Some(stored), sent, epoch);
-            }
-            Err(StoreError::ClaimLost) => inner.remember_completed(key, token, None, sent, epoch),
-            // Retried by the layer: the claim's fingerprint is still needed.
-            Err(_) => {}
-        }
+        let stored = || Completed::Response(Arc::new(response));
+        inner.remember_completion(key, token, &completed, stored, sent, epoch);
         completed
     }
 
@@ -269,14 +262,8 @@ impl PostgresStore {
                 Ok(())
             })
             .await;
-        match &completed {
-            Ok(()) => {
-                let unavailable = Some(Completed::Unavailable);
-                inner.remember_completed(key, token, unavailable, sent, epoch);
-            }
-            Err(StoreError::ClaimLost) => inner.remember_completed(key, token, None, sent, epoch),
-            Err(_) => {}
-        }
+        let unavailable = || Completed::Unavailable;
+        inner.remember_completion(key, token, &completed, unavailable, sent, epoch);
         completed
     }
 }

@@ -380,7 +380,7 @@ impl TransactionalStore for PostgresStore {
         let inner = &self.inner;
         inner.ensure_listener();
         let fp = request.fingerprint().as_bytes();
-        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fp)) {
+        if let Some(known) = inner.known(key, fp) {
             return Ok((known, None));
         }
         // Coalesced as `begin` is: only a flight's leader opens a transaction.

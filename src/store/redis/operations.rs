@@ -84,18 +84,11 @@ impl Inner {
     ) -> Result<(), StoreError> {
         let (sent, epoch) = (tokio::time::Instant::now(), self.near_epoch());
         let finished = self.finish_script(key, token, response.as_ref()).await;
-        match &finished {
-            Ok(()) => {
-                let completed = match response {
-                    Some(response) => Completed::Response(Arc::new(response)),
-                    None => Completed::Unavailable,
-                };
-                self.remember_completed(key, token, Some(completed), sent, epoch);
-            }
-            Err(StoreError::ClaimLost) => self.remember_completed(key, token, None, sent, epoch),
-            // Retried by the layer: the claim's fingerprint is still needed.
-            Err(_) => {}
-        }
+        let completed = || match response {
+            Some(response) => Completed::Response(Arc::new(response)),
+            None => Completed::Unavailable,
+        };
+        self.remember_completion(key, token, &finished, completed, sent, epoch);
         finished
     }
 
@@ -353,7 +346,7 @@ impl Store for RedisStore {
         inner.ensure_listener();
         // Shared by every instance: only the canonical fingerprint is comparable.
         let fingerprint = request.fingerprint().as_bytes();
-        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fingerprint)) {
+        if let Some(known) = inner.known(key, fingerprint) {
             return Ok(known);
         }
         let names = inner.names(key);
