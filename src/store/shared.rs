@@ -9,6 +9,7 @@ use super::waiters::{reconnect_pause, Waits, RECONNECT_FIRST};
 use super::{Begin, FencingToken, RecordKey, StoreError};
 use std::fmt;
 use std::future::Future;
+use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Weak;
 use tokio::time::Instant;
@@ -128,6 +129,21 @@ impl Shared {
     }
 }
 
+/// A store's `Inner`, holding its [`Shared`] in field `shared`, reads as
+/// the [`Shared`] it embeds: `inner.settings`, `inner.near()`.
+macro_rules! embeds_shared {
+    ($inner:ty) => {
+        impl ::std::ops::Deref for $inner {
+            type Target = $crate::store::shared::Shared;
+
+            fn deref(&self) -> &Self::Target {
+                &self.shared
+            }
+        }
+    };
+}
+pub(crate) use embeds_shared;
+
 /// A listener connection's messages (record ids, or the purge marker).
 pub(crate) trait Messages {
     /// The next message; `None` once the connection is gone.
@@ -140,7 +156,7 @@ pub(crate) trait Messages {
 /// dropped.
 pub(crate) async fn listen<I, C, M>(inner: Weak<I>, purged: &str, mut connect: impl FnMut(&I) -> C)
 where
-    I: AsRef<Shared>,
+    I: Deref<Target = Shared>,
     C: Future<Output = Option<M>>,
     M: Messages,
 {
@@ -154,7 +170,7 @@ where
             set_listening(&inner, true);
             while let Some(id) = messages.next().await {
                 let Some(inner) = inner.upgrade() else { return };
-                (*inner).as_ref().received(&id, purged);
+                inner.received(&id, purged);
             }
             // Messages sent while reconnecting are lost; waiters' re-checks
             // notice those completions within a second.
@@ -167,9 +183,9 @@ where
     }
 }
 
-fn set_listening<I: AsRef<Shared>>(inner: &Weak<I>, on: bool) {
+fn set_listening<I: Deref<Target = Shared>>(inner: &Weak<I>, on: bool) {
     if let Some(inner) = inner.upgrade() {
-        (*inner).as_ref().set_listening(on);
+        inner.set_listening(on);
     }
 }
 

@@ -59,7 +59,7 @@ use self::wait::ListenerConnect;
 use super::encoding::decode_headers;
 use super::near_cache::{Completed, NearCache};
 use super::settings::Settings;
-use super::shared::Shared;
+use super::shared::{embeds_shared, Shared};
 use super::{Begin, Claim, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::body::BoxError;
 use bytes::Bytes;
@@ -148,19 +148,7 @@ struct Inner {
     stats: Stats,
 }
 
-impl std::ops::Deref for Inner {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.shared
-    }
-}
-
-impl AsRef<Shared> for Inner {
-    fn as_ref(&self) -> &Shared {
-        &self.shared
-    }
-}
+embeds_shared!(Inner);
 
 /// What a store is configured with besides its [`Settings`].
 #[derive(Clone)]

@@ -43,7 +43,7 @@ use self::scripts::Scripts;
 use super::encoding::hex;
 use super::near_cache::{Completed, NearCache};
 use super::settings::Settings;
-use super::shared::Shared;
+use super::shared::{embeds_shared, Shared};
 use super::{Begin, FencingToken, RecordKey, StoreError};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -129,19 +129,7 @@ struct Inner {
     scripts: Scripts,
 }
 
-impl std::ops::Deref for Inner {
-    type Target = Shared;
-
-    fn deref(&self) -> &Shared {
-        &self.shared
-    }
-}
-
-impl AsRef<Shared> for Inner {
-    fn as_ref(&self) -> &Shared {
-        &self.shared
-    }
-}
+embeds_shared!(Inner);
 
 /// What a store is configured with besides its [`Settings`].
 #[derive(Clone)]
