@@ -7,11 +7,13 @@ use super::near_cache::{Cache, Claims, Completed, NearCache};
 use super::settings::Settings;
 use super::waiters::{reconnect_pause, Waits, RECONNECT_FIRST};
 use super::{Begin, FencingToken, RecordKey, StoreError};
+use crate::fingerprint::RequestFingerprint;
 use std::fmt;
 use std::future::Future;
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// The part of a shared store that is not its statements.
@@ -129,6 +131,47 @@ impl Shared {
     }
 }
 
+/// A shared store's `Inner`: its [`Shared`], and the listener it starts.
+pub(crate) trait Listens: Deref<Target = Shared> {
+    /// Starts the listener task unless one runs (or none is configured).
+    fn ensure_listener(self: &Arc<Self>);
+}
+
+/// `begin` on a shared store: the listener is started, and a record the near
+/// cache knows for the canonical fingerprint (only it is comparable across
+/// instances) is answered with no round trip; `ask` asks the backend.
+pub(crate) async fn begin<'r, I: Listens, F>(
+    inner: &Arc<I>,
+    key: &RecordKey,
+    request: &'r RequestFingerprint<'_>,
+    ask: impl FnOnce(&'r [u8; 32]) -> F,
+) -> Result<Begin, StoreError>
+where
+    F: Future<Output = Result<Begin, StoreError>>,
+{
+    inner.ensure_listener();
+    let fingerprint = request.fingerprint().as_bytes();
+    if let Some(known) = inner.known(key, fingerprint) {
+        return Ok(known);
+    }
+    ask(fingerprint).await
+}
+
+/// `wait` on a shared store: for record `id`, woken by the listener (started
+/// here) and re-checking `lock_remaining` on a backoff.
+pub(crate) async fn wait<I: Listens, F>(
+    inner: &Arc<I>,
+    id: String,
+    timeout: Duration,
+    lock_remaining: impl Fn() -> F,
+) -> Result<(), StoreError>
+where
+    F: Future<Output = Result<Option<Duration>, StoreError>>,
+{
+    inner.ensure_listener();
+    inner.waits.wait(id, timeout, lock_remaining).await
+}
+
 /// A store's `Inner`, holding its [`Shared`] in field `shared`, reads as
 /// the [`Shared`] it embeds: `inner.settings`, `inner.near()`.
 macro_rules! embeds_shared {
@@ -192,6 +235,7 @@ fn set_listening<I: Deref<Target = Shared>>(inner: &Weak<I>, on: bool) {
 /// The counters and listener hooks both shared stores expose to tests and
 /// benchmarks (feature `test-util`), on `$store` whose `inner` holds a
 /// [`Shared`] and an `ensure_listener`.
+#[cfg(feature = "test-util")]
 macro_rules! shared_instrumentation {
     ($store:ty, $listener:literal) => {
         // Kept off the store's documentation page, where they would come before
@@ -218,7 +262,7 @@ macro_rules! shared_instrumentation {
 
             #[doc = concat!("Starts the ", $listener, " (it otherwise starts with the first operation).")]
             pub fn start_listener(&self) {
-                self.inner.ensure_listener();
+                $crate::store::shared::Listens::ensure_listener(&self.inner);
             }
 
             /// Keys that waiters in this process are waiting on.

@@ -25,6 +25,7 @@ use super::single_flight::{Join, Landed, Leader};
 use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::near_cache::Completed;
+use crate::store::shared;
 use crate::store::{
     Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
 };
@@ -378,7 +379,7 @@ impl TransactionalStore for PostgresStore {
         request: &RequestFingerprint<'_>,
     ) -> Result<(Begin, Option<PostgresRecordTransaction>), StoreError> {
         let inner = &self.inner;
-        inner.ensure_listener();
+        shared::Listens::ensure_listener(inner);
         let fp = request.fingerprint().as_bytes();
         if let Some(known) = inner.known(key, fp) {
             return Ok((known, None));

@@ -62,10 +62,10 @@ where
     })
 }
 
-impl Inner {
+impl shared::Listens for Inner {
     /// Starts the listener task if the store has a listener configuration and no
     /// task runs (for instance because the runtime that ran it shut down).
-    pub(super) fn ensure_listener(self: &Arc<Self>) {
+    fn ensure_listener(self: &Arc<Self>) {
         let Some(connect) = self.config.listener.clone() else {
             return;
         };

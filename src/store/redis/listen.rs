@@ -17,9 +17,9 @@ use std::sync::Arc;
 /// start with the prefix).
 pub(super) const PURGED: &str = "purged";
 
-impl Inner {
+impl shared::Listens for Inner {
     /// Starts the subscriber task unless one runs.
-    pub(super) fn ensure_listener(self: &Arc<Self>) {
+    fn ensure_listener(self: &Arc<Self>) {
         self.waits.ensure_listener(|| {
             // Each connection goes to the next node: one that failed is skipped.
             let mut node = 0usize;
