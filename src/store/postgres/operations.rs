@@ -89,24 +89,22 @@ impl Store for PostgresStore {
 impl Inner {
     /// `begin`'s statement, shared by concurrent identical calls.
     async fn begin_coalesced(&self, key: &RecordKey, fp: &[u8; 32]) -> Result<Begin, StoreError> {
-        let inner = self;
         // Concurrent identical calls share one query (see `single_flight`): after a
         // completion's NOTIFY, its waiters would otherwise all queue up behind the pool.
-        inner
-            .settings
+        self.settings
             .timed(OPERATION, async {
                 loop {
-                    match inner.flights.join(key, fp) {
+                    match self.flights.join(key, fp) {
                         Join::Lead(mut leader) => {
-                            let begun = inner.begin_query(key, fp, Some(&mut leader)).await;
+                            let begun = self.begin_query(key, fp, Some(&mut leader)).await;
                             leader.land(begun.as_ref().ok());
                             return begun;
                         }
                         Join::Follow(follower) => {
-                            inner.stats.begins_followed.fetch_add(1, Ordering::Relaxed);
+                            self.stats.begins_followed.fetch_add(1, Ordering::Relaxed);
                             match follower.landing().await {
                                 Some(Landed::Shared(answer)) => {
-                                    inner.stats.begins_shared.fetch_add(1, Ordering::Relaxed);
+                                    self.stats.begins_shared.fetch_add(1, Ordering::Relaxed);
                                     return Ok(answer);
                                 }
                                 // The claim is the leader's alone; the next answer is
@@ -114,7 +112,7 @@ impl Inner {
                                 Some(Landed::Claimed) => {}
                                 // The leader failed or was dropped: query, uncoalesced
                                 // (a failing database must not chain followers' waits).
-                                None => return inner.begin_query(key, fp, None).await,
+                                None => return self.begin_query(key, fp, None).await,
                             }
                         }
                     }
