@@ -20,6 +20,8 @@ pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod settings;
 #[cfg(any(feature = "postgres", feature = "redis"))]
+mod shared;
+#[cfg(any(feature = "postgres", feature = "redis"))]
 mod waiters;
 
 pub use memory::{MemoryStoreBuilder, MemoryStoreError};

@@ -5,9 +5,9 @@ use super::wait::listener_connect;
 use super::{Config, PostgresStore, SqlIdentifier};
 use crate::store::near_cache::NearCache;
 use crate::store::settings::Settings;
+use crate::store::shared::{shared_setters, Shared};
 use deadpool_postgres::Pool;
 use std::fmt;
-use std::time::Duration;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::Socket;
 
@@ -21,8 +21,7 @@ use tokio_postgres::Socket;
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
 /// #     -> Result<(), Box<dyn std::error::Error>> {
-/// use std::time::Duration;
-/// use tower_idempotency::PostgresStore;
+/// /// use tower_idempotency::PostgresStore;
 ///
 /// let store = PostgresStore::builder(pool)
 ///     .with_table("idempotency_records".parse()?)
@@ -43,13 +42,10 @@ pub struct PostgresStoreBuilder {
 
 impl fmt::Debug for PostgresStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (c, s) = (&self.config, &self.settings);
-        f.debug_struct("PostgresStoreBuilder")
-            .field("schema", &c.schema)
-            .field("table", &c.table)
-            .field("retention", &s.retention())
-            .field("lock_timeout", &s.lock_timeout())
-            .field("operation_timeout", &s.operation_timeout())
+        let c = &self.config;
+        let mut d = f.debug_struct("PostgresStoreBuilder");
+        d.field("schema", &c.schema).field("table", &c.table);
+        Shared::timing_fields(&self.settings, &mut d)
             .field("listener", &c.listener.is_some())
             .field("near_cache", &c.near_cache)
             .finish_non_exhaustive()
@@ -90,43 +86,11 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// How long a completed response is replayed (default 24 h), from its completion
-    /// on the database's clock.
-    ///
-    /// Clamped to between 100 ms and 100 years (`Duration::MAX` means "forever":
-    /// 100 years; a longer interval would overflow PostgreSQL's timestamps,
-    /// and every completion would fail).
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.settings.set_retention(retention);
-        self
-    }
-
-    /// How long a claim holds its key unless it is extended (default 10 s), on
-    /// the database's clock.
-    ///
-    /// The layer extends a claim every twentieth of this while its handler runs
-    /// (one `UPDATE` each time), so it bounds how long a *dead* owner (a
-    /// crashed process, a lost network) blocks its key, not how long a handler
-    /// may take. A store stall of up to 9/10 of this, less one round trip, is survived by a
-    /// running claim: extensions go out every 1/20 of it, each time-boxed to a
-    /// third of the claim's remaining life (counted from the last successful
-    /// extension's sending) and retried at once when it fails or times out
-    /// (`docs/idempotency.md`, *Locks and retention*, derives the bound).
-    ///
-    /// Clamped to between 100 ms and 100 years.
-    pub fn with_lock_timeout(mut self, lock_timeout: Duration) -> Self {
-        self.settings.set_lock_timeout(lock_timeout);
-        self
-    }
-
-    /// The longest one operation may take, pool checkout included (default 5 s);
-    /// slower ones fail with [`StoreError::Backend`](crate::store::StoreError::Backend).
-    ///
-    /// At most 100 years.
-    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.set_operation_timeout(timeout);
-        self
-    }
+    shared_setters!(
+        clock: "the database's",
+        operation: "pool checkout included",
+        listener: "[listener](Self::with_listener)"
+    );
 
     /// Wakes waiting duplicates by `LISTEN`/`NOTIFY` on one dedicated connection
     /// opened with `config` without TLS (pooled connections cannot receive
@@ -144,19 +108,6 @@ impl PostgresStoreBuilder {
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
         self.config.listener = Some(listener_connect(config, tls));
-        self
-    }
-
-    /// The near cache of completed records (default: 16 MiB, entries trusted
-    /// for 10 s; [`NearCache::disabled`] turns it off).
-    ///
-    /// A retry of a record this instance completed or already read is then
-    /// answered from memory, with no round trip. It is used only while the
-    /// [listener](Self::with_listener) is connected, because that is how a
-    /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another instance reaches this
-    /// one: without a listener every `begin` asks the database.
-    pub fn with_near_cache(mut self, near_cache: NearCache) -> Self {
-        self.config.near_cache = near_cache;
         self
     }
 

@@ -3,6 +3,7 @@
 //! Not needed to use the store, and not covered by semver.
 
 use super::PostgresStore;
+use crate::store::shared::shared_instrumentation;
 use std::sync::atomic::Ordering;
 
 // Kept off the store's documentation page, where they would come before
@@ -13,12 +14,6 @@ impl PostgresStore {
     /// replay them elsewhere (pgbench).
     pub fn begin_and_complete_sql(&self) -> (&str, &str) {
         (&self.inner.sql.begin, &self.inner.sql.complete)
-    }
-
-    /// Statements sent to the database so far (executions, plus preparations that
-    /// missed a connection's statement cache). For tests of the round-trip budget.
-    pub fn round_trips(&self) -> u64 {
-        self.inner.stats.round_trips.load(Ordering::Relaxed)
     }
 
     /// How often `begin` re-ran its statement after a concurrent commit.
@@ -40,24 +35,6 @@ impl PostgresStore {
     pub fn begins_open(&self) -> usize {
         self.inner.flights.open()
     }
-
-    /// Notifications received by the listener.
-    pub fn notifications_received(&self) -> u64 {
-        self.inner.stats.notifications.load(Ordering::Relaxed)
-    }
-
-    /// Whether the listener connection is up and listening.
-    pub fn is_listening(&self) -> bool {
-        self.inner.waits.listening.load(Ordering::Acquire)
-    }
-
-    /// Starts the listener (it otherwise starts with the first operation).
-    pub fn start_listener(&self) {
-        self.inner.ensure_listener();
-    }
-
-    /// Keys that waiters in this process are waiting on.
-    pub fn watched_keys(&self) -> usize {
-        self.inner.waits.watched_keys()
-    }
 }
+
+shared_instrumentation!(PostgresStore, "listener");

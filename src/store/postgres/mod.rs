@@ -57,9 +57,9 @@ use self::single_flight::{Flights, Leader};
 use self::sql::Sql;
 use self::wait::ListenerConnect;
 use super::encoding::decode_headers;
-use super::near_cache::{Cache, Claims, Completed, NearCache};
+use super::near_cache::{Completed, NearCache};
 use super::settings::Settings;
-use super::waiters::Waits;
+use super::shared::{embeds_shared, Shared};
 use super::{Begin, Claim, FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::body::BoxError;
 use bytes::Bytes;
@@ -139,17 +139,16 @@ pub struct PostgresStore {
 
 struct Inner {
     pool: Pool,
-    settings: Settings,
+    /// Settings, waiters, near cache and claims, counters (plain-mode claims
+    /// only: a transactional one keeps its fingerprint itself).
+    shared: Shared,
     config: Config,
     sql: Sql,
-    waits: Waits,
     flights: Flights,
     stats: Stats,
-    /// Completed records this instance wrote or read (see [`NearCache`]).
-    near_cache: Option<Cache>,
-    /// The fingerprints of this instance's plain-mode claims, until completed.
-    claims: Claims,
 }
+
+embeds_shared!(Inner);
 
 /// What a store is configured with besides its [`Settings`].
 #[derive(Clone)]
@@ -160,24 +159,20 @@ struct Config {
     near_cache: NearCache,
 }
 
+/// The counters of PostgreSQL's own steps (the shared ones are in [`Shared`]).
 #[derive(Default)]
 struct Stats {
-    round_trips: AtomicU64,
     begin_retries: AtomicU64,
-    notifications: AtomicU64,
     begins_followed: AtomicU64,
     begins_shared: AtomicU64,
 }
 
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (c, s) = (&self.inner.config, &self.inner.settings);
-        f.debug_struct("PostgresStore")
-            .field("schema", &c.schema)
-            .field("table", &c.table)
-            .field("retention", &s.retention())
-            .field("lock_timeout", &s.lock_timeout())
-            .field("operation_timeout", &s.operation_timeout())
+        let c = &self.inner.config;
+        let mut d = f.debug_struct("PostgresStore");
+        d.field("schema", &c.schema).field("table", &c.table);
+        Shared::timing_fields(&self.inner.settings, &mut d)
             .field("listener", &c.listener.is_some())
             .finish_non_exhaustive()
     }
@@ -286,14 +281,11 @@ impl PostgresStore {
         Self {
             inner: Arc::new(Inner {
                 pool,
-                near_cache: Cache::new(config.near_cache),
-                settings,
+                shared: Shared::new(settings, config.near_cache),
                 config,
                 sql,
-                waits: Waits::default(),
                 flights: Flights::default(),
                 stats: Stats::default(),
-                claims: Claims::default(),
             }),
         }
     }
@@ -391,16 +383,12 @@ impl Inner {
         self.pool.get().await.map_err(backend)
     }
 
-    fn count_round_trips(&self, n: u64) {
-        self.stats.round_trips.fetch_add(n, Ordering::Relaxed);
-    }
-
     /// Prepares through the connection's cache, counting a round trip on a miss.
     async fn prepare(&self, client: &Object, sql: &str) -> Result<Statement, StoreError> {
         let cached = client.statement_cache.size();
         let statement = client.prepare_cached(sql).await;
         if statement.is_err() || client.statement_cache.size() != cached {
-            self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+            self.count_round_trips(1);
         }
         statement.map_err(backend)
     }
@@ -412,7 +400,7 @@ impl Inner {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<Vec<Row>, StoreError> {
         let statement = self.prepare(client, sql).await?;
-        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.count_round_trips(1);
         client.query(&statement, params).await.map_err(backend)
     }
 
@@ -427,7 +415,7 @@ impl Inner {
     ) -> Result<Vec<Row>, StoreError> {
         let statement = self.prepare(client, sql).await?;
         let notify = self.prepare(client, &self.sql.notify).await?;
-        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.count_round_trips(1);
         let (rows, notified) = pipelined(
             client.query(&statement, params),
             client.execute(&notify, &[&id]),
@@ -448,7 +436,7 @@ impl Inner {
         params: &[&(dyn ToSql + Sync)],
     ) -> Result<u64, StoreError> {
         let statement = self.prepare(client, sql).await?;
-        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
+        self.count_round_trips(1);
         client.execute(&statement, params).await.map_err(backend)
     }
 
@@ -481,21 +469,6 @@ impl Inner {
         Err(backend(format!(
             "begin saw the record change under it {BEGIN_ATTEMPTS} times in a row"
         )))
-    }
-
-    /// The near cache, while purges on other instances reach this one (the
-    /// listener is connected).
-    fn near(&self) -> Option<&Cache> {
-        let cache = self.near_cache.as_ref()?;
-        self.waits
-            .listening
-            .load(Ordering::Acquire)
-            .then_some(cache)
-    }
-
-    /// The near cache's epoch before a read (see [`Cache::insert`]).
-    fn near_epoch(&self) -> u64 {
-        self.near_cache.as_ref().map_or(0, Cache::epoch)
     }
 
     /// A completed record `begin` read is kept near; a claim's fingerprint is
@@ -532,23 +505,6 @@ impl Inner {
         {
             cache.insert(key, *fp, completed, sent + remaining, epoch);
         }
-    }
-
-    /// A claim completed (or ended) under `token`: its record, if known, is
-    /// kept near until `sent` + the retention (the database set its expiry
-    /// after `sent`).
-    fn remember_completed(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        completed: Option<Completed>,
-        sent: tokio::time::Instant,
-        epoch: u64,
-    ) {
-        let expires = sent + self.settings.retention();
-        let near = self.near();
-        self.claims
-            .completed(near, key, token, completed, expires, epoch);
     }
 
     /// The lock's remaining time on the database's clock, if `key` is in progress.

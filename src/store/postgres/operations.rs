@@ -3,10 +3,11 @@
 use super::single_flight::{Join, Landed};
 use super::sql::PURGE_BATCH;
 use super::transaction::Guarded;
-use super::{backend, pipelined, PostgresStore, OPERATION};
+use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::encoding::{encode_headers, key_id};
 use crate::store::near_cache::Completed;
+use crate::store::shared;
 use crate::store::{
     Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
     Timings,
@@ -23,43 +24,7 @@ impl Store for PostgresStore {
         request: &RequestFingerprint<'_>,
     ) -> Result<Begin, StoreError> {
         let inner = &self.inner;
-        inner.ensure_listener();
-        // Shared by every instance: only the canonical fingerprint is comparable.
-        let fp = request.fingerprint().as_bytes();
-        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fp)) {
-            return Ok(known);
-        }
-        // Concurrent identical calls share one query (see `single_flight`): after a
-        // completion's NOTIFY, its waiters would otherwise all queue up behind the pool.
-        inner
-            .settings
-            .timed(OPERATION, async {
-                loop {
-                    match inner.flights.join(key, fp) {
-                        Join::Lead(mut leader) => {
-                            let begun = inner.begin_query(key, fp, Some(&mut leader)).await;
-                            leader.land(begun.as_ref().ok());
-                            return begun;
-                        }
-                        Join::Follow(follower) => {
-                            inner.stats.begins_followed.fetch_add(1, Ordering::Relaxed);
-                            match follower.landing().await {
-                                Some(Landed::Shared(answer)) => {
-                                    inner.stats.begins_shared.fetch_add(1, Ordering::Relaxed);
-                                    return Ok(answer);
-                                }
-                                // The claim is the leader's alone; the next answer is
-                                // the same for all of us again.
-                                Some(Landed::Claimed) => {}
-                                // The leader failed or was dropped: query, uncoalesced
-                                // (a failing database must not chain followers' waits).
-                                None => return inner.begin_query(key, fp, None).await,
-                            }
-                        }
-                    }
-                }
-            })
-            .await
+        shared::begin(inner, key, request, |fp| inner.begin_coalesced(key, fp)).await
     }
 
     async fn complete(
@@ -117,10 +82,42 @@ impl Store for PostgresStore {
 
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
         let inner = &self.inner;
-        inner.ensure_listener();
-        inner
-            .waits
-            .wait(key_id(key), timeout, || inner.lock_remaining(key))
+        shared::wait(inner, key_id(key), timeout, || inner.lock_remaining(key)).await
+    }
+}
+
+impl Inner {
+    /// `begin`'s statement, shared by concurrent identical calls.
+    async fn begin_coalesced(&self, key: &RecordKey, fp: &[u8; 32]) -> Result<Begin, StoreError> {
+        // Concurrent identical calls share one query (see `single_flight`): after a
+        // completion's NOTIFY, its waiters would otherwise all queue up behind the pool.
+        self.settings
+            .timed(OPERATION, async {
+                loop {
+                    match self.flights.join(key, fp) {
+                        Join::Lead(mut leader) => {
+                            let begun = self.begin_query(key, fp, Some(&mut leader)).await;
+                            leader.land(begun.as_ref().ok());
+                            return begun;
+                        }
+                        Join::Follow(follower) => {
+                            self.stats.begins_followed.fetch_add(1, Ordering::Relaxed);
+                            match follower.landing().await {
+                                Some(Landed::Shared(answer)) => {
+                                    self.stats.begins_shared.fetch_add(1, Ordering::Relaxed);
+                                    return Ok(answer);
+                                }
+                                // The claim is the leader's alone; the next answer is
+                                // the same for all of us again.
+                                Some(Landed::Claimed) => {}
+                                // The leader failed or was dropped: query, uncoalesced
+                                // (a failing database must not chain followers' waits).
+                                None => return self.begin_query(key, fp, None).await,
+                            }
+                        }
+                    }
+                }
+            })
             .await
     }
 }
@@ -235,15 +232,8 @@ impl PostgresStore {
                 Ok(())
             })
             .await;
-        match &completed {
-            Ok(()) => {
-                let stored = Completed::Response(Arc::new(response));
-                inner.remember_completed(key, token, Some(stored), sent, epoch);
-            }
-            Err(StoreError::ClaimLost) => inner.remember_completed(key, token, None, sent, epoch),
-            // Retried by the layer: the claim's fingerprint is still needed.
-            Err(_) => {}
-        }
+        let stored = || Completed::Response(Arc::new(response));
+        inner.remember_completion(key, token, &completed, stored, sent, epoch);
         completed
     }
 
@@ -269,14 +259,8 @@ impl PostgresStore {
                 Ok(())
             })
             .await;
-        match &completed {
-            Ok(()) => {
-                let unavailable = Some(Completed::Unavailable);
-                inner.remember_completed(key, token, unavailable, sent, epoch);
-            }
-            Err(StoreError::ClaimLost) => inner.remember_completed(key, token, None, sent, epoch),
-            Err(_) => {}
-        }
+        let unavailable = || Completed::Unavailable;
+        inner.remember_completion(key, token, &completed, unavailable, sent, epoch);
         completed
     }
 }

@@ -25,6 +25,7 @@ use super::single_flight::{Join, Landed, Leader};
 use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::near_cache::Completed;
+use crate::store::shared;
 use crate::store::{
     Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
 };
@@ -378,9 +379,9 @@ impl TransactionalStore for PostgresStore {
         request: &RequestFingerprint<'_>,
     ) -> Result<(Begin, Option<PostgresRecordTransaction>), StoreError> {
         let inner = &self.inner;
-        inner.ensure_listener();
+        shared::Listens::ensure_listener(inner);
         let fp = request.fingerprint().as_bytes();
-        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fp)) {
+        if let Some(known) = inner.known(key, fp) {
             return Ok((known, None));
         }
         // Coalesced as `begin` is: only a flight's leader opens a transaction.

@@ -6,11 +6,10 @@
 //! connection tasks drop notifications) LISTENs on the store's channel.
 
 use super::Inner;
-use crate::store::waiters::{reconnect_pause, RECONNECT_FIRST};
+use crate::store::shared;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{AsyncMessage, Socket};
@@ -63,56 +62,38 @@ where
     })
 }
 
-impl Inner {
+impl shared::Listens for Inner {
     /// Starts the listener task if the store has a listener configuration and no
     /// task runs (for instance because the runtime that ran it shut down).
-    pub(super) fn ensure_listener(self: &Arc<Self>) {
+    fn ensure_listener(self: &Arc<Self>) {
         let Some(connect) = self.config.listener.clone() else {
             return;
         };
         self.waits.ensure_listener(|| {
             let listen_sql = self.sql.listen.clone();
-            listen(Arc::downgrade(self), connect, listen_sql)
+            shared::listen(Arc::downgrade(self), super::sql::PURGED, move |_| {
+                let (connect, listen_sql) = (connect.clone(), listen_sql.clone());
+                async move {
+                    let (client, notifications) = connect().await.ok()?;
+                    client.batch_execute(&listen_sql).await.ok()?;
+                    Some(Notifications {
+                        _client: client,
+                        notifications,
+                    })
+                }
+            })
         });
     }
 }
 
-async fn listen(inner: Weak<Inner>, connect: ListenerConnect, listen_sql: String) {
-    let mut backoff = RECONNECT_FIRST;
-    loop {
-        if let Ok((client, mut notifications)) = connect().await {
-            if client.batch_execute(&listen_sql).await.is_ok() {
-                backoff = RECONNECT_FIRST;
-                set_listening(&inner, true);
-                while let Some(id) = notifications.recv().await {
-                    let Some(inner) = inner.upgrade() else { return };
-                    inner.stats.notifications.fetch_add(1, Ordering::Relaxed);
-                    if id == super::sql::PURGED {
-                        if let Some(cache) = &inner.near_cache {
-                            cache.clear();
-                        }
-                        continue;
-                    }
-                    inner.waits.dispatch(&id);
-                }
-                // Notifications sent while reconnecting are lost; waiters' re-checks
-                // notice those completions within a second.
-                set_listening(&inner, false);
-            }
-        }
-        if inner.strong_count() == 0 {
-            return;
-        }
-        reconnect_pause(&mut backoff).await;
-    }
+/// The listener connection's notifications; the client keeps it open.
+struct Notifications {
+    _client: tokio_postgres::Client,
+    notifications: mpsc::UnboundedReceiver<String>,
 }
 
-fn set_listening(inner: &Weak<Inner>, on: bool) {
-    if let Some(inner) = inner.upgrade() {
-        // Purges announced while not listening were missed: forget everything.
-        if let Some(cache) = &inner.near_cache {
-            cache.clear();
-        }
-        inner.waits.listening.store(on, Ordering::Release);
+impl shared::Messages for Notifications {
+    fn next(&mut self) -> impl Future<Output = Option<String>> + Send {
+        self.notifications.recv()
     }
 }

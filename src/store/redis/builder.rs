@@ -6,6 +6,7 @@ use super::{eviction, Config, RedisPrefix, RedisStore, ReplicaAcks};
 use crate::limits;
 use crate::store::near_cache::NearCache;
 use crate::store::settings::Settings;
+use crate::store::shared::{shared_setters, Shared};
 use crate::store::StoreError;
 use std::fmt;
 use std::time::Duration;
@@ -56,13 +57,11 @@ impl Default for RedisStoreBuilder {
 
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (c, s) = (&self.config, &self.settings);
-        f.debug_struct("RedisStoreBuilder")
-            .field("assume_noeviction", &self.assume_noeviction)
-            .field("prefix", &c.prefix)
-            .field("retention", &s.retention())
-            .field("lock_timeout", &s.lock_timeout())
-            .field("operation_timeout", &s.operation_timeout())
+        let c = &self.config;
+        let mut d = f.debug_struct("RedisStoreBuilder");
+        d.field("assume_noeviction", &self.assume_noeviction)
+            .field("prefix", &c.prefix);
+        Shared::timing_fields(&self.settings, &mut d)
             .field("replica_acks", &c.replica_acks)
             .field("near_cache", &c.near_cache)
             .finish()
@@ -95,38 +94,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a completed response is replayed (default 24 h), from its
-    /// completion on the server's clock. Clamped to between 100 ms and 100
-    /// years.
-    pub fn with_retention(mut self, retention: Duration) -> Self {
-        self.settings.set_retention(retention);
-        self
-    }
-
-    /// How long a claim holds its key unless it is extended (default 10 s), on
-    /// the server's clock. The layer extends a claim every twentieth of this
-    /// while its handler runs, so it bounds how long a *dead* owner blocks its
-    /// key.
-    ///
-    /// A store stall of up to 9/10 of this, less one round trip, is survived by a
-    /// running claim: extensions go out every 1/20 of it, each time-boxed to a
-    /// third of the claim's remaining life (counted from the last successful
-    /// extension's sending) and retried at once when it fails or times out
-    /// (`docs/idempotency.md`, *Locks and retention*, derives the bound).
-    ///
-    /// Clamped to between 100 ms and 100 years.
-    pub fn with_lock_timeout(mut self, lock_timeout: Duration) -> Self {
-        self.settings.set_lock_timeout(lock_timeout);
-        self
-    }
-
-    /// The longest one operation may take (default 5 s), replica
-    /// acknowledgements included; slower ones fail with
-    /// [`StoreError::Backend`]. At most 100 years.
-    pub fn with_operation_timeout(mut self, timeout: Duration) -> Self {
-        self.settings.set_operation_timeout(timeout);
-        self
-    }
+    shared_setters!(
+        clock: "the server's",
+        operation: "replica acknowledgements included",
+        listener: "store's subscriber"
+    );
 
     /// Waits, after every claim and completion, until `replicas` replicas of
     /// the key's primary acknowledged it (`WAIT`), for at most `timeout`.
@@ -142,19 +114,6 @@ impl RedisStoreBuilder {
     pub fn with_replica_acks(mut self, replicas: usize, timeout: Duration) -> Self {
         let timeout = limits::clamp(timeout, Duration::from_millis(1));
         self.config.replica_acks = Some(ReplicaAcks { replicas, timeout });
-        self
-    }
-
-    /// The near cache of completed records (default: 16 MiB, entries trusted
-    /// for 10 s; [`NearCache::disabled`] turns it off).
-    ///
-    /// A retry of a record this instance completed or already read is then
-    /// answered from memory, with no round trip. It is used only while the
-    /// store's subscriber is connected, because that is how a
-    /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another instance reaches
-    /// this one: while it is not, every `begin` asks Redis.
-    pub fn with_near_cache(mut self, near_cache: NearCache) -> Self {
-        self.config.near_cache = near_cache;
         self
     }
 

@@ -41,9 +41,9 @@ pub use self::builder::RedisStoreBuilder;
 pub use self::prefix::RedisPrefix;
 use self::scripts::Scripts;
 use super::encoding::hex;
-use super::near_cache::{Cache, Claims, Completed, NearCache};
+use super::near_cache::{Completed, NearCache};
 use super::settings::Settings;
-use super::waiters::Waits;
+use super::shared::{embeds_shared, Shared};
 use super::{Begin, FencingToken, RecordKey, StoreError};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
@@ -51,7 +51,6 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
 use sha2::{Digest, Sha256};
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -123,17 +122,14 @@ struct Inner {
     connection: Connection,
     /// Where the subscriber connects: the server, or each Cluster node in turn.
     subscribe_to: Vec<redis::Client>,
-    settings: Settings,
+    /// Settings, waiters, near cache and claims, counters.
+    shared: Shared,
     config: Config,
     channel: String,
     scripts: Scripts,
-    waits: Waits,
-    stats: Stats,
-    near_cache: Option<Cache>,
-    /// The fingerprints of this instance's claims, until completed (`complete`
-    /// knows only the key and token).
-    claims: Claims,
 }
+
+embeds_shared!(Inner);
 
 /// What a store is configured with besides its [`Settings`].
 #[derive(Clone)]
@@ -149,12 +145,6 @@ struct Config {
 struct ReplicaAcks {
     replicas: usize,
     timeout: Duration,
-}
-
-#[derive(Default)]
-struct Stats {
-    round_trips: AtomicU64,
-    notifications: AtomicU64,
 }
 
 /// A multiplexed connection to one server, or to a Cluster.
@@ -194,17 +184,14 @@ impl ConnectionLike for Connection {
 
 impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (c, s) = (&self.inner.config, &self.inner.settings);
+        let c = &self.inner.config;
         let mode = match self.inner.connection {
             Connection::Server(_) => "server",
             Connection::Cluster(_) => "cluster",
         };
-        f.debug_struct("RedisStore")
-            .field("mode", &mode)
-            .field("prefix", &c.prefix)
-            .field("retention", &s.retention())
-            .field("lock_timeout", &s.lock_timeout())
-            .field("operation_timeout", &s.operation_timeout())
+        let mut d = f.debug_struct("RedisStore");
+        d.field("mode", &mode).field("prefix", &c.prefix);
+        Shared::timing_fields(&self.inner.settings, &mut d)
             .field("replica_acks", &c.replica_acks)
             .field("near_cache", &c.near_cache)
             .finish_non_exhaustive()
@@ -297,19 +284,14 @@ impl RedisStore {
         config: Config,
     ) -> Self {
         let channel = format!("{}:done", config.prefix);
-        let near_cache = Cache::new(config.near_cache);
         Self {
             inner: Arc::new(Inner {
                 connection,
                 subscribe_to,
                 channel,
-                settings,
+                shared: Shared::new(settings, config.near_cache),
                 config,
                 scripts: Scripts::new(),
-                waits: Waits::default(),
-                stats: Stats::default(),
-                near_cache,
-                claims: Claims::default(),
             }),
         }
     }
@@ -362,22 +344,7 @@ impl Inner {
     }
 
     fn count_round_trip(&self) {
-        self.stats.round_trips.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The near cache, while purges on other instances reach this one (the
-    /// subscriber is connected).
-    fn near(&self) -> Option<&Cache> {
-        let cache = self.near_cache.as_ref()?;
-        self.waits
-            .listening
-            .load(Ordering::Acquire)
-            .then_some(cache)
-    }
-
-    /// The near cache's epoch before a call (see [`Cache::insert`]).
-    fn near_epoch(&self) -> u64 {
-        self.near_cache.as_ref().map_or(0, Cache::epoch)
+        self.count_round_trips(1);
     }
 
     /// What `begin` (sent at `sent`) answered is kept near: a completed
@@ -405,23 +372,6 @@ impl Inner {
         if let Some(remaining) = remaining {
             cache.insert(key, *fp, completed, sent + remaining, epoch);
         }
-    }
-
-    /// A claim completed (or ended) under `token`: its record, if known, is
-    /// kept near until `sent` + the retention (the server set its TTL after
-    /// `sent`).
-    fn remember_completed(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        completed: Option<Completed>,
-        sent: tokio::time::Instant,
-        epoch: u64,
-    ) {
-        let expires = sent + self.settings.retention();
-        let near = self.near();
-        self.claims
-            .completed(near, key, token, completed, expires, epoch);
     }
 
     fn forget_claim(&self, key: &RecordKey, token: FencingToken) {

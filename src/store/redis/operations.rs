@@ -4,6 +4,7 @@ use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::{decode_headers, encode_headers};
 use crate::store::near_cache::Completed;
+use crate::store::shared;
 use crate::store::{
     Begin, Claim, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError,
     StoredResponse, Timings,
@@ -84,18 +85,11 @@ impl Inner {
     ) -> Result<(), StoreError> {
         let (sent, epoch) = (tokio::time::Instant::now(), self.near_epoch());
         let finished = self.finish_script(key, token, response.as_ref()).await;
-        match &finished {
-            Ok(()) => {
-                let completed = match response {
-                    Some(response) => Completed::Response(Arc::new(response)),
-                    None => Completed::Unavailable,
-                };
-                self.remember_completed(key, token, Some(completed), sent, epoch);
-            }
-            Err(StoreError::ClaimLost) => self.remember_completed(key, token, None, sent, epoch),
-            // Retried by the layer: the claim's fingerprint is still needed.
-            Err(_) => {}
-        }
+        let completed = || match response {
+            Some(response) => Completed::Response(Arc::new(response)),
+            None => Completed::Unavailable,
+        };
+        self.remember_completion(key, token, &finished, completed, sent, epoch);
         finished
     }
 
@@ -349,39 +343,10 @@ impl Store for RedisStore {
         key: &RecordKey,
         request: &RequestFingerprint<'_>,
     ) -> Result<Begin, StoreError> {
-        let inner = &self.inner;
-        inner.ensure_listener();
-        // Shared by every instance: only the canonical fingerprint is comparable.
-        let fingerprint = request.fingerprint().as_bytes();
-        if let Some(known) = inner.near().and_then(|cache| cache.get(key, fingerprint)) {
-            return Ok(known);
-        }
-        let names = inner.names(key);
-        let mut invocation = inner.scripts.begin.key(&names.record);
-        invocation
-            .key(&names.index)
-            .arg(key.scope().as_str())
-            .arg(key.key().as_str())
-            .arg(&fingerprint[..])
-            .arg(millis(inner.settings.lock_timeout()))
-            .arg(millis(inner.claim_kept()));
-        inner
-            .settings
-            .timed(OPERATION, async {
-                let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
-                let reply: Vec<Value> = inner.invoke(&invocation).await?;
-                let (begun, remaining) = decode_begin(reply)?;
-                if let Begin::Claimed(claim) = begun {
-                    if let Err(error) = inner.replicated(&names.record).await {
-                        // Not running the handler on a claim a failover could lose.
-                        let _ = self.release(key, claim.token).await;
-                        return Err(error);
-                    }
-                }
-                inner.remember_begun(key, fingerprint, &begun, remaining, sent, epoch);
-                Ok(begun)
-            })
-            .await
+        shared::begin(&self.inner, key, request, |fingerprint| {
+            self.begin_script(key, fingerprint)
+        })
+        .await
     }
 
     async fn complete(
@@ -447,11 +412,43 @@ impl Store for RedisStore {
 
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
         let inner = &self.inner;
-        inner.ensure_listener();
+        let id = inner.names(key).record;
+        shared::wait(inner, id, timeout, || inner.lock_remaining(key)).await
+    }
+}
+
+impl RedisStore {
+    /// `begin`'s script; a claim waits for the configured replica acks.
+    async fn begin_script(
+        &self,
+        key: &RecordKey,
+        fingerprint: &[u8; 32],
+    ) -> Result<Begin, StoreError> {
+        let inner = &self.inner;
+        let names = inner.names(key);
+        let mut invocation = inner.scripts.begin.key(&names.record);
+        invocation
+            .key(&names.index)
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str())
+            .arg(&fingerprint[..])
+            .arg(millis(inner.settings.lock_timeout()))
+            .arg(millis(inner.claim_kept()));
         inner
-            .waits
-            .wait(inner.names(key).record, timeout, || {
-                inner.lock_remaining(key)
+            .settings
+            .timed(OPERATION, async {
+                let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
+                let reply: Vec<Value> = inner.invoke(&invocation).await?;
+                let (begun, remaining) = decode_begin(reply)?;
+                if let Begin::Claimed(claim) = begun {
+                    if let Err(error) = inner.replicated(&names.record).await {
+                        // Not running the handler on a claim a failover could lose.
+                        let _ = self.release(key, claim.token).await;
+                        return Err(error);
+                    }
+                }
+                inner.remember_begun(key, fingerprint, &begun, remaining, sent, epoch);
+                Ok(begun)
             })
             .await
     }
