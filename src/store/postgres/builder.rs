@@ -21,7 +21,8 @@ use tokio_postgres::Socket;
 /// ```no_run
 /// # async fn run(pool: deadpool_postgres::Pool, pg: tokio_postgres::Config)
 /// #     -> Result<(), Box<dyn std::error::Error>> {
-/// /// use tower_idempotency::PostgresStore;
+/// use std::time::Duration;
+/// use tower_idempotency::PostgresStore;
 ///
 /// let store = PostgresStore::builder(pool)
 ///     .with_table("idempotency_records".parse()?)
