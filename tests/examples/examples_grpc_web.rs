@@ -165,21 +165,13 @@ async fn the_binary_serves_grpc_web_and_replays() {
 /// answer with HTTP trailers (`grpc-status: 0`): the first caller gets them,
 /// and since a record cannot carry them a retry is refused (`410`) rather
 /// than given the message without its status; the order is created once.
-/// In process: the tests have no HTTP/2 transport.
+/// In process; over a real HTTP/2 connection in the test after it.
 #[tokio::test]
 async fn native_grpc_keeps_its_trailers_and_is_never_replayed_without_them() {
     use http_body_util::BodyExt;
-    use tower::{Layer, ServiceExt};
+    use tower::ServiceExt;
     let created = Arc::new(AtomicU64::new(0));
-    let grpc_success = |head: &::http::response::Parts| {
-        head.status == ::http::StatusCode::OK && !head.headers.contains_key("grpc-status")
-    };
-    let server = tower::ServiceBuilder::new()
-        .map_request(|req: ::http::Request<axum::body::Body>| req.map(tonic::body::Body::new))
-        .service(example::OrdersServer::new(created.clone()));
-    let svc = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new())
-        .with_record_policy(grpc_success)
-        .layer(server);
+    let svc = native_orders(&created);
     let request = || {
         let mut req = ::http::Request::post(CREATE_ORDER)
             .header("content-type", "application/grpc")
@@ -209,6 +201,31 @@ async fn native_grpc_keeps_its_trailers_and_is_never_replayed_without_them() {
     assert_eq!(created.load(Ordering::SeqCst), 1);
 }
 
+/// The example's orders service as native gRPC (no gRPC-Web translation)
+/// behind the layer, recording a success: `200` without `grpc-status` in
+/// its head (the status comes in the trailers).
+fn native_orders(
+    created: &Arc<AtomicU64>,
+) -> impl tower::Service<
+    ::http::Request<axum::body::Body>,
+    Response = ::http::Response<tower_idempotency::body::ResponseBody<tonic::body::Body>>,
+    Error = std::convert::Infallible,
+    Future = impl Send,
+> + Clone
+       + Send
+       + 'static {
+    use tower::Layer;
+    let grpc_success = |head: &::http::response::Parts| {
+        head.status == ::http::StatusCode::OK && !head.headers.contains_key("grpc-status")
+    };
+    let server = tower::ServiceBuilder::new()
+        .map_request(|req: ::http::Request<axum::body::Body>| req.map(tonic::body::Body::new))
+        .service(example::OrdersServer::new(created.clone()));
+    tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new())
+        .with_record_policy(grpc_success)
+        .layer(server)
+}
+
 /// Native gRPC over a real HTTP/2 connection on loopback (hyper's HTTP/2
 /// server and client, as tonic's transport uses them): the first caller
 /// gets its `grpc-status: 0` trailers, and a retry with the key never gets
@@ -217,16 +234,7 @@ async fn native_grpc_keeps_its_trailers_and_is_never_replayed_without_them() {
 async fn native_grpc_over_http2_keeps_its_trailers_and_is_never_replayed_without_them() {
     use http_body_util::{BodyExt, Full};
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    use tower::Layer;
     let created = Arc::new(AtomicU64::new(0));
-    let grpc_success = |head: &::http::response::Parts| {
-        head.status == ::http::StatusCode::OK && !head.headers.contains_key("grpc-status")
-    };
-    let server = tower::ServiceBuilder::new()
-        .map_request(|req: ::http::Request<axum::body::Body>| req.map(tonic::body::Body::new))
-        .service(example::OrdersServer::new(created.clone()));
-    let layer = tower_idempotency::IdempotencyLayer::new(tower_idempotency::MemoryStore::new())
-        .with_record_policy(grpc_success);
     let svc = tower::ServiceBuilder::new()
         // The tenant, as an auth layer in front would put it.
         .map_request(|mut req: ::http::Request<hyper::body::Incoming>| {
@@ -234,7 +242,7 @@ async fn native_grpc_over_http2_keeps_its_trailers_and_is_never_replayed_without
                 .insert(tower_idempotency::Scope::new("acme"));
             req.map(axum::body::Body::new)
         })
-        .service(layer.layer(server));
+        .service(native_orders(&created));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
