@@ -44,6 +44,12 @@ pub enum ConfigError {
         /// The shortest length accepted, in bytes.
         min: usize,
     },
+    /// A [`PurgeTask`](crate::store::purge::PurgeTask) period of zero, or
+    /// one too long to add its jitter to: the period refused.
+    PurgePeriod(std::time::Duration),
+    /// A [`PurgeTask`](crate::store::purge::PurgeTask) jitter that is not a
+    /// fraction from 0 up to (not including) 1.
+    PurgeJitter,
 }
 
 impl fmt::Display for ConfigError {
@@ -66,6 +72,13 @@ impl fmt::Display for ConfigError {
                 f,
                 "a downstream secret needs at least {min} bytes, not {len}"
             ),
+            Self::PurgePeriod(period) => write!(
+                f,
+                "{period:?} is not a purge period: it must be above zero and fit its jitter"
+            ),
+            Self::PurgeJitter => {
+                f.write_str("a purge jitter must be a fraction from 0 up to (not including) 1")
+            }
         }
     }
 }

@@ -187,7 +187,7 @@
 //! let store = PostgresStore::connect(database_url).await?;
 //! store.migrate().await?;
 //! let layer = IdempotencyLayer::new(store.clone());
-//! // and in a periodic task (`store::Maintenance`): store.purge_expired().await?;
+//! // and, for expired records: store::purge::PurgeTask::new(store.clone()).spawn()?;
 //! # let _ = layer;
 //! # Ok(())
 //! # }

@@ -198,6 +198,13 @@ pub(crate) fn finish(layer: &'static str, outcome: impl Label, elapsed: Option<D
     }
 }
 
+/// Expired records a `PurgeTask` deleted.
+pub(crate) fn purged(deleted: u64) {
+    tracing::debug!(deleted, "expired idempotency records purged");
+    #[cfg(feature = "metrics")]
+    metrics::counter!("tower_idempotency_purged_records_total").increment(deleted);
+}
+
 /// A request without a scope at the lease layer: at `DEBUG` every time, and
 /// once per process at `WARN` with the likely cause, since a layer mounted
 /// outside the auth layer answers every valid caller `401`. (The idempotency

@@ -16,6 +16,7 @@ pub(crate) mod memory;
 mod near_cache;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+pub mod purge;
 #[cfg(feature = "redis")]
 pub(crate) mod redis;
 pub(crate) mod settings;
@@ -41,6 +42,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, StatusCode};
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -427,6 +429,23 @@ pub trait Maintenance: Send + Sync + 'static {
     /// Deletes expired records; returns how many were deleted.
     fn purge_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
+    /// Deletes one batch of expired records, at most `limit` where the store
+    /// can bound it (PostgreSQL: one short statement); returns how many were
+    /// deleted. Fewer than `limit` means none were left to delete.
+    /// [`PurgeTask`](purge::PurgeTask) calls it until then, so that it can
+    /// stop between two batches.
+    ///
+    /// The default calls [`purge_expired`](Self::purge_expired), which
+    /// deletes them all (and may return more than `limit`): right for a store
+    /// whose purge is cheap or bounded on its own.
+    fn purge_expired_batch(
+        &self,
+        limit: NonZeroU32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        let _ = limit;
+        self.purge_expired()
+    }
+
     /// Deletes every record of `scope`, completed or in progress (stored
     /// responses may hold personal data: use it when a tenant or user is
     /// erased). Returns how many were deleted. A request of that scope still
@@ -541,6 +560,13 @@ impl<T: Store + ?Sized> Store for Arc<T> {
 impl<T: Maintenance + ?Sized> Maintenance for Arc<T> {
     fn purge_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send {
         (**self).purge_expired()
+    }
+
+    fn purge_expired_batch(
+        &self,
+        limit: NonZeroU32,
+    ) -> impl Future<Output = Result<u64, StoreError>> + Send {
+        (**self).purge_expired_batch(limit)
     }
 
     fn purge_scope(&self, scope: &Scope) -> impl Future<Output = Result<u64, StoreError>> + Send {

@@ -140,6 +140,20 @@ impl Maintenance for PostgresStore {
         }
     }
 
+    async fn purge_expired_batch(&self, limit: std::num::NonZeroU32) -> Result<u64, StoreError> {
+        let inner = &self.inner;
+        let limit = i64::from(limit.get());
+        inner
+            .settings
+            .timed(OPERATION, async {
+                let client = inner.client().await?;
+                inner
+                    .execute(&client, &inner.sql.purge_batch, &[&limit])
+                    .await
+            })
+            .await
+    }
+
     async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
         let inner = &self.inner;
         let name = scope.as_str();

@@ -55,6 +55,8 @@ pub(super) struct Sql {
     pub(super) lock_claim: String,
     pub(super) complete_locked: String,
     pub(super) purge: String,
+    /// One batch of `purge`, of at most `$1` rows (a bigint).
+    pub(super) purge_batch: String,
     pub(super) purge_scope: String,
     /// Takes the scope's lock, exclusive, for the purge's transaction.
     pub(super) lock_scope: String,
@@ -329,6 +331,21 @@ DELETE FROM {t} AS r USING doomed
 WHERE r.scope = doomed.scope AND r.key = doomed.key"#
         );
 
+        // The same batch with its size a parameter, for `PurgeTask`: the
+        // `(expires_at)` index yields the oldest expired rows first, so a
+        // batch reads about as many index entries as it deletes.
+        let purge_batch = format!(
+            r#"WITH doomed AS (
+    SELECT scope, key FROM {t}
+    WHERE expires_at <= now()
+    ORDER BY expires_at
+    LIMIT $1
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM {t} AS r USING doomed
+WHERE r.scope = doomed.scope AND r.key = doomed.key"#
+        );
+
         let purge_scope = format!(
             r#"WITH doomed AS (
     SELECT scope, key FROM {t}
@@ -357,6 +374,7 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             lock_claim,
             complete_locked,
             purge,
+            purge_batch,
             purge_scope,
             lock_scope,
             listen,
@@ -405,6 +423,7 @@ mod tests {
             &sql.extend,
             &sql.release,
             &sql.purge,
+            &sql.purge_batch,
             &sql.purge_scope,
         ];
         for statement in writers {

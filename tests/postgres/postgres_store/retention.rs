@@ -67,3 +67,100 @@ async fn large_binary_bodies_replay_byte_for_byte() {
         other => panic!("expected a replay, got {other:?}"),
     }
 }
+
+/// Around a store: the largest batch and how many batches `PurgeTask` ran.
+#[derive(Clone)]
+struct Batches {
+    inner: PostgresStore,
+    largest: Arc<std::sync::atomic::AtomicU64>,
+    count: Arc<AtomicUsize>,
+}
+
+impl Maintenance for Batches {
+    async fn purge_expired(&self) -> Result<u64, StoreError> {
+        self.inner.purge_expired().await
+    }
+
+    async fn purge_expired_batch(&self, limit: std::num::NonZeroU32) -> Result<u64, StoreError> {
+        let deleted = self.inner.purge_expired_batch(limit).await?;
+        self.largest.fetch_max(deleted, Ordering::SeqCst);
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Ok(deleted)
+    }
+
+    async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        self.inner.purge_scope(scope).await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_task_empties_a_large_backlog_in_bounded_batches_beside_live_requests() {
+    let Some(url) = pg::database_url("purge_task_empties_a_large_backlog") else {
+        return;
+    };
+    let table = pg::unique_table("purge_task");
+    let store = pg::store(&url, &table, |s| s).await;
+    let sql = pg::connect(&url).await;
+    sql.execute(
+        &format!(
+            "INSERT INTO public.{table} \
+             (scope, key, fingerprint, token, state, expires_at, status, headers, body) \
+             SELECT 's', 'key-' || i, '\\x00', i, 'completed', now() - interval '1 second', \
+                    201, '', '' \
+             FROM generate_series(1, 200000) AS i"
+        ),
+        &[],
+    )
+    .await
+    .unwrap();
+    let watched = Batches {
+        inner: store.clone(),
+        largest: Arc::default(),
+        count: Arc::default(),
+    };
+    let batch = 5000;
+    let purge = tower_idempotency::store::purge::PurgeTask::new(watched.clone())
+        .every(Duration::from_millis(20))
+        .with_jitter(0.5)
+        .with_batch_size(std::num::NonZeroU32::new(batch).unwrap())
+        .spawn()
+        .unwrap();
+    let count = format!("SELECT count(*) FROM public.{table} WHERE scope = 's'");
+    let deadline = Instant::now() + Duration::from_secs(50);
+    let mut live = 0;
+    loop {
+        // A claim and its completion on a live key, beside the purge.
+        let started = Instant::now();
+        let key = fresh_key();
+        let token = claim(&store, &key, "a").await;
+        store
+            .complete(&key, token, Completion::Response(response(b"live")))
+            .await
+            .unwrap();
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(1),
+            "a live request took {took:?}"
+        );
+        live += 1;
+        let left: i64 = sql.query_one(&count, &[]).await.unwrap().get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} expired rows left");
+    }
+    let deleted = purge.shutdown().await;
+    assert_eq!(
+        deleted, 200_000,
+        "only the expired rows; {live} live ones kept"
+    );
+    let largest = watched.largest.load(Ordering::SeqCst);
+    assert!(largest <= u64::from(batch), "a batch of {largest} rows");
+    assert!(watched.count.load(Ordering::SeqCst) >= 40);
+    let kept: i64 = sql
+        .query_one(&format!("SELECT count(*) FROM public.{table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, live);
+}
