@@ -23,18 +23,7 @@ async fn purge_deletes_expired_records_in_batches_of_1000() {
         .unwrap();
     assert_eq!(store.purge_expired().await.unwrap(), 0); // warms the statement cache
     let sql = pg::connect(&url).await;
-    sql.execute(
-        &format!(
-            "INSERT INTO public.{table} \
-             (scope, key, fingerprint, token, state, expires_at, status, headers, body) \
-             SELECT 's', 'key-' || i, '\\x00', i, 'completed', now() - interval '1 second', \
-                    201, '', '' \
-             FROM generate_series(1, 2500) AS i"
-        ),
-        &[],
-    )
-    .await
-    .unwrap();
+    insert_expired(&sql, &table, 2500).await;
     let before = store.round_trips();
     assert_eq!(store.purge_expired().await.unwrap(), 2500);
     let statements = store.round_trips() - before;
@@ -101,18 +90,7 @@ async fn purge_task_empties_a_large_backlog_in_bounded_batches_beside_live_reque
     let table = pg::unique_table("purge_task");
     let store = pg::store(&url, &table, |s| s).await;
     let sql = pg::connect(&url).await;
-    sql.execute(
-        &format!(
-            "INSERT INTO public.{table} \
-             (scope, key, fingerprint, token, state, expires_at, status, headers, body) \
-             SELECT 's', 'key-' || i, '\\x00', i, 'completed', now() - interval '1 second', \
-                    201, '', '' \
-             FROM generate_series(1, 200000) AS i"
-        ),
-        &[],
-    )
-    .await
-    .unwrap();
+    insert_expired(&sql, &table, 200_000).await;
     let watched = Batches {
         inner: store.clone(),
         largest: Arc::default(),
@@ -163,4 +141,16 @@ async fn purge_task_empties_a_large_backlog_in_bounded_batches_beside_live_reque
         .unwrap()
         .get(0);
     assert_eq!(kept, live);
+}
+
+/// `rows` completed records of `table`, expired a second ago, in one statement.
+async fn insert_expired(sql: &tokio_postgres::Client, table: &str, rows: i64) {
+    let insert = format!(
+        "INSERT INTO public.{table} \
+         (scope, key, fingerprint, token, state, expires_at, status, headers, body) \
+         SELECT 's', 'key-' || i, '\\x00', i, 'completed', now() - interval '1 second', \
+                201, '', '' \
+         FROM generate_series(1, $1::bigint) AS i"
+    );
+    sql.execute(&insert, &[&rows]).await.unwrap();
 }
