@@ -282,6 +282,7 @@ mod options;
 mod policy;
 mod random;
 mod response;
+mod run;
 mod scope;
 pub mod store;
 pub mod telemetry;
@@ -303,11 +304,11 @@ pub mod postgres {
 }
 
 pub use config::ConfigError;
-pub use engine::in_flight::InFlight;
 pub use idempotency::layer::IdempotencyLayer;
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 #[cfg(feature = "leases")]
 pub use lease::{handle::Lease, layer::LeaseLayer};
+pub use run::in_flight::InFlight;
 
 /// The README's quick start, compiled as a doctest so that it works as written.
 #[cfg(doctest)]

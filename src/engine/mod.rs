@@ -41,22 +41,16 @@
 //! with the record on PostgreSQL, are in `docs/beyond-http.md` in the repository
 //! (and `examples/consumer.rs`).
 
-mod attempt;
-pub(crate) mod claim;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
-pub(crate) mod decide;
-pub(crate) mod in_flight;
-pub(crate) mod keep_alive;
-pub(crate) mod record;
 mod run;
 
-pub use self::attempt::Attempt;
 pub use self::run::Context;
+pub use crate::run::attempt::Attempt;
 
-use self::in_flight::InFlight;
 use crate::downstream::DownstreamSecret;
+use crate::run::in_flight::InFlight;
 use crate::store::erased::SharedStore;
 use crate::store::{Store, StoreError, TransactionalStore};
 use crate::{IdempotencyKey, Scope};

@@ -2,8 +2,8 @@
 //! headers it reads and writes.
 
 use crate::downstream::DownstreamSecret;
-use crate::engine::in_flight::InFlight;
 use crate::options::Options;
+use crate::run::in_flight::InFlight;
 use crate::store::erased::SharedStore;
 use http::{HeaderName, HeaderValue};
 use std::num::NonZeroUsize;

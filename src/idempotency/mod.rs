@@ -71,6 +71,7 @@ pub mod contract {}
 mod answer;
 mod config;
 pub(crate) mod layer;
+mod record;
 mod run_claimed;
 mod service;
 mod warn_once;
