@@ -214,7 +214,7 @@
 //! # Observability
 //!
 //! Every decision runs in a `tracing` span with the scope, a hash of the key
-//! (never the key) and the outcome (`claimed`, `replayed`, `reused`,
+//! (never the key) and the outcome (`claimed`, `replayed`, `key_reused`,
 //! `in_progress`, `released`, `store_error`, ...); with the `metrics`
 //! feature, counters and a latency histogram per outcome. See [`telemetry`].
 //!
@@ -286,6 +286,7 @@ mod run;
 mod scope;
 pub mod store;
 pub mod telemetry;
+mod warn_once;
 
 /// The PostgreSQL driver crates the `postgres` feature builds on, re-exported
 /// so that an application names the versions the stores take without

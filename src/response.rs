@@ -36,7 +36,7 @@ pub enum Refusal {
     /// `400 body_unreadable`: reading the request body failed.
     BodyUnreadable,
     /// `409 idempotency_key_reuse` (or 422): the key was used with another request.
-    KeyReuse,
+    KeyReused,
     /// `409 idempotency_in_progress` with `Retry-After`: the first request is still running.
     InProgress,
     /// `410 idempotency_response_unavailable`: the first request ran (its
@@ -82,7 +82,7 @@ impl Refusal {
             Self::PayloadTooLarge => "payload_too_large",
             Self::BodyTimeout => "request_timeout",
             Self::BodyUnreadable => "body_unreadable",
-            Self::KeyReuse => "idempotency_key_reuse",
+            Self::KeyReused => "idempotency_key_reuse",
             Self::InProgress => "idempotency_in_progress",
             Self::ResponseUnavailable => "idempotency_response_unavailable",
             Self::StoreUnavailable => "idempotency_store_unavailable",
@@ -137,7 +137,7 @@ impl Refusal {
             Self::PayloadTooLarge => doc!("PayloadTooLarge"),
             Self::BodyTimeout => doc!("BodyTimeout"),
             Self::BodyUnreadable => doc!("BodyUnreadable"),
-            Self::KeyReuse => doc!("KeyReuse"),
+            Self::KeyReused => doc!("KeyReused"),
             Self::InProgress => doc!("InProgress"),
             Self::ResponseUnavailable => doc!("ResponseUnavailable"),
             Self::StoreUnavailable => doc!("StoreUnavailable"),
@@ -170,7 +170,7 @@ impl Refusal {
             Self::PayloadTooLarge => "the request body is larger than the configured limit",
             Self::BodyTimeout => "the request body did not arrive in time",
             Self::BodyUnreadable => "the request body could not be read",
-            Self::KeyReuse => "this idempotency key was already used with a different request",
+            Self::KeyReused => "this idempotency key was already used with a different request",
             Self::InProgress => {
                 "a request with this idempotency key is still in progress; retry later"
             }
@@ -218,7 +218,7 @@ impl Refusal {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
+            Self::KeyReused | Self::InProgress => StatusCode::CONFLICT,
             // Not 409: clients following the IETF draft retry a 409 later,
             // and this answer never changes while the record is retained.
             Self::ResponseUnavailable => StatusCode::GONE,
@@ -418,7 +418,7 @@ impl Default for Responder {
 impl Responder {
     pub(crate) fn status(&self, refusal: Refusal) -> StatusCode {
         match refusal {
-            Refusal::KeyReuse => self.reuse_status.into(),
+            Refusal::KeyReused => self.reuse_status.into(),
             other => other.default_status(),
         }
     }
@@ -587,7 +587,7 @@ impl From<KeyProblem> for Refusal {
 impl From<Refusal> for Outcome {
     fn from(refusal: Refusal) -> Self {
         match refusal {
-            Refusal::KeyReuse => Self::Reused,
+            Refusal::KeyReused => Self::KeyReused,
             Refusal::InProgress => Self::InProgress,
             Refusal::StoreUnavailable | Refusal::OutcomeUnknown | Refusal::JobStoreUnavailable => {
                 Self::StoreError

@@ -11,7 +11,7 @@
 //!
 //! The `outcome` of `layer="idempotency"`: `claimed` (ran and recorded),
 //! `released` (ran, not recorded: an error, a panic, a status the record policy
-//! declines), `replayed`, `reused` (409 key reuse), `in_progress` (409),
+//! declines), `replayed`, `key_reused` (409 key reuse), `in_progress` (409),
 //! `unavailable` (ran, response not recordable; 410 to retries),
 //! `store_error` (503), `over_quota` (429, the scope at its store quota),
 //! `shed` (503, over `with_max_in_flight`) and `rejected` (no scope, a bad key,
@@ -36,7 +36,7 @@ pub(crate) enum Outcome {
     /// Replayed a recorded response.
     Replayed,
     /// `409 idempotency_key_reuse`.
-    Reused,
+    KeyReused,
     /// `409 idempotency_in_progress`.
     InProgress,
     /// `503`: the store failed.
@@ -58,7 +58,7 @@ impl Outcome {
             Self::Claimed => "claimed",
             Self::Released => "released",
             Self::Replayed => "replayed",
-            Self::Reused => "reused",
+            Self::KeyReused => "key_reused",
             Self::InProgress => "in_progress",
             Self::StoreError => "store_error",
             Self::Rejected => "rejected",
@@ -160,7 +160,7 @@ pub fn set_key_hash_secret(secret: [u8; 32]) -> bool {
 /// A short, stable id of a key for logs: 16 hex digits of a keyed hash
 /// (HighwayHash), never reversible by hashing guesses without the secret.
 pub(crate) fn key_hash(key: &str) -> String {
-    let secret = KEY_HASH_SECRET.get_or_init(crate::fingerprint::random_key);
+    let secret = KEY_HASH_SECRET.get_or_init(crate::random::hash_key);
     keyed_hash(secret, key)
 }
 
@@ -203,25 +203,6 @@ pub(crate) fn purged(deleted: u64) {
     tracing::debug!(deleted, "expired idempotency records purged");
     #[cfg(feature = "metrics")]
     metrics::counter!("tower_idempotency_purged_records_total").increment(deleted);
-}
-
-/// A request without a scope at the lease layer: at `DEBUG` every time, and
-/// once per process at `WARN` with the likely cause, since a layer mounted
-/// outside the auth layer answers every valid caller `401`. (The idempotency
-/// layer warns once per route, in its own module.)
-#[cfg(feature = "leases")]
-pub(crate) fn no_scope(layer: &'static str) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            layer,
-            "a request reached the layer without a scope and was answered 401; if \
-             authenticated requests get this too, the layer runs before the \
-             authentication that sets the scope: add it inside (after) your auth \
-             layer (in axum, the layer added later is the outer one)"
-        );
-    }
-    tracing::debug!(layer, "no scope: 401 unauthorized");
 }
 
 /// Records the scope and key hash on the current span, if anyone listens.

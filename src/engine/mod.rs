@@ -46,7 +46,7 @@
 pub mod conformance;
 mod run;
 
-pub use self::run::Context;
+pub use self::run::RunContext;
 pub use crate::run::attempt::Attempt;
 
 use crate::downstream::DownstreamSecret;
@@ -164,7 +164,7 @@ impl Engine {
     /// of `store` that also records its result, so the operation's writes and
     /// the record commit together or not at all (the "inbox" pattern). With
     /// `PostgresStore` the operation finds a `PostgresTransaction` with
-    /// [`Context::get`].
+    /// [`RunContext::get`].
     pub fn transactional(store: impl TransactionalStore) -> Self {
         Self::with_store(SharedStore::transactional(store))
     }
@@ -199,7 +199,7 @@ impl Engine {
         self
     }
 
-    /// Derives each operation's [`Context::downstream_keys`] with
+    /// Derives each operation's [`RunContext::downstream_keys`] with
     /// HMAC-SHA-256 keyed by `secret` (default: SHA-256, no secret), as
     /// [`IdempotencyLayer::with_downstream_secret`](crate::IdempotencyLayer::with_downstream_secret)
     /// does: give both the same secret for their keys to agree.
@@ -234,7 +234,7 @@ impl Engine {
         operation: F,
     ) -> Result<Outcome<Bytes>, EngineError<E>>
     where
-        F: FnOnce(Context) -> Fut + Send + 'static,
+        F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
         E: Send + 'static,
     {
@@ -254,7 +254,7 @@ impl Engine {
     ) -> Result<Outcome<T>, EngineError<E>>
     where
         T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
-        F: FnOnce(Context) -> Fut + Send + 'static,
+        F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
         E: Send + 'static,
     {

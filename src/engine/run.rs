@@ -18,13 +18,13 @@ use std::panic::AssertUnwindSafe;
 
 /// What a running operation knows about its run.
 #[derive(Debug)]
-pub struct Context {
+pub struct RunContext {
     attempt: Attempt,
     extensions: http::Extensions,
     downstream_keys: DownstreamKeys,
 }
 
-impl Context {
+impl RunContext {
     /// The claim's fencing token: higher than any earlier owner's, so writes
     /// elsewhere can be fenced with it.
     pub fn token(&self) -> FencingToken {
@@ -53,8 +53,8 @@ impl Context {
 }
 
 impl Engine {
-    fn context(&self, record: &RecordKey, attempt: Attempt) -> Context {
-        Context {
+    fn context(&self, record: &RecordKey, attempt: Attempt) -> RunContext {
+        RunContext {
             attempt,
             extensions: http::Extensions::new(),
             downstream_keys: DownstreamKeys::derived(
@@ -107,7 +107,7 @@ impl Engine {
     ) -> Result<Outcome<V>, EngineError<E>>
     where
         V: Send + 'static,
-        F: FnOnce(Context) -> Fut + Send + 'static,
+        F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Send + 'static,
     {
@@ -141,7 +141,7 @@ impl Engine {
                     .map(Outcome::Replayed)
                     .map_err(EngineError::Value)
             }
-            Decision::Mismatch => return Ok(Outcome::KeyReused),
+            Decision::KeyReused => return Ok(Outcome::KeyReused),
             Decision::Unavailable => return Ok(Outcome::Failed),
             Decision::InProgress => return Ok(Outcome::InProgress),
             Decision::QuotaExceeded => return Err(EngineError::Store(StoreError::QuotaExceeded)),
@@ -162,7 +162,7 @@ impl Engine {
 
 /// A claimed operation, to run as [`Work`] of the core.
 struct Operation<F> {
-    context: Context,
+    context: RunContext,
     on_failure: OnFailure,
     operation: F,
 }
@@ -170,7 +170,7 @@ struct Operation<F> {
 impl<V, F, Fut, E> Work for Operation<F>
 where
     V: Send + 'static,
-    F: FnOnce(Context) -> Fut + Send + 'static,
+    F: FnOnce(RunContext) -> Fut + Send + 'static,
     Fut: Future<Output = Result<Encoded<V>, Failure<E>>> + Send + 'static,
     E: Send + 'static,
 {

@@ -9,8 +9,6 @@ use http::{HeaderName, HeaderValue};
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use super::warn_once::WarnOnce;
-
 /// The `Idempotency-Key` header name.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 /// Added to every replayed response: `Idempotent-Replayed: true`.
@@ -54,8 +52,6 @@ pub(crate) struct Settings {
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
     pub(crate) max_in_flight: Option<NonZeroUsize>,
-    /// The setup mistakes already warned about, per route.
-    pub(crate) warned: WarnOnce,
     /// Keys the derivation of each claimed request's `DownstreamKeys`.
     pub(crate) downstream_secret: Option<DownstreamSecret>,
 }

@@ -1,7 +1,6 @@
 use super::answer::REPRESENTATION_HEADERS;
 use super::config::{Config, Settings, IDEMPOTENCY_KEY};
 use super::service::IdempotencyService;
-use super::warn_once::WarnOnce;
 use crate::downstream::DownstreamSecret;
 use crate::limits;
 use crate::options::Options;
@@ -72,7 +71,6 @@ impl IdempotencyLayer {
                     cancel_on_drop: false,
                     in_flight: InFlight::new(),
                     max_in_flight: None,
-                    warned: WarnOnce::default(),
                     downstream_secret: None,
                 },
             }),

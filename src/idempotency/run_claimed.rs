@@ -10,16 +10,16 @@
 //! and only what follows the response (recording it, or releasing the claim)
 //! is boxed on its own, both small.
 
-use super::answer::{advertise_retention, mark_not_recorded, recorded_headers, Answer};
+use super::answer::{advertise_retention, mark_not_recorded, recorded_headers, Reply};
 use super::config::Config;
 use super::record::{self, OneOrMany, Read, RecordCopy, Recording, Rest};
-use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::policy::RecordPolicy;
 use crate::response::Refusal;
 use crate::run::claimed::{Finish, NotRun, Recorded, Work};
 use crate::store::StoredResponse;
 use crate::telemetry::Outcome;
+use crate::warn_once;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tower_service::Service;
 
-type Answered<B, Error> = (Result<Answer<B>, Error>, Outcome);
+type Answered<B, Error> = (Result<Reply<B>, Error>, Outcome);
 type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
 /// A claimed request, to run as [`Work`] of the core.
@@ -166,7 +166,7 @@ where
                     let result = ready!(call.poll(cx));
                     let claim = this.claim.take().expect("held until the response");
                     match after_response(this.config, claim, result, uri.path(), cx) {
-                        Next::Answer(answer) => {
+                        Next::Reply(answer) => {
                             this.stage.set(Stage::Done);
                             return Poll::Ready(answer);
                         }
@@ -185,7 +185,7 @@ where
 }
 
 enum Next<T> {
-    Answer(T),
+    Reply(T),
     Finish(Boxed<T>),
 }
 
@@ -226,7 +226,7 @@ where
     }));
     let policy_panicked = policy.is_err();
     if !policy.unwrap_or(true) {
-        warn_once::not_recorded(&config.warned, res_parts.status, path);
+        warn_once::not_recorded(&config.options.warned, res_parts.status, path);
         mark_not_recorded(&mut res_parts);
         let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
         return Next::Finish(Box::pin(async move {
@@ -290,7 +290,7 @@ where
                     // Its head goes now: the recording that follows keeps the key.
                     advertise_retention(&mut res_parts, retention.as_ref());
                     let response = Response::from_parts(res_parts, ResponseBody::streamed(frames));
-                    Next::Answer((Ok(response), Outcome::Claimed))
+                    Next::Reply((Ok(response), Outcome::Claimed))
                 }
                 Err(rest) => Next::Finish(Box::pin(async move {
                     let (body, outcome) = record::finish_here(*rest).await;

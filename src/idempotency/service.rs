@@ -1,8 +1,7 @@
-use super::answer::{replay, Answer};
+use super::answer::{replay, Reply};
 use super::config::Config;
 use super::future::ResponseFuture;
 use super::run_claimed::Handler;
-use super::warn_once;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
 use crate::downstream::DownstreamKeys;
@@ -14,6 +13,7 @@ use crate::run::decide::{decide, Decision};
 use crate::scope::ScopeExtractor;
 use crate::store::RecordKey;
 use crate::telemetry::{self, Outcome};
+use crate::warn_once;
 use crate::{fingerprint::RequestFingerprint, IdempotencyKey};
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
@@ -127,7 +127,7 @@ fn handle<S, E, P, ReqBody, ResBody>(
     inner: S,
     mut parts: http::request::Parts,
     body: ReqBody,
-) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
+) -> impl Future<Output = (Result<Reply<ResBody>, S::Error>, Outcome)>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -146,7 +146,7 @@ where
 
         // Authentication comes first, so an anonymous caller learns nothing about keys.
         let Some(scope) = config.scope.extract(&parts) else {
-            warn_once::no_scope(&config.warned, parts.uri.path());
+            warn_once::no_scope(&config.options.warned, "idempotency", parts.uri.path());
             return refuse(Refusal::Unauthorized);
         };
         let key = match IdempotencyKey::from_headers(parts.headers.get_all(&config.header)) {
@@ -193,7 +193,7 @@ where
                 let answer = replay(&stored, config.retention_header.as_ref());
                 return (Ok(answer), Outcome::Replayed);
             }
-            Decision::Mismatch => return refuse(Refusal::KeyReuse),
+            Decision::KeyReused => return refuse(Refusal::KeyReused),
             Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
             Decision::InProgress => return refuse(Refusal::InProgress),
             Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),

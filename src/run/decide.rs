@@ -15,7 +15,7 @@ pub(crate) enum Decision {
     /// The recorded result.
     Replay(Arc<StoredResponse>),
     /// The key was used by another request.
-    Mismatch,
+    KeyReused,
     /// Completed without a replayable result.
     Unavailable,
     /// Still in progress after the wait.
@@ -52,14 +52,14 @@ pub(crate) async fn decide(
                 if let Some(takeover) = claim.takeover {
                     tracing::warn!(
                         attempt = takeover.attempt,
-                        previous_token = takeover.previous_token.0,
+                        previous_token = takeover.previous_token.get(),
                         "took over a claim whose owner did not complete it within its lock"
                     );
                 }
                 return Decision::Claimed(claim, opened);
             }
             Ok((Begin::Replay(stored), _)) => return Decision::Replay(stored),
-            Ok((Begin::Mismatch, _)) => return Decision::Mismatch,
+            Ok((Begin::KeyReused, _)) => return Decision::KeyReused,
             Ok((Begin::ResponseUnavailable, _)) => return Decision::Unavailable,
             Ok((Begin::InProgress, _)) => {
                 let now = Instant::now();

@@ -143,7 +143,7 @@ pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
     ));
     assert!(matches!(
         store.begin(&key, &fingerprint("b")).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 
@@ -161,7 +161,7 @@ pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(s
     }
     assert!(matches!(
         store.begin(&key, &fingerprint("b")).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 
@@ -501,7 +501,7 @@ pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(st
     }
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
     assert!(matches!(
         store.complete(&key, token, recorded(b"late")).await,
@@ -580,7 +580,7 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
     }
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
     store
         .complete(&key, token, recorded(b"created"))
@@ -594,7 +594,7 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
     }
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 
@@ -634,7 +634,7 @@ pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
     ));
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
     store
         .complete(&key, token, recorded(b"created"))
@@ -646,7 +646,7 @@ pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
     ));
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 

@@ -474,7 +474,7 @@ impl Store for MemoryStore {
             return Ok(if same {
                 begin_of(answer)
             } else {
-                Begin::Mismatch
+                Begin::KeyReused
             });
         }
         // A claim keeps the local digest: computed before taking the write lock,
@@ -527,7 +527,7 @@ impl Store for MemoryStore {
                 if record.exact == exact || record.local() == local {
                     record.answer()
                 } else {
-                    return Ok(Begin::Mismatch);
+                    return Ok(Begin::KeyReused);
                 }
             }
         };
@@ -650,7 +650,7 @@ mod tests {
             .with_retention(retention)
             .with_scope_quota(std::num::NonZeroUsize::new(2).unwrap())
             .build();
-        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([9; 32]));
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint::from_bytes([9; 32]));
         let quota = || store.shared.scope_quota.as_ref().unwrap();
         for round in 0..10 {
             for i in 0..10_000 {
@@ -686,7 +686,7 @@ mod tests {
     /// by its key; a remembered token never completes another key's record.
     #[tokio::test]
     async fn a_remembered_claim_never_stands_in_for_another() {
-        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([7; 32]));
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint::from_bytes([7; 32]));
         let (x, y) = (
             RecordKey::for_test("s", "key-x-0001"),
             RecordKey::for_test("s", "key-y-0001"),
@@ -709,7 +709,8 @@ mod tests {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([7; 32]));
+                let fp =
+                    RequestFingerprint::from(crate::fingerprint::Fingerprint::from_bytes([7; 32]));
                 let y = RecordKey::for_test("s", "key-y-0001");
                 match other.begin(&y, &fp).await {
                     Ok(Begin::Claimed(claim)) => claim.token,
@@ -799,7 +800,7 @@ mod tests {
         let other = request(br#"{"b":3,"a":1}"#);
         assert!(matches!(
             store.begin(&record, &other).await,
-            Ok(Begin::Mismatch)
+            Ok(Begin::KeyReused)
         ));
         for request in [&first, &retry, &reordered, &other] {
             assert!(!request.fingerprint_computed());

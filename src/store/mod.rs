@@ -85,7 +85,19 @@ impl RecordKey {
 /// lock expired has a higher token than the one it replaced, and the old
 /// owner's late completion is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(pub i64);
+pub struct FencingToken(i64);
+
+impl FencingToken {
+    /// The token of this value (a store's own counter).
+    pub const fn new(value: i64) -> Self {
+        Self(value)
+    }
+
+    /// Its value, to compare with a fenced write's or to store it.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
 
 /// A recorded response, replayed byte for byte.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -181,7 +193,7 @@ pub enum Begin {
     /// The same request completed earlier: replay this response.
     Replay(Arc<StoredResponse>),
     /// The key is held or was completed by a request with another fingerprint.
-    Mismatch,
+    KeyReused,
     /// The same request is still running under an unexpired lock.
     InProgress,
     /// The same request ran (its effects happened) but its response could not
@@ -227,7 +239,7 @@ pub enum Completion {
     /// The request ran (its effects happened) but its response cannot be
     /// replayed: its body failed, or was larger than the record limit. Until
     /// the retention expires, `begin` answers [`Begin::ResponseUnavailable`]
-    /// to the same request and [`Begin::Mismatch`] to another.
+    /// to the same request and [`Begin::KeyReused`] to another.
     Unavailable,
 }
 

@@ -195,7 +195,7 @@ impl Cache {
         }
         Some(
             match (&entry.fingerprint == fingerprint, &entry.completed) {
-                (false, _) => Begin::Mismatch,
+                (false, _) => Begin::KeyReused,
                 (true, Completed::Response(stored)) => Begin::Replay(stored.clone()),
                 (true, Completed::Unavailable) => Begin::ResponseUnavailable,
             },
@@ -347,7 +347,7 @@ mod tests {
         let other = RecordKey::for_test("globex", "order-0001");
         cache.insert(&key, [1; 32], response("{}"), later(), 0);
         assert!(matches!(cache.get(&key, &[1; 32]), Some(Begin::Replay(_))));
-        assert!(matches!(cache.get(&key, &[2; 32]), Some(Begin::Mismatch)));
+        assert!(matches!(cache.get(&key, &[2; 32]), Some(Begin::KeyReused)));
         assert!(cache.get(&other, &[1; 32]).is_none(), "never across scopes");
         tokio::time::advance(Duration::from_secs(5)).await;
         assert!(cache.get(&key, &[1; 32]).is_none(), "the TTL bounds it");

@@ -252,7 +252,7 @@ mod tests {
     }
 
     async fn record(store: &MemoryStore, key: &str) {
-        let fp = RequestFingerprint::from(Fingerprint([7; 32]));
+        let fp = RequestFingerprint::from(Fingerprint::from_bytes([7; 32]));
         let key = RecordKey::for_test("s", key);
         let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&key, &fp).await else {
             panic!("claim");

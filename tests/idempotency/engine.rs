@@ -154,7 +154,7 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
     let seen = Arc::new(std::sync::Mutex::new(None));
     let operation = {
         let seen = seen.clone();
-        move |context: tower_idempotency::engine::Context| async move {
+        move |context: tower_idempotency::engine::RunContext| async move {
             *seen.lock().unwrap() = Some((context.token(), context.attempt()));
             Ok::<_, std::io::Error>(Bytes::from_static(b"taken over"))
         }

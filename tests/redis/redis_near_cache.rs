@@ -111,7 +111,7 @@ async fn a_hot_keys_retries_reach_redis_once_per_instance() {
         let before = b.round_trips();
         assert!(matches!(
             b.begin(&key, &fingerprint("another")).await,
-            Ok(Begin::Mismatch)
+            Ok(Begin::KeyReused)
         ));
         assert_eq!(b.round_trips() - before, 0);
         // A completion without a response too.

@@ -119,7 +119,7 @@ async fn every_decision_is_traced_with_scope_key_hash_and_outcome_never_the_key(
         .collect();
     assert_eq!(
         outcomes,
-        ["claimed", "replayed", "reused", "released", "rejected"]
+        ["claimed", "replayed", "key_reused", "released", "rejected"]
     );
     let first = &events[0];
     assert_eq!(first["span.scope"], "merchant_7");

@@ -64,7 +64,7 @@ pub(super) struct Ids(Key);
 
 impl Ids {
     pub(super) fn new() -> Self {
-        Self(crate::fingerprint::random_key())
+        Self(crate::random::hash_key())
     }
 
     pub(super) fn of(&self, key: &RecordKey) -> Id {

@@ -371,7 +371,7 @@ fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
                 body: Bytes::from(body),
             }))
         }
-        "mismatch" => Begin::Mismatch,
+        "mismatch" => Begin::KeyReused,
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
         other => return Err(backend(format!("unexpected begin outcome {other:?}"))),

@@ -320,7 +320,7 @@ fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreErr
                 body: Bytes::from(body),
             }))
         }
-        "mismatch" => Begin::Mismatch,
+        "mismatch" => Begin::KeyReused,
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
         other => return Err(corrupt(other)),

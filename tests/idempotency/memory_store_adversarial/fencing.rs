@@ -112,12 +112,12 @@ async fn forged_tokens_are_refused() {
     let key = record("acme", "fence-00000004");
     let token = claim(&store, &key, &fp("a")).await;
     for forged in [
-        FencingToken(token.0 - 1),
-        FencingToken(token.0 + 1),
-        FencingToken(0),
-        FencingToken(-1),
-        FencingToken(i64::MIN),
-        FencingToken(i64::MAX),
+        FencingToken::new(token.get() - 1),
+        FencingToken::new(token.get() + 1),
+        FencingToken::new(0),
+        FencingToken::new(-1),
+        FencingToken::new(i64::MIN),
+        FencingToken::new(i64::MAX),
     ] {
         claim_lost(
             store
