@@ -321,75 +321,71 @@ where
     B::Data: Into<Bytes> + Send,
     B::Error: Into<BoxError>,
 {
-    {
-        Box::pin(async move {
-            let (mut copy, mut frames) =
-                (RecordCopy::new(config.record_limit), OneOrMany::default());
-            let read = match policy_panicked {
-                true => Read::Failed("the record policy panicked".into()),
-                false => record::read_to_end(&mut body, &mut copy, &mut frames).await,
-            };
-            let retention = config.retention_header.as_ref();
-            match read {
-                Read::Failed(error) => {
-                    claim.release().await;
-                    let response = Response::from_parts(res_parts, ResponseBody::failed(error));
-                    (Ok(response), Outcome::Released)
-                }
-                Read::Ended if !copy.has_trailers() => {
-                    let body = copy.into_bytes();
-                    let stored = StoredResponse {
-                        status: res_parts.status,
-                        headers,
-                        body: body.clone(),
-                    };
-                    match claim.record(stored).await {
-                        Recorded::Yes => {
-                            advertise_retention(&mut res_parts, retention);
-                            let response =
-                                Response::from_parts(res_parts, ResponseBody::full(body));
-                            (Ok(response), Outcome::Claimed)
-                        }
-                        // The handler ran either way: never "not processed".
-                        Recorded::Failed | Recorded::Unknown(_) => {
-                            refuse(&config, Refusal::OutcomeUnknown)
-                        }
+    Box::pin(async move {
+        let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
+        let read = match policy_panicked {
+            true => Read::Failed("the record policy panicked".into()),
+            false => record::read_to_end(&mut body, &mut copy, &mut frames).await,
+        };
+        let retention = config.retention_header.as_ref();
+        match read {
+            Read::Failed(error) => {
+                claim.release().await;
+                let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+                (Ok(response), Outcome::Released)
+            }
+            Read::Ended if !copy.has_trailers() => {
+                let body = copy.into_bytes();
+                let stored = StoredResponse {
+                    status: res_parts.status,
+                    headers,
+                    body: body.clone(),
+                };
+                match claim.record(stored).await {
+                    Recorded::Yes => {
+                        advertise_retention(&mut res_parts, retention);
+                        let response = Response::from_parts(res_parts, ResponseBody::full(body));
+                        (Ok(response), Outcome::Claimed)
                     }
-                }
-                // Too large to record, or ended with trailers (which a record
-                // cannot carry): the writes commit, marked as not replayable,
-                // and the body goes on to the caller, trailers and all.
-                end => {
-                    let why = match copy.is_over() {
-                        true => record::OVER,
-                        false => record::TRAILERS,
-                    };
-                    if !matches!(claim.unavailable(why).await, Recorded::Yes) {
-                        return refuse(&config, Refusal::OutcomeUnknown);
+                    // The handler ran either way: never "not processed".
+                    Recorded::Failed | Recorded::Unknown(_) => {
+                        refuse(&config, Refusal::OutcomeUnknown)
                     }
-                    // The key is kept as long as a recorded one (retries get `410`).
-                    advertise_retention(&mut res_parts, retention);
-                    let rest = Rest {
-                        body,
-                        copy,
-                        read: frames,
-                        recorder: None,
-                    };
-                    let body = match end {
-                        Read::Ended => record::answer(rest.read),
-                        _ => match record::spawn_rest(rest, config.in_flight.enter()) {
-                            Ok(frames) => ResponseBody::streamed(frames),
-                            Err(rest) => record::finish_here(*rest).await.0,
-                        },
-                    };
-                    (
-                        Ok(Response::from_parts(res_parts, body)),
-                        Outcome::Unavailable,
-                    )
                 }
             }
-        })
-    }
+            // Too large to record, or ended with trailers (which a record
+            // cannot carry): the writes commit, marked as not replayable,
+            // and the body goes on to the caller, trailers and all.
+            end => {
+                let why = match copy.is_over() {
+                    true => record::OVER,
+                    false => record::TRAILERS,
+                };
+                if !matches!(claim.unavailable(why).await, Recorded::Yes) {
+                    return refuse(&config, Refusal::OutcomeUnknown);
+                }
+                // The key is kept as long as a recorded one (retries get `410`).
+                advertise_retention(&mut res_parts, retention);
+                let rest = Rest {
+                    body,
+                    copy,
+                    read: frames,
+                    recorder: None,
+                };
+                let body = match end {
+                    Read::Ended => record::answer(rest.read),
+                    _ => match record::spawn_rest(rest, config.in_flight.enter()) {
+                        Ok(frames) => ResponseBody::streamed(frames),
+                        Err(rest) => record::finish_here(*rest).await.0,
+                    },
+                };
+                (
+                    Ok(Response::from_parts(res_parts, body)),
+                    Outcome::Unavailable,
+                )
+            }
+        }
+    })
 }
 
 /// Advertises the retention on an answer whose key was completed (recorded,

@@ -121,13 +121,13 @@ pub struct StoredResponse {
 /// use std::time::{Duration, SystemTime};
 /// use tower_idempotency::store::{Claim, FencingToken, Takeover};
 ///
-/// let first = Claim::first(FencingToken(7));
+/// let first = Claim::first(FencingToken::new(7));
 /// assert_eq!(first.attempt(), 1);
 ///
 /// let began = SystemTime::now() - Duration::from_secs(30);
-/// let second = Claim::takeover(FencingToken(9), 2, FencingToken(7), began);
+/// let second = Claim::takeover(FencingToken::new(9), 2, FencingToken::new(7), began);
 /// assert_eq!(second.attempt(), 2);
-/// assert_eq!(second.takeover.unwrap().previous_token, FencingToken(7));
+/// assert_eq!(second.takeover.unwrap().previous_token, FencingToken::new(7));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Claim {
