@@ -113,8 +113,9 @@ impl Sql {
         let lock_seed =
             i64::from_str_radix(&super::hex_sha256(t.as_bytes())[..15], 16).expect("hex digits");
         let key_hash = match colliding_key_locks {
-            // Tests only: every key of a scope shares one lock, a collision.
-            true => format!("hashtextextended($1, {lock_seed})"),
+            // Tests only: every key of a scope shares one lock, a collision
+            // (`$2` kept, typed, and ignored).
+            true => format!("hashtextextended($1 || left($2, 0), {lock_seed})"),
             false => format!("hashtextextended($2, hashtextextended($1, {lock_seed}))"),
         };
         let try_lock = format!("pg_try_advisory_xact_lock({key_hash})");
