@@ -246,3 +246,43 @@ async fn colliding_key_locks_only_make_a_key_wait_and_never_replay_another_recor
         replays(store, &c, "c", b"C").await;
     }
 }
+
+/// A database whose transactions default to SERIALIZABLE reads with the
+/// transaction's first snapshot, taken before the key's lock: a record
+/// committed in between would be missed. Such a store claims with a row
+/// written in the transaction instead, and still runs each request once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_default_claims_with_a_row_and_runs_once() {
+    let Some(url) = pg::database_url("a_serializable_default_claims_with_a_row") else {
+        return;
+    };
+    let table = pg::unique_table("serializable");
+    let mut config = pg::pg_config(&url);
+    config.options("-c default_transaction_isolation=serializable");
+    let owner = PostgresStore::builder(pg::pool(config, 4))
+        .with_table(table.parse().unwrap())
+        .build();
+    owner.migrate().await.expect("migrate");
+    let rival = pg::store(&url, &table, |s| s).await;
+    let sql = pg::connect(&url).await;
+    let key = fresh_key();
+
+    let transaction = claimed(&owner, &key, "a").await;
+    in_progress(&rival, &key, "a").await;
+    in_progress(&owner, &key, "a").await;
+    transaction
+        .commit(Completion::Response(response(b"A")))
+        .await
+        .expect("commit");
+    replays(&rival, &key, "a", b"A").await;
+    replays(&owner, &key, "a", b"A").await;
+    let ctid: String = sql
+        .query_one(
+            &format!(r#"SELECT ctid::text FROM public."{table}" WHERE scope = $1 AND key = $2"#),
+            &[&key.scope().as_str(), &key.key().as_str()],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ctid, "(0,2)", "a claim row, completed by an update");
+}
