@@ -273,8 +273,11 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
              current_setting('transaction_isolation') = 'read committed', \
              set_config('idle_in_transaction_session_timeout', '0', true)"
         );
-        // One row: the live record's answer, or a claim (the caller turns it
-        // into "in progress" unless `lock_key` locked). An expired row is
+        // One row: the live record's answer, or a claim. The claim re-tries
+        // the locks, which succeeds at once when `lock_key` holds them (and
+        // when it did not, the caller answers "in progress" anyway): no token,
+        // transaction id or row lock is spent on a key someone else holds.
+        // An expired row is
         // taken over only if no transaction holds it (`free` locks it, so a
         // late completion by the claim it replaces waits for this transaction
         // and then finds its token gone); a row left `in_progress` was a dead
@@ -309,7 +312,8 @@ SELECT CASE WHEN claim THEN 'claimed' ELSE 'in_progress' END,
        CASE WHEN claim THEN txid_current() END
 FROM (
     SELECT r.state, r.token, r.attempt, r.created_at,
-           r.token IS NULL OR EXISTS (SELECT 1 FROM free) AS claim
+           {try_scope} AND {try_lock}
+           AND (r.token IS NULL OR EXISTS (SELECT 1 FROM free)) AS claim
     FROM (SELECT 1) AS one LEFT JOIN r ON true
 ) AS c
 WHERE NOT EXISTS (SELECT 1 FROM r WHERE live)"#

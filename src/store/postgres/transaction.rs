@@ -332,8 +332,12 @@ async fn begin_locked(
     let fp = fp.as_slice();
     let connection = Guarded::new(inner.client().await?);
     leader.close();
-    let lock = inner.prepare(connection.client(), &inner.sql.lock_key).await?;
-    let read = inner.prepare(connection.client(), &inner.sql.read_key).await?;
+    let lock = inner
+        .prepare(connection.client(), &inner.sql.lock_key)
+        .await?;
+    let read = inner
+        .prepare(connection.client(), &inner.sql.read_key)
+        .await?;
     inner.count_round_trips(1);
     let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
     let client = connection.client();

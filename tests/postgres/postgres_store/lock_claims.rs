@@ -67,8 +67,8 @@ async fn rows_of(sql: &tokio_postgres::Client, table: &str, key: &RecordKey) -> 
 }
 
 /// While the owner's transaction runs, nothing of its claim is written: a
-/// second instance finds the key in progress at once (its lock), and the
-/// record is inserted once, at completion, never rewritten.
+/// second instance finds the key in progress at once (its lock) and draws no
+/// token, and the record is inserted once, at completion, never rewritten.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transactional_claim_is_its_lock_and_its_record_is_written_once() {
     let Some(url) = pg::database_url("a_transactional_claim_is_its_lock") else {
@@ -82,8 +82,12 @@ async fn a_transactional_claim_is_its_lock_and_its_record_is_written_once() {
 
     let transaction = claimed(&owner, &key, "a").await;
     assert_eq!(rows_of(&sql, &table, &key).await, 0, "no claim row");
+    let tokens = format!(r#"SELECT last_value FROM public."{table}_token_seq""#);
+    let drawn: i64 = sql.query_one(&tokens, &[]).await.unwrap().get(0);
     in_progress(&rival, &key, "a").await;
     in_progress(&rival, &key, "other request").await;
+    let after: i64 = sql.query_one(&tokens, &[]).await.unwrap().get(0);
+    assert_eq!(after, drawn, "an answer of \"in progress\" draws no token");
 
     transaction
         .commit(Completion::Response(response(b"A")))
