@@ -290,3 +290,54 @@ async fn a_serializable_default_claims_with_a_row_and_runs_once() {
         .get(0);
     assert_eq!(ctid, "(0,2)", "a claim row, completed by an update");
 }
+
+/// A key whose record expired is claimed again (attempt 1: it completed) and
+/// its new record is written over the old row, in the claiming transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_record_is_claimed_again_and_overwritten_once() {
+    let Some(url) = pg::database_url("an_expired_record_is_claimed_again") else {
+        return;
+    };
+    let table = pg::unique_table("expired");
+    let retention = Duration::from_millis(300);
+    let store = pg::store(&url, &table, |s| s.with_retention(retention)).await;
+    let sql = pg::connect(&url).await;
+    let key = fresh_key();
+
+    claimed(&store, &key, "a")
+        .await
+        .commit(Completion::Response(response(b"first")))
+        .await
+        .expect("first commit");
+    tokio::time::sleep(retention + Duration::from_millis(300)).await;
+    // Another request under the key, now that the first one's record expired.
+    let again = claimed(&store, &key, "b").await;
+    in_progress(&store, &key, "b").await;
+    again
+        .commit(Completion::Response(response(b"second")))
+        .await
+        .expect("second commit");
+    // Read in SQL: the new record may have expired again by now.
+    let rows = sql
+        .query(
+            &format!(
+                r#"SELECT state, body, fingerprint = $3 FROM public."{table}"
+                   WHERE scope = $1 AND key = $2"#
+            ),
+            &[
+                &key.scope().as_str(),
+                &key.key().as_str(),
+                &fingerprint("b").fingerprint().as_bytes().as_slice(),
+            ],
+        )
+        .await
+        .unwrap();
+    let [row] = &rows[..] else {
+        panic!("one row for the key, got {}", rows.len());
+    };
+    let (state, body, same): (String, Vec<u8>, bool) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        (state.as_str(), &body[..], same),
+        ("completed", &b"second"[..], true)
+    );
+}
