@@ -1,19 +1,20 @@
 //! Transactional mode: the handler writes through the transaction that also
 //! records its response, so both commit together or not at all.
 //!
-//! One pooled connection runs `BEGIN` and `begin`'s own statement in one round
-//! trip: the claim row and the key's advisory lock are made inside the
-//! handler's transaction, so duplicates on every instance find the lock held
-//! ("in progress", never a wait on a pooled connection) and nothing of the
-//! claim exists for anyone else until the completion `UPDATE` and `COMMIT`
-//! (pipelined too) make the record and the handler's writes durable in one
-//! commit. The transaction's session is the claim's proof of life: while it
+//! One pooled connection runs `BEGIN`, the key's advisory lock and the read of
+//! its record in one round trip. Nobody else can see an uncommitted row, so the
+//! claim is the lock alone, held by the handler's transaction: duplicates on
+//! every instance find it held ("in progress", never a wait on a pooled
+//! connection), and the record is written once, by the completion `INSERT`
+//! pipelined with `COMMIT`, which makes it and the handler's writes durable in
+//! one commit. The transaction's session is the claim's proof of life: while it
 //! lives no one can take the key over, however long the handler takes, and a
-//! process that dies takes its transaction, claim and lock with it (PostgreSQL
-//! rolls back as soon as it sees the connection close), so the key is free at
-//! once. `idle_in_transaction_session_timeout` is switched off for these
-//! transactions (`SET LOCAL`): a handler waiting on a slow provider must not
-//! lose its claim to a server timeout while it still runs.
+//! process that dies takes its transaction and lock with it (PostgreSQL rolls
+//! back as soon as it sees the connection close), so the key is free at once.
+//! `idle_in_transaction_session_timeout` is switched off for these
+//! transactions (transaction-local): a handler waiting on a slow provider must
+//! not lose its claim to a server timeout while it still runs. A transaction
+//! that is not READ COMMITTED claims with a row instead (see `begin_locked`).
 //!
 //! From the first byte written to its connection until the transaction's end
 //! is known, the connection is owned by a [`Guarded`]: a future dropped at any
