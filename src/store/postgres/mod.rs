@@ -157,12 +157,17 @@ struct Config {
     table: String,
     listener: Option<ListenerConnect>,
     near_cache: NearCache,
+    /// Tests only: every key of a scope shares one advisory lock.
+    colliding_key_locks: bool,
 }
 
 /// The counters of PostgreSQL's own steps (the shared ones are in [`Shared`]).
 #[derive(Default)]
 struct Stats {
     begin_retries: AtomicU64,
+    /// A transactional claim found its transaction not READ COMMITTED: its
+    /// claims are rows written in the transaction from then on.
+    row_claims: std::sync::atomic::AtomicBool,
     begins_followed: AtomicU64,
     begins_shared: AtomicU64,
 }
@@ -277,6 +282,7 @@ impl PostgresStore {
             &channel,
             settings.lock_timeout(),
             settings.retention(),
+            config.colliding_key_locks,
         );
         Self {
             inner: Arc::new(Inner {

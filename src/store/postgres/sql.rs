@@ -44,8 +44,18 @@ pub(super) struct Sql {
     pub(super) migrations: Vec<String>,
     pub(super) begin: String,
     /// `begin` in transactional mode: also takes the scope's lock, shared,
-    /// for the transaction's life, and returns the transaction's id.
+    /// for the transaction's life, and returns the transaction's id. Writes
+    /// the claim row: used when the transaction is not READ COMMITTED.
     pub(super) begin_locked: String,
+    /// Transactional mode, READ COMMITTED: takes the scope's lock (shared)
+    /// and the key's for the transaction's life, without writing anything.
+    pub(super) lock_key: String,
+    /// Transactional mode, after `lock_key` (a snapshot taken after the
+    /// lock): what `begin` answers for the key, its claim written nowhere.
+    pub(super) read_key: String,
+    /// The completion of a claim `read_key` made: the record's only write.
+    pub(super) record_locked: String,
+    pub(super) record_locked_unavailable: String,
     pub(super) complete: String,
     pub(super) extend: String,
     pub(super) complete_unavailable: String,
@@ -83,6 +93,7 @@ impl Sql {
         channel: &str,
         lock: Duration,
         retention: Duration,
+        colliding_key_locks: bool,
     ) -> Self {
         // Names were validated as `[a-z_][a-z0-9_]*`; quoting also keeps reserved words usable.
         let t = format!(r#""{schema}"."{table}""#);
@@ -101,9 +112,13 @@ impl Sql {
         // keys' hashes only makes one wait for the other.
         let lock_seed =
             i64::from_str_radix(&super::hex_sha256(t.as_bytes())[..15], 16).expect("hex digits");
-        let try_lock = format!(
-            "pg_try_advisory_xact_lock(hashtextextended($2, hashtextextended($1, {lock_seed})))"
-        );
+        let key_hash = match colliding_key_locks {
+            // Tests only: every key of a scope shares one lock, a collision
+            // (`$2` kept, typed, and ignored).
+            true => format!("hashtextextended($1 || left($2, 0), {lock_seed})"),
+            false => format!("hashtextextended($2, hashtextextended($1, {lock_seed}))"),
+        };
+        let try_lock = format!("pg_try_advisory_xact_lock({key_hash})");
         // The scope's lock (seeded apart from the keys'). A transactional
         // claim holds it shared until its transaction ends, since its row is
         // invisible to anyone else until then; `purge_scope` takes it
@@ -242,6 +257,97 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         let begin = begin_statement(false);
         let begin_locked = begin_statement(true);
 
+        // Transactional mode writes the record once, at completion: no one
+        // else can see an uncommitted claim, so the claim is the key's
+        // advisory lock alone, held by the handler's transaction (rivals on
+        // every instance try it and answer "in progress" without waiting; a
+        // dead owner's lock goes with its session). The lock is taken by a
+        // statement of its own so that the read after it, with a snapshot of
+        // its own (READ COMMITTED), sees every record committed under that
+        // lock before it was released: a commit becomes visible before its
+        // transaction's locks are let go. A hash collision of two keys only
+        // makes one answer "in progress": the record is read and written by
+        // scope and key. The idle timeout is switched off here too (see OPEN).
+        let lock_key = format!(
+            "SELECT {try_scope} AND {try_lock}, \
+             current_setting('transaction_isolation') = 'read committed', \
+             set_config('idle_in_transaction_session_timeout', '0', true)"
+        );
+        // One row: the live record's answer, or a claim. The claim re-tries
+        // the locks, which succeeds at once when `lock_key` holds them (and
+        // when it did not, the caller answers "in progress" anyway): no token,
+        // transaction id or row lock is spent on a key someone else holds.
+        // An expired row is
+        // taken over only if no transaction holds it (`free` locks it, so a
+        // late completion by the claim it replaces waits for this transaction
+        // and then finds its token gone); a row left `in_progress` was a dead
+        // claim: the attempt goes on from it.
+        let read_key = format!(
+            r#"WITH r AS (
+    SELECT fingerprint = $3 AS same, state, status, headers, body, token, attempt, created_at,
+           expires_at > now() AS live,
+           ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
+    FROM {t}
+    WHERE scope = $1 AND key = $2
+), free AS (
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    FOR UPDATE SKIP LOCKED
+)
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN state = 'completed' THEN 'replay'
+            WHEN state = 'unavailable' THEN 'unavailable' ELSE 'in_progress' END AS outcome,
+       NULL::bigint AS token,
+       CASE WHEN same AND state = 'completed' THEN status END AS status,
+       CASE WHEN same AND state = 'completed' THEN headers END AS headers,
+       CASE WHEN same AND state = 'completed' THEN body END AS body,
+       CASE WHEN same AND state IN ('completed', 'unavailable') THEN remaining END AS remaining,
+       NULL::integer AS attempt, NULL::bigint AS previous_token,
+       NULL::timestamptz AS previous_created_at, NULL::bigint AS xact
+FROM r WHERE live
+UNION ALL
+SELECT CASE WHEN claim THEN 'claimed' ELSE 'in_progress' END,
+       CASE WHEN claim THEN nextval('{seq}') END, NULL, NULL, NULL, NULL,
+       CASE WHEN claim AND state = 'in_progress' THEN attempt + 1 WHEN claim THEN 1 END,
+       CASE WHEN claim AND state = 'in_progress' THEN token END,
+       CASE WHEN claim AND state = 'in_progress' THEN created_at END,
+       CASE WHEN claim THEN txid_current() END
+FROM (
+    SELECT r.state, r.token, r.attempt, r.created_at,
+           {try_scope} AND {try_lock}
+           AND (r.token IS NULL OR EXISTS (SELECT 1 FROM free)) AS claim
+    FROM (SELECT 1) AS one LEFT JOIN r ON true
+) AS c
+WHERE NOT EXISTS (SELECT 1 FROM r WHERE live)"#
+        );
+        // The record, written once, in the transaction that claimed (`$4`,
+        // its id): over an expired row only (the one `read_key` locked). It
+        // fails otherwise (a division by zero), so that the COMMIT pipelined
+        // after it rolls back instead: the handler's writes never commit
+        // unrecorded. `$5..` are the response, when there is one.
+        let record = |state: &str, response: &str, values: &str| {
+            format!(
+                r#"WITH done AS (
+    INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at{response})
+    SELECT $1::text, $2::text, $3::bytea, $4::bigint, '{state}', now(),
+           now() + interval '{retention_ms} milliseconds'{values}
+    WHERE txid_current() = $5::bigint
+    ON CONFLICT (scope, key) DO UPDATE
+    SET fingerprint = excluded.fingerprint, token = excluded.token, state = excluded.state,
+        created_at = excluded.created_at, expires_at = excluded.expires_at,
+        status = excluded.status, headers = excluded.headers, body = excluded.body,
+        attempt = 1, previous_token = NULL, previous_created_at = NULL
+    WHERE r.expires_at <= now()
+    RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM done)"#
+            )
+        };
+        let record_locked = record(
+            "completed",
+            ", status, headers, body",
+            ", $6::smallint, $7::bytea, $8::bytea",
+        );
+        let record_locked_unavailable = record("unavailable", "", "");
+
         // A completion, fenced by the claim's token. In the handler's
         // transaction (`locked`) it also fails unless it completed the claim (a
         // division by zero), so that the COMMIT pipelined after it rolls back
@@ -365,6 +471,10 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             migrations,
             begin,
             begin_locked,
+            lock_key,
+            read_key,
+            record_locked,
+            record_locked_unavailable,
             complete,
             extend,
             complete_unavailable,
@@ -412,10 +522,15 @@ mod tests {
             "chan",
             Duration::from_secs(10),
             Duration::from_secs(60),
+            false,
         );
         let writers = [
             &sql.begin,
             &sql.begin_locked,
+            &sql.lock_key,
+            &sql.read_key,
+            &sql.record_locked,
+            &sql.record_locked_unavailable,
             &sql.complete,
             &sql.complete_locked,
             &sql.complete_unavailable,

@@ -13,6 +13,7 @@ use tower_idempotency_tests::support;
 mod claims;
 mod connect;
 mod layer;
+mod lock_claims;
 mod near_cache;
 mod outages;
 mod purge_running;
