@@ -230,7 +230,7 @@ async fn colliding_key_locks_only_make_a_key_wait_and_never_replay_another_recor
     let running_b = claimed(&owner, &b, "b").await;
     replays(&rival, &a, "a", b"A").await;
     let (mismatch, _) = begin_txn(&rival, &a, "b").await;
-    assert!(matches!(mismatch, Begin::Mismatch), "got {mismatch:?}");
+    assert!(matches!(mismatch, Begin::KeyReused), "got {mismatch:?}");
     in_progress(&rival, &c, "c").await;
     in_progress(&rival, &b, "b").await;
 
