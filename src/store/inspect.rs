@@ -122,12 +122,13 @@ impl Release {
 }
 
 /// Reading one key's state and releasing a stuck claim: called by an
-/// operator (through [`admin::router`](crate::admin::router) with feature
-/// `admin`, or code of the application's own), never by the layer.
+/// operator (through the `admin` module's router, feature `admin`, or code
+/// of the application's own), never by the layer.
 /// Implemented with `async fn`s, as [`Store`](super::Store) is.
 pub trait Inspect: Send + Sync + 'static {
     /// The state of `key` (within its scope only).
-    fn inspect(&self, key: &RecordKey) -> impl Future<Output = Result<KeyState, StoreError>> + Send;
+    fn inspect(&self, key: &RecordKey)
+        -> impl Future<Output = Result<KeyState, StoreError>> + Send;
 
     /// Releases `key`'s claim if `token` still owns it and it is in
     /// progress; `actor` (who asked) goes into the `WARN` audit event every
@@ -142,7 +143,10 @@ pub trait Inspect: Send + Sync + 'static {
 }
 
 impl<T: Inspect + ?Sized> Inspect for Arc<T> {
-    fn inspect(&self, key: &RecordKey) -> impl Future<Output = Result<KeyState, StoreError>> + Send {
+    fn inspect(
+        &self,
+        key: &RecordKey,
+    ) -> impl Future<Output = Result<KeyState, StoreError>> + Send {
         (**self).inspect(key)
     }
 
@@ -162,7 +166,12 @@ impl<T: Inspect + ?Sized> Inspect for Arc<T> {
 /// [`set_key_hash_secret`](crate::telemetry::set_key_hash_secret)), `token`
 /// and `outcome` (`released`, `not_owner`, `absent` or `error`). Stores
 /// implementing [`Inspect`] call it from `release_stuck`.
-pub fn audit(actor: &str, key: &RecordKey, token: FencingToken, outcome: &Result<Release, StoreError>) {
+pub fn audit(
+    actor: &str,
+    key: &RecordKey,
+    token: FencingToken,
+    outcome: &Result<Release, StoreError>,
+) {
     let key_hash = crate::telemetry::key_hash(key.key().as_str());
     let outcome = match outcome {
         Ok(release) => release.as_str(),

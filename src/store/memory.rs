@@ -5,8 +5,8 @@ mod record;
 
 pub use builder::MemoryStoreBuilder;
 
-use super::settings::Settings;
 use super::inspect::{self, InProgress, Inspect, KeyState, Release};
+use super::settings::Settings;
 use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, Timings};
 use crate::{fingerprint::RequestFingerprint, Scope};
 use dashmap::mapref::entry::Entry;

@@ -6,9 +6,9 @@ use super::transaction::Guarded;
 use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::encoding::{encode_headers, key_id};
+use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::near_cache::Completed;
 use crate::store::shared;
-use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::{
     Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
     Timings,
@@ -227,7 +227,9 @@ impl Inspect for PostgresStore {
             .settings
             .timed(OPERATION, async {
                 let client = inner.client().await?;
-                inner.query(&client, &inner.sql.inspect, &[&scope, &k]).await
+                inner
+                    .query(&client, &inner.sql.inspect, &[&scope, &k])
+                    .await
             })
             .await?;
         let Some(row) = rows.first() else {

@@ -3,9 +3,9 @@
 use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::{decode_headers, encode_headers};
+use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::near_cache::Completed;
 use crate::store::shared;
-use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::{
     Begin, Claim, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError,
     StoredResponse, Timings,
