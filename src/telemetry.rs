@@ -213,6 +213,65 @@ pub(crate) fn purged(deleted: u64) {
     metrics::counter!("tower_idempotency_purged_records_total").increment(deleted);
 }
 
+/// Describes every metric the crate emits to the installed recorder, and
+/// registers its gauges at zero, so that an exporter shows them (and a
+/// dashboard finds them) before the first request moves one. Call it once,
+/// after installing the recorder.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "tower_idempotency_requests_total",
+        "Requests decided, by layer and outcome"
+    );
+    describe_histogram!(
+        "tower_idempotency_request_duration_seconds",
+        Unit::Seconds,
+        "Time to decide a request, by layer and outcome"
+    );
+    describe_counter!(
+        "tower_idempotency_purged_records_total",
+        "Expired records a PurgeTask deleted"
+    );
+    describe_histogram!(
+        "tower_idempotency_store_call_duration_seconds",
+        Unit::Seconds,
+        "Store call latency, by operation"
+    );
+    describe_counter!(
+        "tower_idempotency_near_cache_lookups_total",
+        "Near cache lookups, by result (hit, miss)"
+    );
+    for (name, help) in [
+        (
+            "tower_idempotency_claims_in_flight",
+            "Claimed handlers running",
+        ),
+        (
+            "tower_idempotency_waiting_duplicates",
+            "Duplicates waiting for a request in progress",
+        ),
+        (
+            "tower_idempotency_near_cache_entries",
+            "Completed records the near caches hold",
+        ),
+        (
+            "tower_idempotency_near_cache_hit_ratio",
+            "Near cache hits per lookup, since the process started",
+        ),
+    ] {
+        describe_gauge!(name, help);
+        metrics::gauge!(name).increment(0.0);
+    }
+    describe_gauge!(
+        "tower_idempotency_near_cache_bytes",
+        Unit::Bytes,
+        "Bytes the near caches hold"
+    );
+    metrics::gauge!("tower_idempotency_near_cache_bytes").increment(0.0);
+}
+
 /// Gauges beside the counters (feature `metrics`; no-ops without it), each
 /// moved by deltas so that several layers and stores in one process add up.
 pub(crate) mod gauges {
