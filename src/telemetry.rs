@@ -275,7 +275,7 @@ pub fn describe_metrics() {
 /// Gauges beside the counters (feature `metrics`; no-ops without it), each
 /// moved by deltas so that several layers and stores in one process add up.
 pub(crate) mod gauges {
-    #[cfg(feature = "metrics")]
+    #[cfg(all(feature = "metrics", any(feature = "postgres", feature = "redis")))]
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Claimed handlers running now (`tower_idempotency_claims_in_flight`).
@@ -295,6 +295,7 @@ pub(crate) mod gauges {
 
     /// Entries and bytes the near caches hold
     /// (`tower_idempotency_near_cache_entries`, `..._bytes`).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn near_cache(entries: f64, bytes: f64) {
         #[cfg(feature = "metrics")]
         {
@@ -304,12 +305,13 @@ pub(crate) mod gauges {
         let _ = (entries, bytes);
     }
 
-    #[cfg(feature = "metrics")]
+    #[cfg(all(feature = "metrics", any(feature = "postgres", feature = "redis")))]
     static LOOKUPS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
 
     /// A near cache lookup: counted by `result` (`hit`, `miss`) in
     /// `tower_idempotency_near_cache_lookups_total`, and the process's hit
     /// ratio so far in `tower_idempotency_near_cache_hit_ratio`.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
     pub(crate) fn near_cache_lookup(hit: bool) {
         #[cfg(feature = "metrics")]
         {

@@ -40,6 +40,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tower_http::validate_request::ValidateRequestHeaderLayer;
+use tower_idempotency::store::purge::PurgeTask;
 use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 /// How many times each handler ran (the tests check "once").
@@ -291,8 +292,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     prometheus();
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3002".into());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
-    let app = app(MemoryStore::new(), Arc::default());
+    let store = MemoryStore::new();
+    // Expired records leave memory in the background, not only when a claim
+    // happens by; stopped at shutdown.
+    let purge = PurgeTask::new(store.clone()).spawn()?;
+    let app = app(store, Arc::default());
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    purge.shutdown().await;
     Ok(())
 }
