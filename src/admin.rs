@@ -99,11 +99,15 @@ fn error(status: StatusCode, error: &str) -> Response {
     answer(status, json!({ "error": error }))
 }
 
-/// The record key of a path, or the answer refusing it.
-fn record_key(scope: String, key: &str) -> Result<RecordKey, Response> {
-    let key = IdempotencyKey::parse(key.as_bytes())
-        .ok_or_else(|| error(StatusCode::BAD_REQUEST, "invalid_key"))?;
-    Ok(RecordKey::new(Scope::new(scope), key))
+/// The record key of a path; `None` for a key that is not a valid
+/// `Idempotency-Key` (answered [`invalid_key`]).
+fn record_key(scope: String, key: &str) -> Option<RecordKey> {
+    let key = IdempotencyKey::parse(key.as_bytes())?;
+    Some(RecordKey::new(Scope::new(scope), key))
+}
+
+fn invalid_key() -> Response {
+    error(StatusCode::BAD_REQUEST, "invalid_key")
 }
 
 fn unix_ms(at: SystemTime) -> u64 {
@@ -147,9 +151,8 @@ async fn inspect<S: Inspect>(
     if actor.is_none() {
         return error(StatusCode::UNAUTHORIZED, "no_actor");
     }
-    let key = match record_key(scope, &key) {
-        Ok(key) => key,
-        Err(refused) => return refused,
+    let Some(key) = record_key(scope, &key) else {
+        return invalid_key();
     };
     match store.inspect(&key).await {
         Ok(state) => answer(StatusCode::OK, state_json(&state)),
@@ -169,9 +172,8 @@ async fn release<S: Inspect>(
     let Some(Extension(actor)) = actor else {
         return error(StatusCode::UNAUTHORIZED, "no_actor");
     };
-    let key = match record_key(scope, &key) {
-        Ok(key) => key,
-        Err(refused) => return refused,
+    let Some(key) = record_key(scope, &key) else {
+        return invalid_key();
     };
     let Some(token) = body.get("token").and_then(Value::as_i64) else {
         return error(StatusCode::BAD_REQUEST, "token_required");
