@@ -7,7 +7,15 @@
 //! [`set_key_hash_secret`]) and the outcome, and ends with one event at `DEBUG` (`WARN`
 //! for store errors). With the `metrics` feature, the `metrics` crate's facade
 //! receives `tower_idempotency_requests_total{layer, outcome}` and
-//! `tower_idempotency_request_duration_seconds{layer, outcome}`.
+//! `tower_idempotency_request_duration_seconds{layer, outcome}`, and gauges:
+//! `tower_idempotency_claims_in_flight` (claimed handlers running),
+//! `tower_idempotency_waiting_duplicates` (duplicates waiting for a request
+//! in progress), `tower_idempotency_near_cache_entries` and `..._bytes` (what
+//! the shared stores' near caches hold), `tower_idempotency_near_cache_hit_ratio`
+//! (with `tower_idempotency_near_cache_lookups_total{result}`, `hit` or
+//! `miss`), and `tower_idempotency_store_call_duration_seconds{operation}`,
+//! a histogram of every store call the layers make (`begin`, `complete`,
+//! `extend`, `release`, `wait`, `begin_in_transaction`, `open`, `commit`).
 //!
 //! The `outcome` of `layer="idempotency"`: `claimed` (ran and recorded),
 //! `released` (ran, not recorded: an error, a panic, a status the record policy
@@ -203,6 +211,128 @@ pub(crate) fn purged(deleted: u64) {
     tracing::debug!(deleted, "expired idempotency records purged");
     #[cfg(feature = "metrics")]
     metrics::counter!("tower_idempotency_purged_records_total").increment(deleted);
+}
+
+/// Describes every metric the crate emits to the installed recorder, and
+/// registers its gauges at zero, so that an exporter shows them (and a
+/// dashboard finds them) before the first request moves one. Call it once,
+/// after installing the recorder.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "tower_idempotency_requests_total",
+        "Requests decided, by layer and outcome"
+    );
+    describe_histogram!(
+        "tower_idempotency_request_duration_seconds",
+        Unit::Seconds,
+        "Time to decide a request, by layer and outcome"
+    );
+    describe_counter!(
+        "tower_idempotency_purged_records_total",
+        "Expired records a PurgeTask deleted"
+    );
+    describe_histogram!(
+        "tower_idempotency_store_call_duration_seconds",
+        Unit::Seconds,
+        "Store call latency, by operation"
+    );
+    describe_counter!(
+        "tower_idempotency_near_cache_lookups_total",
+        "Near cache lookups, by result (hit, miss)"
+    );
+    for (name, help) in [
+        (
+            "tower_idempotency_claims_in_flight",
+            "Claimed handlers running",
+        ),
+        (
+            "tower_idempotency_waiting_duplicates",
+            "Duplicates waiting for a request in progress",
+        ),
+        (
+            "tower_idempotency_near_cache_entries",
+            "Completed records the near caches hold",
+        ),
+        (
+            "tower_idempotency_near_cache_hit_ratio",
+            "Near cache hits per lookup, since the process started",
+        ),
+    ] {
+        describe_gauge!(name, help);
+        metrics::gauge!(name).increment(0.0);
+    }
+    describe_gauge!(
+        "tower_idempotency_near_cache_bytes",
+        Unit::Bytes,
+        "Bytes the near caches hold"
+    );
+    metrics::gauge!("tower_idempotency_near_cache_bytes").increment(0.0);
+}
+
+/// Gauges beside the counters (feature `metrics`; no-ops without it), each
+/// moved by deltas so that several layers and stores in one process add up.
+pub(crate) mod gauges {
+    #[cfg(all(feature = "metrics", any(feature = "postgres", feature = "redis")))]
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Claimed handlers running now (`tower_idempotency_claims_in_flight`).
+    pub(crate) fn claims_in_flight(delta: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("tower_idempotency_claims_in_flight").increment(delta);
+        let _ = delta;
+    }
+
+    /// Duplicates waiting for a request in progress
+    /// (`tower_idempotency_waiting_duplicates`).
+    pub(crate) fn waiting_duplicates(delta: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("tower_idempotency_waiting_duplicates").increment(delta);
+        let _ = delta;
+    }
+
+    /// Entries and bytes the near caches hold
+    /// (`tower_idempotency_near_cache_entries`, `..._bytes`).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn near_cache(entries: f64, bytes: f64) {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("tower_idempotency_near_cache_entries").increment(entries);
+            metrics::gauge!("tower_idempotency_near_cache_bytes").increment(bytes);
+        }
+        let _ = (entries, bytes);
+    }
+
+    #[cfg(all(feature = "metrics", any(feature = "postgres", feature = "redis")))]
+    static LOOKUPS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+    /// A near cache lookup: counted by `result` (`hit`, `miss`) in
+    /// `tower_idempotency_near_cache_lookups_total`, and the process's hit
+    /// ratio so far in `tower_idempotency_near_cache_hit_ratio`.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn near_cache_lookup(hit: bool) {
+        #[cfg(feature = "metrics")]
+        {
+            let result = if hit { "hit" } else { "miss" };
+            metrics::counter!("tower_idempotency_near_cache_lookups_total", "result" => result)
+                .increment(1);
+            LOOKUPS[usize::from(hit)].fetch_add(1, Ordering::Relaxed);
+            let hits = LOOKUPS[1].load(Ordering::Relaxed) as f64;
+            let all = hits + LOOKUPS[0].load(Ordering::Relaxed) as f64;
+            metrics::gauge!("tower_idempotency_near_cache_hit_ratio").set(hits / all);
+        }
+        let _ = hit;
+    }
+
+    /// One store call's duration, by operation
+    /// (`tower_idempotency_store_call_duration_seconds{operation}`).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn store_call(operation: &'static str, elapsed: std::time::Duration) {
+        metrics::histogram!("tower_idempotency_store_call_duration_seconds", "operation" => operation)
+            .record(elapsed.as_secs_f64());
+    }
 }
 
 /// Records the scope and key hash on the current span, if anyone listens.

@@ -39,6 +39,7 @@
 #[doc(inline)]
 pub use crate::store_conformance_tests;
 
+use crate::store::inspect::{Inspect, KeyState, Release};
 use crate::store::{Claim, Completion, Maintenance};
 use crate::{
     fingerprint::{Fingerprint, RequestFingerprint},
@@ -706,6 +707,17 @@ macro_rules! store_conformance_tests {
             a_late_extend_or_complete_without_a_takeover_succeeds,
         );
     };
+    // Operators' inspection and release (`store::inspect::Inspect`), for a
+    // store that implements it.
+    (inspect: $factory:path) => {
+        $crate::store_conformance_tests!(@tests $factory, LONG:
+            inspect_shows_every_state_within_its_scope_only,
+            a_released_key_is_claimable_again_and_its_old_owner_fenced,
+        );
+        $crate::store_conformance_tests!(@tests $factory, SHORT:
+            release_stuck_is_fenced_by_the_token_it_was_given,
+        );
+    };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -775,4 +787,188 @@ pub async fn a_late_extend_or_complete_without_a_takeover_succeeds<S: Store>(sto
         store.begin(&unavailable, &fp).await.unwrap(),
         Begin::ResponseUnavailable
     ));
+}
+
+// ---- Inspection and operator release -------------------------------------
+
+/// The claim `inspect` shows for `key`, which must be in progress.
+async fn in_progress<S: Inspect>(store: &S, key: &RecordKey) -> crate::store::inspect::InProgress {
+    match store.inspect(key).await.expect("inspect") {
+        KeyState::InProgress(claim) => claim,
+        other => panic!("expected a claim in progress, got {other:?}"),
+    }
+}
+
+/// Needs a store built with [`LONG`] durations. `inspect` shows a key
+/// absent, then in progress (its token, attempt, start and lock expiry),
+/// then completed (status, body size, expiry) or unavailable; the same key
+/// string in another scope is absent, and so is a released key.
+#[doc(hidden)]
+pub async fn inspect_shows_every_state_within_its_scope_only<S: Store + Inspect>(store: S) {
+    let scope = unique("scope");
+    let key = record(&scope, "key-inspect-01");
+    let fp = fingerprint("a");
+    assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
+
+    let made = claimed(&store, &key, &fp).await;
+    let shown = in_progress(&store, &key).await;
+    assert_eq!((shown.token, shown.attempt), (made.token, 1));
+    let lock = shown
+        .lock_expires
+        .duration_since(shown.since)
+        .expect("the lock expires after the claim began");
+    let slack = Duration::from_secs(2);
+    assert!(
+        lock + slack >= LONG.lock && lock <= LONG.lock + slack,
+        "lock {lock:?}"
+    );
+    // Another tenant's view of the same key string: nothing.
+    let other = record(&unique("other"), "key-inspect-01");
+    assert_eq!(store.inspect(&other).await.unwrap(), KeyState::Absent);
+
+    let body: &'static [u8] = b"twelve bytes";
+    store
+        .complete(&key, made.token, recorded(body))
+        .await
+        .unwrap();
+    match store.inspect(&key).await.unwrap() {
+        KeyState::Completed {
+            status,
+            body_bytes,
+            expires,
+        } => {
+            assert_eq!(
+                (status, body_bytes),
+                (StatusCode::CREATED, body.len() as u64)
+            );
+            let kept = expires.duration_since(shown.since).expect("expires later");
+            assert!(
+                kept + slack >= LONG.retention && kept <= LONG.retention + Duration::from_secs(60)
+            );
+        }
+        other => panic!("expected a completed record, got {other:?}"),
+    }
+    assert_eq!(store.inspect(&other).await.unwrap(), KeyState::Absent);
+
+    let unavailable = record(&scope, "key-inspect-02");
+    let token = claim(&store, &unavailable, &fp).await;
+    store
+        .complete(&unavailable, token, Completion::Unavailable)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.inspect(&unavailable).await.unwrap(),
+        KeyState::Unavailable { .. }
+    ));
+
+    let released = record(&scope, "key-inspect-03");
+    let token = claim(&store, &released, &fp).await;
+    store.release(&released, token).await.unwrap();
+    assert_eq!(store.inspect(&released).await.unwrap(), KeyState::Absent);
+}
+
+/// Needs a store built with [`SHORT`] durations. `release_stuck` frees a
+/// claim only for the token that owns it: a forged token, the token of a
+/// claim taken over since (whose new owner then completes as usual), and
+/// the token of a completed record are refused and change nothing; a key
+/// with no record is absent.
+#[doc(hidden)]
+pub async fn release_stuck_is_fenced_by_the_token_it_was_given<S: Store + Inspect>(store: S) {
+    let key = record(&unique("scope"), "key-release-01");
+    let fp = fingerprint("a");
+    let actor = "conformance";
+    assert_eq!(
+        store
+            .release_stuck(&key, FencingToken(1), actor)
+            .await
+            .unwrap(),
+        Release::Absent
+    );
+    let first = claim(&store, &key, &fp).await;
+    let seen = in_progress(&store, &key).await;
+    assert_eq!(seen.token, first);
+    let forged = FencingToken(first.0 + 1_000_000);
+    assert_eq!(
+        store.release_stuck(&key, forged, actor).await.unwrap(),
+        Release::NotOwner
+    );
+    assert_eq!(in_progress(&store, &key).await.token, first);
+
+    // The inspected owner's lock runs out and a new request takes the key
+    // over: the operator's release with the inspected token must not cut
+    // the new, live owner off.
+    tokio::time::sleep(SHORT.lock + Duration::from_millis(200)).await;
+    let second = claimed(&store, &key, &fp).await;
+    assert_eq!(second.takeover.map(|t| t.previous_token), Some(first));
+    assert_eq!(
+        store.release_stuck(&key, seen.token, actor).await.unwrap(),
+        Release::NotOwner
+    );
+    assert_eq!(in_progress(&store, &key).await.token, second.token);
+    store
+        .complete(&key, second.token, recorded(b"live owner"))
+        .await
+        .expect("the live owner was not cut off");
+
+    // A completed record is nobody's to release.
+    assert_eq!(
+        store
+            .release_stuck(&key, second.token, actor)
+            .await
+            .unwrap(),
+        Release::NotOwner
+    );
+    match store.begin(&key, &fp).await.unwrap() {
+        Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"live owner")),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+/// Needs a store built with [`LONG`] durations. A claim released by an
+/// operator with its token frees the key at once (well before its lock
+/// runs out): a waiter is woken, the next request (even with another body)
+/// claims it, and the dead owner's late completion is refused.
+#[doc(hidden)]
+pub async fn a_released_key_is_claimable_again_and_its_old_owner_fenced<S: Store + Inspect>(
+    store: S,
+) {
+    let store = Arc::new(store);
+    let key = record(&unique("scope"), "key-release-02");
+    let stuck = claim(&*store, &key, &fingerprint("a")).await;
+    let waiter = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move { store.wait(&key, Duration::from_secs(30)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let token = in_progress(&*store, &key).await.token;
+    assert_eq!(
+        store
+            .release_stuck(&key, token, "conformance")
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter was woken by the release")
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
+    let next = claimed(&*store, &key, &fingerprint("b")).await;
+    assert_ne!(next.token, stuck);
+    assert!(matches!(
+        store.complete(&key, stuck, recorded(b"late")).await,
+        Err(StoreError::ClaimLost)
+    ));
+    assert_eq!(
+        store
+            .release_stuck(&key, stuck, "conformance")
+            .await
+            .unwrap(),
+        Release::NotOwner
+    );
+    store
+        .complete(&key, next.token, recorded(b"next"))
+        .await
+        .unwrap();
 }

@@ -5,6 +5,7 @@ mod record;
 
 pub use builder::MemoryStoreBuilder;
 
+use super::inspect::{self, InProgress, Inspect, KeyState, Release};
 use super::settings::Settings;
 use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, Timings};
 use crate::{fingerprint::RequestFingerprint, Scope};
@@ -620,6 +621,82 @@ impl Maintenance for MemoryStore {
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
         Ok(self.remove_all(|r| r.is_in_scope(scope)) as u64)
+    }
+}
+
+impl Inspect for MemoryStore {
+    async fn inspect(&self, key: &RecordKey) -> Result<KeyState, StoreError> {
+        let now = self.now();
+        let id = self.shared.ids.of(key);
+        let Some(record) = self.shared.records.get(&id) else {
+            return Ok(KeyState::Absent);
+        };
+        // Another identity with this id is not this key's record.
+        if !record.is_record_of(key) {
+            return Ok(KeyState::Absent);
+        }
+        let clock = &self.shared.clock;
+        let expires = clock.wall(record.deadline);
+        // A claim past its lock is still shown: it is what blocks the key
+        // until the next request takes it over.
+        let state = match &record.state {
+            State::Cold(cold) => match &**cold {
+                Cold::Claim(claim) => KeyState::InProgress(InProgress::new(
+                    record.token,
+                    claim.attempt,
+                    clock.wall(claim.began),
+                    expires,
+                )),
+                _ if record.deadline <= now => KeyState::Absent,
+                Cold::Large(large) => KeyState::Completed {
+                    status: large.response().status,
+                    body_bytes: large.response().body.len() as u64,
+                    expires,
+                },
+                Cold::Unavailable(..) => KeyState::Unavailable { expires },
+            },
+            State::Packed(_) if record.deadline <= now => KeyState::Absent,
+            State::Packed(packed) => {
+                let response = packed::unpack(packed);
+                KeyState::Completed {
+                    status: response.status,
+                    body_bytes: response.body.len() as u64,
+                    expires,
+                }
+            }
+        };
+        Ok(state)
+    }
+
+    async fn release_stuck(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        actor: &str,
+    ) -> Result<Release, StoreError> {
+        let now = self.now();
+        let id = self.shared.ids.of(key);
+        // Decided and removed under the shard's lock: no claim slips in between.
+        let outcome = match self.shared.records.entry(id) {
+            Entry::Vacant(_) => Release::Absent,
+            Entry::Occupied(occupied) => {
+                let record = occupied.get();
+                if !record.is_record_of(key) {
+                    Release::Absent
+                } else if record.token == token && record.in_progress().is_some() {
+                    let (_, record) = occupied.remove_entry();
+                    self.removed(&record);
+                    Release::Released
+                } else if record.in_progress().is_some() || record.deadline > now {
+                    Release::NotOwner
+                } else {
+                    Release::Absent
+                }
+            }
+        };
+        let outcome = Ok(outcome);
+        inspect::audit(actor, key, token, &outcome);
+        outcome
     }
 }
 

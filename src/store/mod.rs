@@ -11,6 +11,7 @@ pub mod conformance;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod encoding;
 pub(crate) mod erased;
+pub mod inspect;
 pub(crate) mod memory;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;
@@ -25,6 +26,7 @@ mod shared;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod waiters;
 
+pub use inspect::{Inspect, KeyState, Release};
 pub use memory::{MemoryStoreBuilder, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;

@@ -23,6 +23,7 @@ async fn memory_store(d: Durations) -> Option<MemoryStore> {
 
 // Records never leave the process: compared by their local digests.
 tower_idempotency::store_conformance_tests!(memory_store, in_process);
+tower_idempotency::store_conformance_tests!(inspect: memory_store);
 tower_idempotency::engine_conformance_tests!(memory_store);
 
 #[tokio::test]

@@ -36,6 +36,7 @@ mod standalone {
     }
 
     tower_idempotency::store_conformance_tests!(redis_store, expires_by_itself);
+    tower_idempotency::store_conformance_tests!(inspect: redis_store);
     tower_idempotency::engine_conformance_tests!(redis_store);
 }
 
@@ -53,6 +54,7 @@ mod cluster {
     }
 
     tower_idempotency::store_conformance_tests!(redis_cluster_store, expires_by_itself);
+    tower_idempotency::store_conformance_tests!(inspect: redis_cluster_store);
     tower_idempotency::engine_conformance_tests!(redis_cluster_store);
 }
 

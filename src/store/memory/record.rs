@@ -273,6 +273,12 @@ impl Record {
     }
 }
 
+impl Large {
+    pub(super) fn response(&self) -> &StoredResponse {
+        &self.response
+    }
+}
+
 impl Cold {
     fn key(&self) -> &RecordKey {
         match self {

@@ -61,6 +61,11 @@ pub(super) struct Sql {
     pub(super) complete_unavailable: String,
     pub(super) complete_locked_unavailable: String,
     pub(super) release: String,
+    /// A key's state for an operator (see `Inspect`).
+    pub(super) inspect: String,
+    /// An operator's release: `release`, answering whether it released and
+    /// whether the key has a record at all.
+    pub(super) release_stuck: String,
     pub(super) lock_remaining: String,
     pub(super) lock_claim: String,
     pub(super) complete_locked: String,
@@ -393,6 +398,36 @@ RETURNING 1"#
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'"#
         );
 
+        // Times as milliseconds on the database's clock. A claim past its
+        // lock is still shown; a completed record past its retention is not.
+        let inspect = format!(
+            r#"SELECT state, token, attempt, status,
+       octet_length(body)::bigint AS body_bytes,
+       (extract(epoch FROM created_at) * 1000)::bigint AS since_ms,
+       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms
+FROM {t}
+WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR expires_at > now())"#
+        );
+
+        // A row a transaction holds (a handler running in transactional
+        // mode: its owner is alive) is skipped, never waited for, and so not
+        // released. `present` reads the snapshot before the delete.
+        let release_stuck = format!(
+            r#"WITH target AS (
+    SELECT scope, key FROM {t}
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {t} AS r USING target
+    WHERE r.scope = target.scope AND r.key = target.key
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM gone) AS released,
+       EXISTS (SELECT 1 FROM {t}
+               WHERE scope = $1 AND key = $2
+                 AND (state = 'in_progress' OR expires_at > now())) AS present"#
+        );
+
         // A claim past its lock whose row a transaction still holds is in progress
         // too, and so is a key whose advisory lock a transaction holds (its claim
         // is not committed yet); their waiters re-check on their backoff (or are
@@ -480,6 +515,8 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             complete_unavailable,
             complete_locked_unavailable,
             release,
+            inspect,
+            release_stuck,
             lock_remaining,
             lock_claim,
             complete_locked,
@@ -537,6 +574,7 @@ mod tests {
             &sql.complete_locked_unavailable,
             &sql.extend,
             &sql.release,
+            &sql.release_stuck,
             &sql.purge,
             &sql.purge_batch,
             &sql.purge_scope,

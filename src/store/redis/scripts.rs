@@ -164,6 +164,41 @@ if v[5] then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 return 1
 "#;
 
+/// KEYS: record. ARGV: scope, key. Replies `{'absent'}`, `{'p', token,
+/// attempt, began ms, lock expiry ms}`, `{'c', status, body bytes, expiry
+/// ms}` or `{'u', expiry ms}`, times in server milliseconds. A record of
+/// another identity on the key name is absent: never shown across scopes.
+const INSPECT: &str = r#"
+local v = redis.call('HMGET', KEYS[1], 'sc', 'k', 'st', 'tok', 'n', 'bg', 'lx', 'status')
+if not v[3] or v[3] == 'r' or v[1] ~= ARGV[1] or v[2] ~= ARGV[2] then return {'absent'} end
+local now = now_ms()
+local expiry = now + redis.call('PTTL', KEYS[1])
+if v[3] == 'p' then
+  return {'p', v[4], v[5] or '1', v[6] or '0', v[7] or string.format('%d', expiry)}
+end
+if v[3] == 'c' then
+  local size = redis.call('HSTRLEN', KEYS[1], 'bd')
+  return {'c', v[8], string.format('%d', size), string.format('%d', expiry)}
+end
+return {'u', string.format('%d', expiry)}
+"#;
+
+/// KEYS: record, index. ARGV: scope, key, token, channel, id. `RELEASE` for
+/// an operator: replies 1 (released), 0 (the token does not own the claim)
+/// or -1 (no record of the key).
+const RELEASE_STUCK: &str = r#"
+local rec, idx = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w')
+if not v[4] or v[4] == 'r' or v[1] ~= ARGV[1] or v[2] ~= ARGV[2] then return -1 end
+if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
+redis.call('HDEL', rec, 'fp', 'lx')
+redis.call('HSET', rec, 'st', 'r')
+redis.call('PEXPIRE', rec, 1000)
+redis.call('ZREM', idx, ARGV[2])
+if v[5] then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
+return 1
+"#;
+
 /// KEYS: record. Replies the lock's remaining milliseconds, or -1 when the
 /// record is not in progress or its lock ran out (a `begin` then takes it
 /// over), and marks the claim as waited for: its completion or release then
@@ -214,6 +249,8 @@ pub(super) struct Scripts {
     pub(super) extend: Script,
     pub(super) release: Script,
     pub(super) lock_remaining: Script,
+    pub(super) inspect: Script,
+    pub(super) release_stuck: Script,
     pub(super) purge_scope: Script,
     pub(super) trim_index: Script,
 }
@@ -227,6 +264,8 @@ impl Scripts {
             extend: with_prelude(EXTEND),
             release: with_prelude(RELEASE),
             lock_remaining: with_prelude(LOCK_REMAINING),
+            inspect: with_prelude(INSPECT),
+            release_stuck: Script::new(RELEASE_STUCK),
             purge_scope: Script::new(PURGE_SCOPE),
             trim_index: Script::new(TRIM_INDEX),
         }

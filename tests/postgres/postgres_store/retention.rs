@@ -143,6 +143,91 @@ async fn purge_task_empties_a_large_backlog_in_bounded_batches_beside_live_reque
     assert_eq!(kept, live);
 }
 
+/// The soak: a million expired records, inserted in one statement, emptied by
+/// `PurgeTask` in batches of at most 10 000 while live requests keep coming:
+/// each claim, completion and replay answers within 2 s (a generous bound on
+/// a busy 2-core machine: a batch never blocks a live row), and only expired
+/// rows go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_task_empties_a_million_expired_records_while_live_requests_answer() {
+    let Some(url) = pg::database_url("purge_task_empties_a_million_expired_records") else {
+        return;
+    };
+    const ROWS: i64 = 1_000_000;
+    let table = pg::unique_table("purge_soak");
+    let store = pg::store(&url, &table, |s| s).await;
+    let sql = pg::connect(&url).await;
+    let started = Instant::now();
+    insert_expired(&sql, &table, ROWS).await;
+    let inserted = started.elapsed();
+    let watched = Batches {
+        inner: store.clone(),
+        largest: Arc::default(),
+        count: Arc::default(),
+    };
+    let batch = 10_000;
+    let purge = tower_idempotency::store::purge::PurgeTask::new(watched.clone())
+        .every(Duration::from_millis(10))
+        .with_jitter(0.5)
+        .with_batch_size(std::num::NonZeroU32::new(batch).unwrap())
+        .spawn()
+        .unwrap();
+    let count = format!("SELECT count(*) FROM public.{table} WHERE scope = 's'");
+    let bound = Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (mut live, mut slowest) = (0, Duration::ZERO);
+    loop {
+        for _ in 0..10 {
+            let key = fresh_key();
+            let timed = Instant::now();
+            let token = claim(&store, &key, "a").await;
+            slowest = slowest.max(timed.elapsed());
+            let timed = Instant::now();
+            store
+                .complete(&key, token, Completion::Response(response(b"live")))
+                .await
+                .unwrap();
+            slowest = slowest.max(timed.elapsed());
+            let timed = Instant::now();
+            assert!(matches!(
+                store.begin(&key, &fingerprint("a")).await,
+                Ok(Begin::Replay(_))
+            ));
+            slowest = slowest.max(timed.elapsed());
+            assert!(slowest < bound, "a live call took {slowest:?}");
+            live += 1;
+        }
+        let left: i64 = sql.query_one(&count, &[]).await.unwrap().get(0);
+        if left == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{left} expired rows left");
+    }
+    let deleted = purge.shutdown().await;
+    eprintln!(
+        "soak: {ROWS} rows inserted in {inserted:?}, purged in {:?} by {} batches; \
+         {live} live requests, the slowest call {slowest:?}",
+        started.elapsed() - inserted,
+        watched.count.load(Ordering::SeqCst),
+    );
+    assert_eq!(
+        deleted, ROWS as u64,
+        "only the expired rows; {live} live ones kept"
+    );
+    let largest = watched.largest.load(Ordering::SeqCst);
+    assert!(largest <= u64::from(batch), "a batch of {largest} rows");
+    assert!(watched.count.load(Ordering::SeqCst) as i64 >= ROWS / i64::from(batch));
+    let kept: i64 = sql
+        .query_one(&format!("SELECT count(*) FROM public.{table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(kept, live);
+    sql.batch_execute(&format!("DROP TABLE public.{table}"))
+        .await
+        .unwrap();
+}
+
 /// `rows` completed records of `table`, expired a second ago, in one statement.
 async fn insert_expired(sql: &tokio_postgres::Client, table: &str, rows: i64) {
     let insert = format!(
