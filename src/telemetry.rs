@@ -45,6 +45,8 @@ pub(crate) enum Outcome {
     Rejected,
     /// Ran, but its response could not be recorded (`410` to retries).
     Unavailable,
+    /// `410 idempotency_key_expired`: ran before, only its tombstone is left.
+    Expired,
     /// `429 idempotency_quota_exceeded`: the scope is at its store quota.
     OverQuota,
     /// `503 overloaded`: shed at the layer's cap on claimed handlers.
@@ -63,6 +65,7 @@ impl Outcome {
             Self::StoreError => "store_error",
             Self::Rejected => "rejected",
             Self::Unavailable => "unavailable",
+            Self::Expired => "expired",
             Self::OverQuota => "over_quota",
             Self::Shed => "shed",
         }

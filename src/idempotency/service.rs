@@ -200,6 +200,7 @@ where
             }
             Decision::Mismatch => return refuse(Refusal::KeyReuse),
             Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
+            Decision::Expired => return refuse(Refusal::KeyExpired),
             Decision::InProgress => return refuse(Refusal::InProgress),
             Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),
             Decision::StoreFailed(_) => return refuse(Refusal::StoreUnavailable),

@@ -99,6 +99,9 @@ struct Shared {
     // request, and queueing each one would hold memory for released claims
     // until their lock expired. Abandoned claims are swept when the store is full.
     retention_deadlines: Mutex<VecDeque<Deadline>>,
+    /// Tombstones' deadlines, in order too: the window is fixed per store,
+    /// and records become tombstones in the order their retention ends.
+    tombstone_deadlines: Mutex<VecDeque<Deadline>>,
     /// When the store last swept the whole map for expired records.
     last_full_sweep: Mutex<Option<Instant>>,
 }
@@ -131,6 +134,7 @@ impl std::fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("records", &self.len())
             .field("retention", &s.settings.retention())
+            .field("tombstone", &s.settings.tombstone())
             .field("lock_timeout", &s.settings.lock_timeout())
             .field("capacity", &s.capacity)
             .field(
@@ -166,6 +170,7 @@ impl MemoryStore {
                 capacity: builder.capacity.get(),
                 scope_quota: builder.scope_quota.map(ScopeQuota::new),
                 retention_deadlines: Mutex::new(VecDeque::new()),
+                tombstone_deadlines: Mutex::new(VecDeque::new()),
                 last_full_sweep: Mutex::new(None),
             }),
         }
@@ -291,10 +296,10 @@ impl MemoryStore {
 
     /// Removes every record `remove` selects, waking the waiters of removed
     /// claims; returns how many were removed.
-    fn remove_all(&self, mut remove: impl FnMut(&Record) -> bool) -> usize {
+    fn remove_all(&self, mut remove: impl FnMut(&Id, &mut Record) -> bool) -> usize {
         let mut removed = 0;
-        self.shared.records.retain(|_, r| {
-            let keep = !remove(r);
+        self.shared.records.retain(|id, r| {
+            let keep = !remove(id, r);
             if !keep {
                 removed += 1;
                 self.forget_scope(r);
@@ -317,12 +322,58 @@ impl MemoryStore {
             *last = Some(now);
         }
         let now = self.shared.clock.at(now);
-        self.remove_all(|r| r.deadline <= now);
+        self.expire_all(now);
     }
 
-    /// Evicts up to `budget` expired completed records, oldest first.
+    /// Removes every expired record, and turns completed ones past their
+    /// retention into tombstones; returns how many it removed or turned.
+    fn expire_all(&self, now: Nanos) -> usize {
+        let mut entombed = Vec::new();
+        let removed = self.remove_all(|&id, r| {
+            if r.deadline > now {
+                return false;
+            }
+            match self.entomb(r, now) {
+                Some(at) => {
+                    entombed.push(Deadline { at, id });
+                    false
+                }
+                None => true,
+            }
+        });
+        entombed.sort_unstable_by_key(|d| d.at);
+        let turned = entombed.len();
+        lock(&self.shared.tombstone_deadlines).extend(entombed);
+        removed + turned
+    }
+
+    /// Turns `record`, past its deadline, into its tombstone if it is a
+    /// completed record whose tombstone window has not passed too; returns the
+    /// tombstone's deadline (to queue once the shard lock is released).
+    fn entomb(&self, record: &mut Record, now: Nanos) -> Option<Nanos> {
+        let window = self.shared.settings.tombstone();
+        if window.is_zero() {
+            return None;
+        }
+        // The window counts from the retention's end, whenever this runs.
+        let until = record.deadline.saturating_add(record::saturate(window));
+        if until <= now {
+            return None;
+        }
+        record.state = State::Packed(record.tombstone()?);
+        record.deadline = until;
+        Some(until)
+    }
+
+    /// Evicts up to `budget` expired completed records and as many expired
+    /// tombstones, oldest first; a completed record within its tombstone
+    /// window becomes its tombstone.
     fn evict(&self, now: Nanos, budget: usize) {
-        let queue = &self.shared.retention_deadlines;
+        self.evict_from(&self.shared.retention_deadlines, now, budget);
+        self.evict_from(&self.shared.tombstone_deadlines, now, budget);
+    }
+
+    fn evict_from(&self, queue: &Mutex<VecDeque<Deadline>>, now: Nanos, budget: usize) {
         for _ in 0..budget {
             let due = {
                 let mut q = lock(queue);
@@ -339,6 +390,14 @@ impl MemoryStore {
                 due
             };
             let Some(due) = due else { break };
+            let entombed = match self.shared.records.get_mut(&due.id) {
+                Some(mut r) if r.deadline <= now => self.entomb(&mut r, now),
+                _ => None,
+            };
+            if let Some(at) = entombed {
+                lock(&self.shared.tombstone_deadlines).push_back(Deadline { at, id: due.id });
+                continue;
+            }
             // Only once expired: a record of the same key completed later is kept.
             let removed = self
                 .shared
@@ -394,6 +453,8 @@ fn begin_of(answer: Answer) -> Begin {
         Answer::Replay(response) => Begin::Replay(response),
         Answer::InProgress => Begin::InProgress,
         Answer::Unavailable => Begin::ResponseUnavailable,
+        Answer::Expired => Begin::Expired,
+        Answer::Mismatch => Begin::Mismatch,
     }
 }
 
@@ -500,6 +561,11 @@ impl Store for MemoryStore {
             }
             Entry::Occupied(mut occupied) => {
                 let record = occupied.get_mut();
+                // A completed record past its retention leaves its tombstone,
+                // decided below as a live record.
+                let entombed = (record.deadline <= now)
+                    .then(|| self.entomb(record, now))
+                    .flatten();
                 if record.deadline <= now {
                     // Expired: a completed record past retention, or a dead claim
                     // (of this key, or of another key with its id: both are free).
@@ -521,14 +587,18 @@ impl Store for MemoryStore {
                     self.remember_claim(claim.token, id);
                     return Ok(Begin::Claimed(claim));
                 }
-                if !record.is_record_of(key) {
-                    return Err(id_collision());
-                }
-                if record.exact == exact || record.local() == local {
-                    record.answer()
+                let answer = if !record.is_record_of(key) {
+                    Err(id_collision())
+                } else if record.exact == exact || record.local() == local {
+                    Ok(record.answer())
                 } else {
-                    return Ok(Begin::Mismatch);
+                    Ok(Answer::Mismatch)
+                };
+                drop(occupied);
+                if let Some(at) = entombed {
+                    lock(&self.shared.tombstone_deadlines).push_back(Deadline { at, id });
                 }
+                answer?
             }
         };
         Ok(begin_of(answer))
@@ -614,12 +684,11 @@ impl Store for MemoryStore {
 
 impl Maintenance for MemoryStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let now = self.now();
-        Ok(self.remove_all(|r| r.deadline <= now) as u64)
+        Ok(self.expire_all(self.now()) as u64)
     }
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        Ok(self.remove_all(|r| r.is_in_scope(scope)) as u64)
+        Ok(self.remove_all(|_, r| r.is_in_scope(scope)) as u64)
     }
 }
 

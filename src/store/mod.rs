@@ -188,6 +188,12 @@ pub enum Begin {
     /// be recorded: its body failed, or was larger than the record limit. It is
     /// not run again while the record is retained.
     ResponseUnavailable,
+    /// The same request completed (or ran without a recordable response)
+    /// earlier, and its record has expired: only its tombstone is left (scope,
+    /// key and fingerprint, for [`Timings::tombstone`] past the retention). It
+    /// is not run again, and there is nothing to replay. Another fingerprint
+    /// under the key answers [`Mismatch`](Self::Mismatch).
+    Expired,
 }
 
 /// A store failure. The layer never runs the request: it answers `503`, or `429`
@@ -227,7 +233,8 @@ pub enum Completion {
     /// The request ran (its effects happened) but its response cannot be
     /// replayed: its body failed, or was larger than the record limit. Until
     /// the retention expires, `begin` answers [`Begin::ResponseUnavailable`]
-    /// to the same request and [`Begin::Mismatch`] to another.
+    /// to the same request and [`Begin::Mismatch`] to another (then
+    /// [`Begin::Expired`] and [`Begin::Mismatch`] while its tombstone lasts).
     Unavailable,
 }
 
@@ -252,6 +259,12 @@ pub struct Timings {
     /// (`Idempotency-Key-Retention`) on the answers it records and replays;
     /// `None` (for stores that do not say) advertises nothing.
     pub retention: Option<Duration>,
+    /// How long a completed record's tombstone (its scope, key and
+    /// fingerprint, without the response) outlives its retention: for that
+    /// long a retry of the same request is answered [`Begin::Expired`] (the
+    /// layer's `410 idempotency_key_expired`) instead of running again.
+    /// `None`: no tombstones (or a store that does not say).
+    pub tombstone: Option<Duration>,
 }
 
 impl Timings {
@@ -260,12 +273,19 @@ impl Timings {
         Self {
             lock_timeout,
             retention: None,
+            tombstone: None,
         }
     }
 
     /// Completed records kept for `retention`.
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = Some(retention);
+        self
+    }
+
+    /// Tombstones kept for `tombstone` past the retention.
+    pub fn with_tombstone(mut self, tombstone: Duration) -> Self {
+        self.tombstone = Some(tombstone);
         self
     }
 }
@@ -375,6 +395,11 @@ pub trait Store: Send + Sync + 'static {
     /// [`Claim::first`]: a release ends the count, as the owner ran to an
     /// answer the application chose not to record. The attempt and the
     /// claim's start time must be kept with the claim for this.
+    ///
+    /// A completed record past its retention leaves a tombstone for the
+    /// store's [`tombstone`](Timings::tombstone) window: the same request is
+    /// answered [`Begin::Expired`], another [`Begin::Mismatch`], and the key
+    /// is free (a [`Claim::first`]) only once the window has passed too.
     fn begin(
         &self,
         key: &RecordKey,
@@ -426,7 +451,9 @@ pub trait Store: Send + Sync + 'static {
 /// request) rather than by the layer; after tower-sessions' `ExpiredDeletion`.
 /// Implemented with `async fn`s, as [`Store`] is.
 pub trait Maintenance: Send + Sync + 'static {
-    /// Deletes expired records; returns how many were deleted.
+    /// Deletes expired records, and reduces completed ones past their
+    /// retention to tombstones (see [`Timings::tombstone`]), which it deletes
+    /// once they expire in turn; returns how many it deleted or reduced.
     fn purge_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Deletes one batch of expired records, at most `limit` where the store
