@@ -17,6 +17,7 @@
 //!         MemoryStore::builder()
 //!             .with_lock_timeout(d.lock)
 //!             .with_retention(d.retention)
+//!             .with_tombstone(d.tombstone)
 //!             .build(),
 //!     )
 //! }
@@ -57,18 +58,30 @@ pub struct Durations {
     pub lock: Duration,
     /// The store's retention.
     pub retention: Duration,
+    /// The store's tombstone window (`Duration::ZERO`: no tombstones).
+    pub tombstone: Duration,
 }
 
 /// Long enough that nothing expires during a test.
 pub const LONG: Durations = Durations {
     lock: Duration::from_secs(60),
     retention: Duration::from_secs(3600),
+    tombstone: Duration::from_secs(3600),
 };
 
-/// Short enough to watch locks and records expire.
+/// Short enough to watch locks and records expire; no tombstones, so an
+/// expired key is free at once.
 pub const SHORT: Durations = Durations {
     lock: Duration::from_millis(400),
     retention: Duration::from_millis(800),
+    tombstone: Duration::ZERO,
+};
+
+/// [`SHORT`], with tombstones that outlive the retention by 2 s: long
+/// enough to check them on a busy machine, short enough to watch them go.
+pub const TOMBSTONED: Durations = Durations {
+    tombstone: Duration::from_secs(2),
+    ..SHORT
 };
 
 /// Helper: record.
@@ -548,6 +561,99 @@ async fn expired_records_are_reusable<S: Store + Maintenance>(store: S, purged_a
     claim(&store, &other, &fingerprint("b")).await;
 }
 
+/// Needs a store built with [`TOMBSTONED`] durations. A completed record
+/// past its retention leaves a tombstone until its window passes: the same
+/// request is told it ran and expired (never run again, with a response or
+/// without one), another request under the key is a mismatch, a purge keeps
+/// the tombstone (and deletes it once expired: at least `purged_at_least`
+/// records), and after the window the key is free for a first claim.
+async fn tombstones_answer_until_their_window_passes<S: Store + Maintenance>(
+    store: S,
+    purged_at_least: u64,
+) {
+    let d = TOMBSTONED;
+    let (fp, other) = (fingerprint("a"), fingerprint("b"));
+    let (answered, unavailable) = (
+        record(&unique("scope"), "key-tomb-0001"),
+        record(&unique("scope"), "key-tomb-0002"),
+    );
+    let token = claim(&store, &answered, &fp).await;
+    store
+        .complete(&answered, token, recorded(b"charged"))
+        .await
+        .unwrap();
+    let token = claim(&store, &unavailable, &fp).await;
+    store
+        .complete(&unavailable, token, Completion::Unavailable)
+        .await
+        .unwrap();
+    let completed = tokio::time::Instant::now();
+    tokio::time::sleep(d.retention + Duration::from_millis(200)).await;
+
+    for key in [&answered, &unavailable] {
+        for _ in 0..2 {
+            let begun = store.begin(key, &fp).await.unwrap();
+            assert!(matches!(begun, Begin::Expired), "got {begun:?}");
+        }
+        let begun = store.begin(key, &other).await.unwrap();
+        assert!(matches!(begun, Begin::Mismatch), "got {begun:?}");
+    }
+    // A purge reduces records to tombstones; it never frees their keys.
+    store.purge_expired().await.unwrap();
+    let begun = store.begin(&answered, &fp).await.unwrap();
+    assert!(matches!(begun, Begin::Expired), "got {begun:?}");
+    let begun = store.begin(&unavailable, &other).await.unwrap();
+    assert!(matches!(begun, Begin::Mismatch), "got {begun:?}");
+    assert!(
+        completed.elapsed() < d.retention + d.tombstone,
+        "the checks ran within the window"
+    );
+
+    let window_end = completed + d.retention + d.tombstone + Duration::from_millis(300);
+    tokio::time::sleep_until(window_end).await;
+    assert!(store.purge_expired().await.unwrap() >= purged_at_least);
+    let first = claimed(&store, &answered, &fp).await;
+    assert_eq!(first.attempt(), 1);
+    claimed(&store, &unavailable, &other).await;
+}
+
+/// Needs a store built with [`TOMBSTONED`] durations: see
+/// `tombstones_answer_until_their_window_passes`; `purge_expired` deletes
+/// both tombstones once their window has passed.
+#[doc(hidden)]
+pub async fn tombstones_answer_until_their_window_passes_and_are_purged<
+    S: Store + Maintenance,
+>(
+    store: S,
+) {
+    tombstones_answer_until_their_window_passes(store, 2).await;
+}
+
+/// For a store whose backend deletes expired tombstones by itself (key TTLs):
+/// [`tombstones_answer_until_their_window_passes_and_are_purged`] without a
+/// count. Needs a store built with [`TOMBSTONED`] durations.
+#[doc(hidden)]
+pub async fn tombstones_answer_until_their_window_passes_and_expire_by_themselves<
+    S: Store + Maintenance,
+>(
+    store: S,
+) {
+    tombstones_answer_until_their_window_passes(store, 0).await;
+}
+
+/// Needs a store built with [`SHORT`] durations (no tombstones): the same
+/// request, past the retention, is claimed and runs again.
+#[doc(hidden)]
+pub async fn without_tombstones_an_expired_key_runs_again<S: Store + Maintenance>(store: S) {
+    let key = record(&unique("scope"), "key-untomb-01");
+    let fp = fingerprint("a");
+    let token = claim(&store, &key, &fp).await;
+    store.complete(&key, token, recorded(b"once")).await.unwrap();
+    tokio::time::sleep(SHORT.retention + Duration::from_millis(300)).await;
+    store.purge_expired().await.unwrap();
+    assert_eq!(claimed(&store, &key, &fp).await.attempt(), 1);
+}
+
 /// Requests as the layer hands them over: fingerprints computed lazily from the
 /// parts. The same bytes, and canonically equal JSON in other bytes, match the
 /// record (in progress, then completed); other content never does, whichever
@@ -661,6 +767,9 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_purged,
         );
+        $crate::store_conformance_tests!(@tests $factory, TOMBSTONED:
+            tombstones_answer_until_their_window_passes_and_are_purged,
+        );
     };
     // A store whose backend deletes expired records itself.
     ($factory:path, expires_by_itself) => {
@@ -669,6 +778,9 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_expire_by_themselves,
         );
+        $crate::store_conformance_tests!(@tests $factory, TOMBSTONED:
+            tombstones_answer_until_their_window_passes_and_expire_by_themselves,
+        );
     };
     // A store whose records never leave the process: it may compare
     // `RequestFingerprint::local` rather than the SHA-256 fingerprint.
@@ -676,6 +788,9 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@common $factory);
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_purged,
+        );
+        $crate::store_conformance_tests!(@tests $factory, TOMBSTONED:
+            tombstones_answer_until_their_window_passes_and_are_purged,
         );
     };
     // What only a store comparing the SHA-256 fingerprint guarantees.
@@ -704,6 +819,7 @@ macro_rules! store_conformance_tests {
             an_extended_claim_outlives_its_lock_and_only_its_token_extends,
             a_completion_without_a_response_is_never_claimed_again,
             a_late_extend_or_complete_without_a_takeover_succeeds,
+            without_tombstones_an_expired_key_runs_again,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {

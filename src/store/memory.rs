@@ -717,6 +717,7 @@ mod tests {
         let retention = std::time::Duration::from_secs(60);
         let store = MemoryStore::builder()
             .with_retention(retention)
+            .with_tombstone(std::time::Duration::ZERO)
             .with_scope_quota(std::num::NonZeroUsize::new(2).unwrap())
             .build();
         let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([9; 32]));

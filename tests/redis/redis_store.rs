@@ -29,7 +29,9 @@ mod standalone {
         let url = r::url("redis_store conformance")?;
         Some(
             r::standalone(&url, |s| {
-                s.with_lock_timeout(d.lock).with_retention(d.retention)
+                s.with_lock_timeout(d.lock)
+                    .with_retention(d.retention)
+                    .with_tombstone(d.tombstone)
             })
             .await,
         )
@@ -46,7 +48,9 @@ mod cluster {
         let nodes = r::cluster("redis_cluster_store conformance")?;
         Some(
             r::on_cluster(&nodes, |s| {
-                s.with_lock_timeout(d.lock).with_retention(d.retention)
+                s.with_lock_timeout(d.lock)
+                    .with_retention(d.retention)
+                    .with_tombstone(d.tombstone)
             })
             .await,
         )
