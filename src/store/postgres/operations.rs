@@ -127,11 +127,12 @@ impl Maintenance for PostgresStore {
         let inner = &self.inner;
         let client = inner.settings.timed(OPERATION, inner.client()).await?;
         let mut purged = 0;
-        // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
+        // Bounded batches: each statement deletes (or reduces to tombstones)
+        // at most `PURGE_BATCH` rows.
         loop {
             let deleted = inner
                 .settings
-                .timed(OPERATION, inner.execute(&client, &inner.sql.purge, &[]))
+                .timed(OPERATION, inner.count(&client, &inner.sql.purge, &[]))
                 .await?;
             purged += deleted;
             if deleted < PURGE_BATCH {
@@ -148,7 +149,7 @@ impl Maintenance for PostgresStore {
             .timed(OPERATION, async {
                 let client = inner.client().await?;
                 inner
-                    .execute(&client, &inner.sql.purge_batch, &[&limit])
+                    .count(&client, &inner.sql.purge_batch, &[&limit])
                     .await
             })
             .await

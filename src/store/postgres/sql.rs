@@ -83,6 +83,7 @@ impl Sql {
         channel: &str,
         lock: Duration,
         retention: Duration,
+        tombstone: Duration,
     ) -> Self {
         // Names were validated as `[a-z_][a-z0-9_]*`; quoting also keeps reserved words usable.
         let t = format!(r#""{schema}"."{table}""#);
@@ -93,6 +94,19 @@ impl Sql {
         let response_check = derived_name(table, "response_check");
         let lock_ms = millis(lock);
         let retention_ms = millis(retention);
+        let tombstone_ms = millis(tombstone);
+        // Until when a row holds its key: a completed row for its tombstone
+        // window past its retention (`expires_at`), any other row until its
+        // `expires_at` (a tombstone's is its window's end). Every expiry is
+        // the database's clock; with no window it is `expires_at` itself.
+        let until = |r: &str| {
+            format!(
+                "(CASE WHEN {r}state IN ('completed', 'unavailable') \
+                 THEN {r}expires_at + interval '{tombstone_ms} milliseconds' \
+                 ELSE {r}expires_at END)"
+            )
+        };
+        let (until_row, until_r) = (until(""), until("r."));
         let held_recheck_ms = crate::store::waiters::RECHECK_FIRST.as_millis();
         // The key's advisory lock (seeded per table, scope and key hashed as
         // separate fields). Every claim takes it; a transactional claim holds
@@ -166,6 +180,14 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     ADD COLUMN IF NOT EXISTS previous_token      bigint,
     ADD COLUMN IF NOT EXISTS previous_created_at timestamptz;"#
             ),
+            // 4: tombstones. A completed row past its retention may be reduced
+            // to its identity and fingerprint (state 'expired', no response),
+            // its `expires_at` moved to its tombstone window's end.
+            format!(
+                r#"ALTER TABLE {t} DROP CONSTRAINT "{state_check}";
+ALTER TABLE {t} ADD CONSTRAINT "{state_check}"
+    CHECK (state IN ('in_progress', 'completed', 'unavailable', 'expired'));"#
+            ),
         ];
 
         // One statement in every case. `live` is the unexpired row in the statement's
@@ -179,7 +201,10 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         // needs the key's advisory lock (`held`: someone else's claim is being made or
         // runs in its transaction). Transactional mode runs this same statement inside
         // the handler's transaction, so its claim row and lock last until that ends and
-        // one commit records both. Zero rows come back only when a concurrent
+        // one commit records both. A completed row past its retention is a tombstone
+        // until its window's end (`until`): `live` still, answering 'expired' to
+        // its fingerprint (in place, whether or not a purge has dropped its
+        // response yet). Zero rows come back only when a concurrent
         // transaction committed a live row after this statement's snapshot; the caller
         // then runs the statement again (in a new transaction, in transactional mode).
         let begin_statement = |locked: bool| {
@@ -192,14 +217,15 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     SELECT NOT ({held}) AS held
 ), live AS (
     SELECT fingerprint = $3 AS same, state = 'completed' AS done,
-           state = 'unavailable' AS unavailable, status, headers, body,
+           state = 'unavailable' AS unavailable,
+           state = 'expired' OR expires_at <= now() AS tomb, status, headers, body,
            ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
     FROM {t}
-    WHERE scope = $1 AND key = $2 AND expires_at > now()
+    WHERE scope = $1 AND key = $2 AND {until_row} > now()
 ), expired AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
 ), free AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at)
@@ -215,7 +241,7 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         attempt = CASE WHEN r.state = 'in_progress' THEN r.attempt + 1 ELSE 1 END,
         previous_token = CASE WHEN r.state = 'in_progress' THEN r.token END,
         previous_created_at = CASE WHEN r.state = 'in_progress' THEN r.created_at END
-    WHERE r.expires_at <= now()
+    WHERE {until_r} <= now()
     RETURNING r.token, r.attempt, r.previous_token, r.previous_created_at
 )
 SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
@@ -223,13 +249,13 @@ SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
        attempt, previous_token, previous_created_at, {xact} AS xact
 FROM claimed
 UNION ALL
-SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN tomb THEN 'expired' WHEN done THEN 'replay'
             WHEN unavailable THEN 'unavailable' ELSE 'in_progress' END,
        NULL::bigint,
-       CASE WHEN same AND done THEN status END,
-       CASE WHEN same AND done THEN headers END,
-       CASE WHEN same AND done THEN body END,
-       CASE WHEN same AND (done OR unavailable) THEN remaining END,
+       CASE WHEN same AND done AND NOT tomb THEN status END,
+       CASE WHEN same AND done AND NOT tomb THEN headers END,
+       CASE WHEN same AND done AND NOT tomb THEN body END,
+       CASE WHEN same AND (done OR unavailable) AND NOT tomb THEN remaining END,
        NULL::integer, NULL::bigint, NULL::timestamptz, NULL::bigint
 FROM live
 UNION ALL
@@ -319,32 +345,43 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
 
-        let purge = format!(
-            r#"WITH doomed AS (
-    SELECT scope, key FROM {t}
+        // One batch of the oldest rows past their `expires_at`: a completed
+        // row within its tombstone window is reduced to its tombstone (its
+        // response dropped, its `expires_at` moved to the window's end, so the
+        // next batch does not see it again), every other row is deleted
+        // (tombstones whose window ended among them). The `(expires_at)` index
+        // yields the oldest first, so a batch reads about as many index entries
+        // as it changes rows; it answers how many it changed.
+        let purge_statement = |limit: &str| {
+            let entombed = format!(
+                "doomed.state IN ('completed', 'unavailable') \
+                 AND doomed.expires_at + interval '{tombstone_ms} milliseconds' > now()"
+            );
+            format!(
+                r#"WITH doomed AS (
+    SELECT scope, key, state, expires_at FROM {t}
     WHERE expires_at <= now()
     ORDER BY expires_at
-    LIMIT {PURGE_BATCH}
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM {t} AS r USING doomed
+    WHERE r.scope = doomed.scope AND r.key = doomed.key AND NOT ({entombed})
+    RETURNING 1
+), entombed AS (
+    UPDATE {t} AS r
+    SET state = 'expired', status = NULL, headers = NULL, body = NULL,
+        expires_at = doomed.expires_at + interval '{tombstone_ms} milliseconds'
+    FROM doomed
+    WHERE r.scope = doomed.scope AND r.key = doomed.key AND {entombed}
+    RETURNING 1
 )
-DELETE FROM {t} AS r USING doomed
-WHERE r.scope = doomed.scope AND r.key = doomed.key"#
-        );
-
-        // The same batch with its size a parameter, for `PurgeTask`: the
-        // `(expires_at)` index yields the oldest expired rows first, so a
-        // batch reads about as many index entries as it deletes.
-        let purge_batch = format!(
-            r#"WITH doomed AS (
-    SELECT scope, key FROM {t}
-    WHERE expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {t} AS r USING doomed
-WHERE r.scope = doomed.scope AND r.key = doomed.key"#
-        );
+SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM entombed)"#
+            )
+        };
+        let purge = purge_statement(&PURGE_BATCH.to_string());
+        // The same batch with its size a parameter (a bigint), for `PurgeTask`.
+        let purge_batch = purge_statement("$1");
 
         let purge_scope = format!(
             r#"WITH doomed AS (
@@ -412,6 +449,7 @@ mod tests {
             "chan",
             Duration::from_secs(10),
             Duration::from_secs(60),
+            Duration::from_secs(600),
         );
         let writers = [
             &sql.begin,
