@@ -103,13 +103,15 @@ impl Inner {
         let mut invocation = self.scripts.complete.key(&names.record);
         invocation
             .key(&names.index)
+            .key(&names.tombstone)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
             .arg(millis(self.settings.retention()))
             .arg(&self.channel)
             // The record's name already names it uniquely: the message's id.
-            .arg(&names.record);
+            .arg(&names.record)
+            .arg(millis(self.settings.tombstone()));
         match response {
             Some(response) => invocation
                 .arg("c")
@@ -183,7 +185,10 @@ impl Inner {
             let mut invocation = self.scripts.purge_scope.key(&index);
             invocation.arg(scope.as_str());
             for member in &members {
-                invocation.key(format!("{tag}r:{member}")).arg(member);
+                invocation
+                    .key(format!("{tag}r:{member}"))
+                    .key(format!("{tag}x:{member}"))
+                    .arg(member);
             }
             let (deleted, removed): (u64, isize) = self
                 .settings
@@ -323,6 +328,7 @@ fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreErr
         "mismatch" => Begin::Mismatch,
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
+        "expired" => Begin::Expired,
         other => return Err(corrupt(other)),
     };
     // PTTL: -1 (no TTL) or -2 (gone) give no bound, so nothing is kept near.
@@ -429,6 +435,7 @@ impl RedisStore {
         let mut invocation = inner.scripts.begin.key(&names.record);
         invocation
             .key(&names.index)
+            .key(&names.tombstone)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
