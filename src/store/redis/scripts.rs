@@ -20,8 +20,9 @@
 //! it over, so a late `extend` or `complete` with no takeover in between
 //! succeeds, as on the other stores. Only `begin` judges `lx`.
 //!
-//! A completed record leaves a tombstone: a hash of its own (`sc` scope, `fp`
-//! fingerprint; the key is in its name) beside the record in the same slot,
+//! A completed record leaves a tombstone: a string of its own, the 32-byte
+//! fingerprint then the scope (the key is in its name; a string that short
+//! is stored inline with its header), beside the record in the same slot,
 //! written with the completion and kept for the retention plus the
 //! tombstone window by its own TTL. The record (and its response) expires at
 //! the retention as before; until the tombstone expires too, `begin` answers
@@ -81,9 +82,9 @@ local attempt, previous, began = 1, nil, nil
 if not v[4] or v[4] == 'r' then
   -- No record (or a released claim): a tombstone of this scope's key, if
   -- any, still holds the key.
-  local tomb = redis.call('HMGET', KEYS[3], 'sc', 'fp')
-  if tomb[1] == ARGV[1] then
-    if tomb[2] ~= ARGV[3] then return {'mismatch'} end
+  local tomb = redis.call('GET', KEYS[3])
+  if tomb and string.sub(tomb, 33) == ARGV[1] then
+    if string.sub(tomb, 1, 32) ~= ARGV[3] then return {'mismatch'} end
     return {'expired'}
   end
 end
@@ -148,8 +149,7 @@ redis.call('PEXPIRE', rec, retention)
 local kept = retention
 if window > 0 then
   kept = retention + window
-  redis.call('HSET', KEYS[3], 'sc', ARGV[1], 'fp', v[6])
-  redis.call('PEXPIRE', KEYS[3], kept)
+  redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept)
 end
 reindex(idx, ARGV[2], kept, now_ms())
 if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
@@ -221,7 +221,8 @@ for i = 2, #ARGV do
   if v[1] == ARGV[1] or not v[1] then
     local gone = v[1] and v[2] ~= 'r'
     if gone then redis.call('DEL', rec) end
-    if redis.call('HGET', tomb, 'sc') == ARGV[1] then
+    local t = redis.call('GET', tomb)
+    if t and string.sub(t, 33) == ARGV[1] then
       redis.call('DEL', tomb)
       gone = true
     end
