@@ -750,6 +750,52 @@ mod tests {
         }
     }
 
+    /// What a tombstone costs: its map slot, one buffer of its digest and
+    /// identity (the response is freed), and its deadline in the queue.
+    /// Printed for `docs/benchmarks.md` (`--nocapture`).
+    #[tokio::test(start_paused = true)]
+    async fn a_tombstone_keeps_its_slot_and_a_buffer_of_its_identity_only() {
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let store = MemoryStore::builder()
+            .with_retention(day)
+            .with_tombstone(7 * day)
+            .build();
+        // A key as clients send them (a UUID).
+        let key = RecordKey::for_test("tenant-0001", "0b7c8f3e-7d2a-4c1e-9f65-2a1d3c4b5e6f");
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([3; 32]));
+        let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&key, &fp).await else {
+            panic!("claim");
+        };
+        let mut big = response();
+        big.body = Bytes::from(vec![b'x'; 900]);
+        store
+            .complete(&key, token, Completion::Response(big))
+            .await
+            .unwrap();
+        tokio::time::advance(day + std::time::Duration::from_secs(1)).await;
+        assert_eq!(store.purge_expired().await.unwrap(), 1);
+        let id = store.shared.ids.of(&key);
+        let buffer = match &store.shared.records.get(&id).unwrap().state {
+            State::Packed(packed) if packed::is_tombstone(packed) => packed.len(),
+            _ => panic!("a tombstone"),
+        };
+        assert_eq!(buffer, 16 + 1 + "tenant-0001".len() + 1 + 36);
+        assert_eq!(lock(&store.shared.tombstone_deadlines).len(), 1);
+        // An `Arc<[u8]>`'s allocation: two counts, then the bytes.
+        let bytes = std::mem::size_of::<(Id, Record)>()
+            + 2 * std::mem::size_of::<usize>()
+            + buffer
+            + std::mem::size_of::<Deadline>();
+        println!(
+            "MemoryStore: {bytes} bytes per tombstone (slot {}, buffer {}, queue entry {})",
+            std::mem::size_of::<(Id, Record)>(),
+            2 * std::mem::size_of::<usize>() + buffer,
+            std::mem::size_of::<Deadline>()
+        );
+        assert!(bytes < 200, "{bytes} bytes");
+        assert!(matches!(store.begin(&key, &fp).await, Ok(Begin::Expired)));
+    }
+
     /// The id a thread remembers from its last claim is only a shortcut: a
     /// completion of another claim, of another store, or of a store that
     /// reuses a dropped one's address (and so its remembered token), is found
