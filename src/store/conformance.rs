@@ -621,9 +621,7 @@ async fn tombstones_answer_until_their_window_passes<S: Store + Maintenance>(
 /// `tombstones_answer_until_their_window_passes`; `purge_expired` deletes
 /// both tombstones once their window has passed.
 #[doc(hidden)]
-pub async fn tombstones_answer_until_their_window_passes_and_are_purged<
-    S: Store + Maintenance,
->(
+pub async fn tombstones_answer_until_their_window_passes_and_are_purged<S: Store + Maintenance>(
     store: S,
 ) {
     tombstones_answer_until_their_window_passes(store, 2).await;
@@ -648,7 +646,10 @@ pub async fn without_tombstones_an_expired_key_runs_again<S: Store + Maintenance
     let key = record(&unique("scope"), "key-untomb-01");
     let fp = fingerprint("a");
     let token = claim(&store, &key, &fp).await;
-    store.complete(&key, token, recorded(b"once")).await.unwrap();
+    store
+        .complete(&key, token, recorded(b"once"))
+        .await
+        .unwrap();
     tokio::time::sleep(SHORT.retention + Duration::from_millis(300)).await;
     store.purge_expired().await.unwrap();
     assert_eq!(claimed(&store, &key, &fp).await.attempt(), 1);

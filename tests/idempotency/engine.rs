@@ -323,16 +323,31 @@ async fn a_redelivery_past_the_retention_is_expired_and_never_runs_again() {
     };
     let k = key("msg-late-0001");
     let first = engine
-        .run_bytes(&scope, &k, Identity::Bytes(b"order 42"), charge(runs.clone()))
+        .run_bytes(
+            &scope,
+            &k,
+            Identity::Bytes(b"order 42"),
+            charge(runs.clone()),
+        )
         .await;
     assert!(matches!(first, Ok(Outcome::Executed(_))));
     tokio::time::advance(2 * day).await;
     let late = engine
-        .run_bytes(&scope, &k, Identity::Bytes(b"order 42"), charge(runs.clone()))
+        .run_bytes(
+            &scope,
+            &k,
+            Identity::Bytes(b"order 42"),
+            charge(runs.clone()),
+        )
         .await;
     assert!(matches!(late, Ok(Outcome::Expired)), "{late:?}");
     let other = engine
-        .run_bytes(&scope, &k, Identity::Bytes(b"order 43"), charge(runs.clone()))
+        .run_bytes(
+            &scope,
+            &k,
+            Identity::Bytes(b"order 43"),
+            charge(runs.clone()),
+        )
         .await;
     assert!(matches!(other, Ok(Outcome::KeyReused)), "{other:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 1);

@@ -193,10 +193,13 @@ async fn a_retry_after_the_retention_is_refused_as_expired_and_never_runs_again(
         .with_retention(day)
         .with_tombstone(7 * day)
         .build();
-    let layer = IdempotencyLayer::new(store).with_error_format(tower_idempotency::ErrorFormat::Problem);
+    let layer =
+        IdempotencyLayer::new(store).with_error_format(tower_idempotency::ErrorFormat::Problem);
     let runs = Runs::default();
     let svc = layer.layer(handler(&runs, order));
-    send(&svc, post(KEY, r#"{"cents":4200}"#)).await.assert_order(1, false);
+    send(&svc, post(KEY, r#"{"cents":4200}"#))
+        .await
+        .assert_order(1, false);
 
     tokio::time::advance(2 * day).await;
     for _ in 0..2 {
@@ -219,7 +222,9 @@ async fn a_retry_after_the_retention_is_refused_as_expired_and_never_runs_again(
     assert_eq!(runs.get(), 1, "the handler ran once");
 
     tokio::time::advance(6 * day).await;
-    send(&svc, post(KEY, r#"{"cents":4200}"#)).await.assert_order(2, false);
+    send(&svc, post(KEY, r#"{"cents":4200}"#))
+        .await
+        .assert_order(2, false);
 
     // Tombstones off: the same late retry runs again.
     let off = MemoryStore::builder()

@@ -124,9 +124,15 @@ async fn tombstones_count_against_the_capacity_and_are_evicted_after_their_windo
     ));
     assert_eq!(store.len(), 1_000, "every record left its tombstone");
     for i in [0, 500, 999] {
-        assert!(matches!(store.begin(&key(i), &fp).await, Ok(Begin::Expired)));
+        assert!(matches!(
+            store.begin(&key(i), &fp).await,
+            Ok(Begin::Expired)
+        ));
         let other = conformance::fingerprint("b");
-        assert!(matches!(store.begin(&key(i), &other).await, Ok(Begin::Mismatch)));
+        assert!(matches!(
+            store.begin(&key(i), &other).await,
+            Ok(Begin::Mismatch)
+        ));
     }
     tokio::time::advance(Duration::from_secs(20)).await;
     assert!(matches!(
@@ -135,10 +141,20 @@ async fn tombstones_count_against_the_capacity_and_are_evicted_after_their_windo
     ));
     assert!(store.len() < 1_000);
     for i in 0..200 {
-        store.begin(&conformance::record("t", &format!("key-{i:08}")), &fp).await.unwrap();
+        store
+            .begin(&conformance::record("t", &format!("key-{i:08}")), &fp)
+            .await
+            .unwrap();
     }
-    assert!(store.len() <= 201, "tombstones were evicted: {}", store.len());
-    assert!(matches!(store.begin(&key(999), &fp).await, Ok(Begin::Claimed(_))));
+    assert!(
+        store.len() <= 201,
+        "tombstones were evicted: {}",
+        store.len()
+    );
+    assert!(matches!(
+        store.begin(&key(999), &fp).await,
+        Ok(Begin::Claimed(_))
+    ));
 }
 
 #[tokio::test(start_paused = true)]

@@ -606,12 +606,18 @@ async fn a_tombstone_is_a_small_key_of_its_own_and_is_erased_with_its_scope() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(ttl > 3_500_000, "kept for the retention and the window: {ttl} ms");
+    assert!(
+        ttl > 3_500_000,
+        "kept for the retention and the window: {ttl} ms"
+    );
 
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert!(matches!(store.begin(&key, &fp).await, Ok(Begin::Expired)));
     let scope = tower_idempotency::Scope::new("tenant-0001");
     let purged = tower_idempotency::store::Maintenance::purge_scope(&store, &scope).await;
     assert_eq!(purged.unwrap(), 1);
-    assert!(matches!(store.begin(&key, &fp).await, Ok(Begin::Claimed(_))));
+    assert!(matches!(
+        store.begin(&key, &fp).await,
+        Ok(Begin::Claimed(_))
+    ));
 }

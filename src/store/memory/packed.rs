@@ -103,8 +103,11 @@ pub(super) fn tombstone(key: &RecordKey, local: LocalDigest) -> Arc<[u8]> {
         key.scope().as_str().as_bytes(),
         key.key().as_str().as_bytes(),
     );
-    let len =
-        DIGEST_LEN + varint_len(scope.len() as u64) + scope.len() + varint_len(id.len() as u64) + id.len();
+    let len = DIGEST_LEN
+        + varint_len(scope.len() as u64)
+        + scope.len()
+        + varint_len(id.len() as u64)
+        + id.len();
     let mut packed: Arc<[u8]> = std::iter::repeat_n(0, len).collect();
     let buf = Arc::get_mut(&mut packed).expect("a new Arc is unique");
     let mut w = Writer { buf, pos: 0 };
@@ -447,7 +450,10 @@ mod tests {
         assert_eq!(tomb, tombstone(&key, local));
         assert!(is_tombstone(&tomb));
         assert!(is_record_of(&tomb, &key) && !is_record_of(&tomb, &record("acme", "order-0002")));
-        assert_eq!((super::local(&tomb), scope_of(&tomb)), (local, &b"acme"[..]));
+        assert_eq!(
+            (super::local(&tomb), scope_of(&tomb)),
+            (local, &b"acme"[..])
+        );
         // The digest, two lengths, the scope and the key: nothing else.
         assert_eq!(tomb.len(), 16 + 1 + 4 + 1 + 10);
     }

@@ -251,7 +251,10 @@ async fn a_stale_tombstone_entry_never_evicts_a_newer_completion() {
         .await
         .unwrap();
     tokio::time::advance(Duration::from_millis(150)).await;
-    assert!(matches!(store.begin(&key, &fp("a")).await, Ok(Begin::Expired)));
+    assert!(matches!(
+        store.begin(&key, &fp("a")).await,
+        Ok(Begin::Expired)
+    ));
     mismatch(&store, &key, &fp("b")).await;
     assert_eq!(store.len(), 21, "records became tombstones, none was freed");
 
@@ -269,7 +272,10 @@ async fn a_stale_tombstone_entry_never_evicts_a_newer_completion() {
     assert_eq!(store.len(), 1, "only the new completion is left");
     assert_eq!(replayed(&store, &key, &fp("b")).await.body, "new");
     tokio::time::advance(Duration::from_millis(150)).await;
-    assert!(matches!(store.begin(&key, &fp("b")).await, Ok(Begin::Expired)));
+    assert!(matches!(
+        store.begin(&key, &fp("b")).await,
+        Ok(Begin::Expired)
+    ));
     mismatch(&store, &key, &fp("a")).await;
 }
 

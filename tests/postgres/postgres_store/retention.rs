@@ -165,7 +165,11 @@ async fn purge_reduces_expired_records_to_tombstones_then_deletes_them_in_batche
     insert_expired(&sql, &table, 2500).await;
     let before = store.round_trips();
     assert_eq!(store.purge_expired().await.unwrap(), 2500);
-    assert_eq!(store.round_trips() - before, 3, "batches of 1000, 1000 and 500");
+    assert_eq!(
+        store.round_trips() - before,
+        3,
+        "batches of 1000, 1000 and 500"
+    );
     let row = sql
         .query_one(
             &format!(
@@ -198,7 +202,11 @@ async fn purge_reduces_expired_records_to_tombstones_then_deletes_them_in_batche
     .unwrap();
     let before = store.round_trips();
     assert_eq!(store.purge_expired().await.unwrap(), 2500);
-    assert_eq!(store.round_trips() - before, 3, "batches of 1000, 1000 and 500");
+    assert_eq!(
+        store.round_trips() - before,
+        3,
+        "batches of 1000, 1000 and 500"
+    );
     let left: i64 = sql
         .query_one(&format!("SELECT count(*) FROM public.{table}"), &[])
         .await
@@ -221,7 +229,10 @@ async fn a_tombstone_row_costs_under_300_bytes() {
         return;
     };
     let table = pg::unique_table("tomb_size");
-    let store = pg::store(&url, &table, |s| s.with_tombstone(Duration::from_secs(3600))).await;
+    let store = pg::store(&url, &table, |s| {
+        s.with_tombstone(Duration::from_secs(3600))
+    })
+    .await;
     let sql = pg::connect(&url).await;
     let size = format!("SELECT pg_total_relation_size('public.{table}')");
     sql.batch_execute(&format!("VACUUM FULL public.{table}"))
