@@ -12,7 +12,8 @@
 //! The `outcome` of `layer="idempotency"`: `claimed` (ran and recorded),
 //! `released` (ran, not recorded: an error, a panic, a status the record policy
 //! declines), `replayed`, `reused` (409 key reuse), `in_progress` (409),
-//! `unavailable` (ran, response not recordable; 410 to retries),
+//! `unavailable` (ran, response not recordable; 410 to retries), `expired`
+//! (410: ran before, its record expired and only its tombstone is left),
 //! `store_error` (503), `over_quota` (429, the scope at its store quota),
 //! `shed` (503, over `with_max_in_flight`) and `rejected` (no scope, a bad key,
 //! a body too large or too slow). Of `layer="lease"`: `created`, `joined`,
