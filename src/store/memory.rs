@@ -42,7 +42,10 @@ thread_local! {
 /// [`with_capacity`](MemoryStoreBuilder::with_capacity): when the store is
 /// full of unexpired records, `begin` fails with [`MemoryStoreError::Full`]
 /// (inside [`StoreError::Backend`]) and the layer answers `503`, rather than
-/// forgetting a record it promised to keep.
+/// forgetting a record it promised to keep. A completed record past its
+/// retention leaves a tombstone (its identity and digest, packed without the
+/// response) for [`with_tombstone`](MemoryStoreBuilder::with_tombstone), which
+/// counts against the capacity too.
 ///
 /// One tenant cannot lock the others out: with
 /// [`with_scope_quota`](MemoryStoreBuilder::with_scope_quota) a scope that

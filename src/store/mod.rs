@@ -102,7 +102,8 @@ pub struct StoredResponse {
 /// earlier claim of the key whose owner died or stalled.
 ///
 /// A store returns [`Claim::first`] for a key that was free (never claimed,
-/// released, or completed and past its retention), and a [`Takeover`] for a
+/// released, or completed and past its retention and tombstone window), and a
+/// [`Takeover`] for a
 /// key whose last claim was still in progress when its lock ran out.
 ///
 /// ```
