@@ -6,12 +6,15 @@
 //! - `GET /keys/{scope}/{key}` answers the key's state as JSON (see
 //!   [`Inspect::inspect`]): `{"state": "absent"}`, `{"state": "in_progress",
 //!   "token", "attempt", "since_unix_ms", "lock_expires_unix_ms"}`,
-//!   `{"state": "completed", "status", "body_bytes", "expires_unix_ms"}` or
-//!   `{"state": "unavailable", "expires_unix_ms"}`.
+//!   `{"state": "completed", "status", "body_bytes", "expires_unix_ms"}`,
+//!   `{"state": "unavailable", "expires_unix_ms"}` or `{"state": "tombstone",
+//!   "expires_unix_ms"}`.
 //! - `POST /keys/{scope}/{key}/release` with `{"token": <token>}` (the token
 //!   the inspection showed) releases the claim ([`Inspect::release_stuck`]):
-//!   `200` released, `409` the token does not own the record (it completed,
-//!   or a new claim holds it), `404` the key has no record. Every attempt is
+//!   `200` released, `409` with `not_owner` (the token does not own the
+//!   record: it completed, or a new claim holds it) or `owner_alive` (its
+//!   lock was extended within the last half lock: the owner is alive), `404`
+//!   the key has no record. Every attempt is
 //!   logged at `WARN` with the actor ([`audit`](crate::store::inspect::audit)).
 //!
 //! A key that is not a valid `Idempotency-Key` is answered `400`, a store
@@ -21,13 +24,15 @@
 //! use axum::body::Body;
 //! use http::{Request, StatusCode};
 //! use http_body_util::BodyExt;
+//! use std::time::Duration;
 //! use tower::ServiceExt;
 //! use tower_idempotency::admin::{self, Actor};
 //! use tower_idempotency::store::{Begin, RecordKey, Store};
 //! use tower_idempotency::{fingerprint::Fingerprint, IdempotencyKey, MemoryStore, Scope};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let store = MemoryStore::new();
+//! // A one-second lock, to watch a dead owner's claim become releasable.
+//! let store = MemoryStore::builder().with_lock_timeout(Duration::from_secs(1)).build();
 //! let key = RecordKey::new(Scope::new("acme"), IdempotencyKey::parse(b"order-0001").unwrap());
 //! let Ok(Begin::Claimed(claim)) = store.begin(&key, &Fingerprint::from_bytes([7; 32]).into()).await else {
 //!     unreachable!()
@@ -46,11 +51,17 @@
 //! assert_eq!(state["state"], "in_progress");
 //! assert_eq!(state["token"], claim.token.get());
 //!
-//! let release = Request::post("/admin/idempotency/keys/acme/order-0001/release")
-//!     .header("content-type", "application/json")
-//!     .body(Body::from(format!(r#"{{"token": {}}}"#, state["token"])))
-//!     .unwrap();
-//! assert_eq!(app.oneshot(release).await.unwrap().status(), StatusCode::OK);
+//! let release = || {
+//!     Request::post("/admin/idempotency/keys/acme/order-0001/release")
+//!         .header("content-type", "application/json")
+//!         .body(Body::from(format!(r#"{{"token": {}}}"#, state["token"])))
+//!         .unwrap()
+//! };
+//! // Its lock is fresh: as far as anyone can tell, its owner is alive.
+//! assert_eq!(app.clone().oneshot(release()).await.unwrap().status(), StatusCode::CONFLICT);
+//! // Half the lock later, unextended: its owner missed its keep-alive beats.
+//! tokio::time::sleep(Duration::from_millis(600)).await;
+//! assert_eq!(app.oneshot(release()).await.unwrap().status(), StatusCode::OK);
 //! # }
 //! ```
 
@@ -138,6 +149,10 @@ fn state_json(state: &KeyState) -> Value {
             "state": "unavailable",
             "expires_unix_ms": unix_ms(*expires),
         }),
+        KeyState::Tombstone { expires } => json!({
+            "state": "tombstone",
+            "expires_unix_ms": unix_ms(*expires),
+        }),
         // `Absent`, and states a later version adds, shown by name only.
         _ => json!({ "state": "absent" }),
     }
@@ -184,6 +199,7 @@ async fn release<S: Inspect>(
     {
         Ok(Release::Released) => answer(StatusCode::OK, json!({ "released": true })),
         Ok(Release::NotOwner) => error(StatusCode::CONFLICT, "not_owner"),
+        Ok(Release::OwnerAlive) => error(StatusCode::CONFLICT, "owner_alive"),
         Ok(_) => error(StatusCode::NOT_FOUND, "absent"),
         Err(_) => error(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
     }

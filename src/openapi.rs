@@ -64,7 +64,7 @@ use utoipa::openapi::{Components, Content, OpenApi, Ref, RefOr, Required, Respon
 use utoipa::Modify;
 
 /// Every refusal the idempotency layer answers with.
-const REFUSALS: [Refusal; 15] = [
+const REFUSALS: [Refusal; 16] = [
     Refusal::KeyRequired,
     Refusal::KeyInvalid,
     Refusal::KeyRepeated,
@@ -80,6 +80,7 @@ const REFUSALS: [Refusal; 15] = [
     Refusal::QuotaExceeded,
     Refusal::Overloaded,
     Refusal::HandlerFailed,
+    Refusal::KeyExpired,
 ];
 
 /// Where `refusal` is in [`REFUSALS`]: an exhaustive match, so that a new
@@ -102,6 +103,7 @@ const fn position(refusal: Refusal) -> usize {
         Refusal::QuotaExceeded => 12,
         Refusal::Overloaded => 13,
         Refusal::HandlerFailed => 14,
+        Refusal::KeyExpired => 15,
         // The lease layer's: not answered by the routes documented here.
         Refusal::JobStoreUnavailable | Refusal::BudgetExhausted => usize::MAX,
     }

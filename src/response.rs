@@ -43,6 +43,11 @@ pub enum Refusal {
     /// effects happened) but its response could not be recorded; it is not
     /// run again, and there is nothing to replay.
     ResponseUnavailable,
+    /// `410 idempotency_key_expired`: the same request ran under this key
+    /// before, and its record has expired; its tombstone says the key was
+    /// used, so the request is not run again, and there is no answer left to
+    /// replay. (Another request under the key is [`KeyReused`](Self::KeyReused).)
+    KeyExpired,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
     /// `503 idempotency_outcome_unknown` with `Retry-After`: the handler ran,
@@ -85,6 +90,7 @@ impl Refusal {
             Self::KeyReused => "idempotency_key_reuse",
             Self::InProgress => "idempotency_in_progress",
             Self::ResponseUnavailable => "idempotency_response_unavailable",
+            Self::KeyExpired => "idempotency_key_expired",
             Self::StoreUnavailable => "idempotency_store_unavailable",
             Self::OutcomeUnknown => "idempotency_outcome_unknown",
             Self::QuotaExceeded => "idempotency_quota_exceeded",
@@ -140,6 +146,7 @@ impl Refusal {
             Self::KeyReused => doc!("KeyReused"),
             Self::InProgress => doc!("InProgress"),
             Self::ResponseUnavailable => doc!("ResponseUnavailable"),
+            Self::KeyExpired => doc!("KeyExpired"),
             Self::StoreUnavailable => doc!("StoreUnavailable"),
             Self::OutcomeUnknown => doc!("OutcomeUnknown"),
             Self::QuotaExceeded => doc!("QuotaExceeded"),
@@ -177,6 +184,11 @@ impl Refusal {
             Self::ResponseUnavailable => {
                 "the request with this idempotency key was processed, but its response \
                  could not be recorded; it will not be processed again"
+            }
+            Self::KeyExpired => {
+                "this idempotency key was already used for this request, and its response \
+                 is no longer kept; the request will not be processed again (use a new key \
+                 for a new operation)"
             }
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
@@ -221,7 +233,7 @@ impl Refusal {
             Self::KeyReused | Self::InProgress => StatusCode::CONFLICT,
             // Not 409: clients following the IETF draft retry a 409 later,
             // and this answer never changes while the record is retained.
-            Self::ResponseUnavailable => StatusCode::GONE,
+            Self::ResponseUnavailable | Self::KeyExpired => StatusCode::GONE,
             Self::StoreUnavailable
             | Self::OutcomeUnknown
             | Self::Overloaded
@@ -594,6 +606,7 @@ impl From<Refusal> for Outcome {
             }
             Refusal::HandlerFailed => Self::Released,
             Refusal::ResponseUnavailable => Self::Unavailable,
+            Refusal::KeyExpired => Self::Expired,
             Refusal::QuotaExceeded => Self::OverQuota,
             Refusal::Overloaded => Self::Shed,
             _ => Self::Rejected,

@@ -20,7 +20,8 @@
 //! The `outcome` of `layer="idempotency"`: `claimed` (ran and recorded),
 //! `released` (ran, not recorded: an error, a panic, a status the record policy
 //! declines), `replayed`, `key_reused` (409 key reuse), `in_progress` (409),
-//! `unavailable` (ran, response not recordable; 410 to retries),
+//! `unavailable` (ran, response not recordable; 410 to retries), `expired`
+//! (410: ran before, its record expired and only its tombstone is left),
 //! `store_error` (503), `over_quota` (429, the scope at its store quota),
 //! `shed` (503, over `with_max_in_flight`) and `rejected` (no scope, a bad key,
 //! a body too large or too slow). Of `layer="lease"`: `created`, `joined`,
@@ -53,6 +54,8 @@ pub(crate) enum Outcome {
     Rejected,
     /// Ran, but its response could not be recorded (`410` to retries).
     Unavailable,
+    /// `410 idempotency_key_expired`: ran before, only its tombstone is left.
+    Expired,
     /// `429 idempotency_quota_exceeded`: the scope is at its store quota.
     OverQuota,
     /// `503 overloaded`: shed at the layer's cap on claimed handlers.
@@ -71,6 +74,7 @@ impl Outcome {
             Self::StoreError => "store_error",
             Self::Rejected => "rejected",
             Self::Unavailable => "unavailable",
+            Self::Expired => "expired",
             Self::OverQuota => "over_quota",
             Self::Shed => "shed",
         }

@@ -98,6 +98,10 @@ pub enum Outcome<T> {
     KeyReused,
     /// It ran before and failed, and failures are recorded ([`OnFailure::Record`]).
     Failed,
+    /// It ran before, and its record has expired: only its tombstone is left
+    /// (the store's [`tombstone`](crate::store::Timings::tombstone) window), so
+    /// it is not run again and its value is gone.
+    Expired,
 }
 
 /// Why a call has no [`Outcome`].

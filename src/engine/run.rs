@@ -143,6 +143,7 @@ impl Engine {
             }
             Decision::KeyReused => return Ok(Outcome::KeyReused),
             Decision::Unavailable => return Ok(Outcome::Failed),
+            Decision::Expired => return Ok(Outcome::Expired),
             Decision::InProgress => return Ok(Outcome::InProgress),
             Decision::QuotaExceeded => return Err(EngineError::Store(StoreError::QuotaExceeded)),
             Decision::StoreFailed(error) => return Err(EngineError::Store(error)),

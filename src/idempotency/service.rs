@@ -195,6 +195,7 @@ where
             }
             Decision::KeyReused => return refuse(Refusal::KeyReused),
             Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
+            Decision::Expired => return refuse(Refusal::KeyExpired),
             Decision::InProgress => return refuse(Refusal::InProgress),
             Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),
             Decision::StoreFailed(_) => return refuse(Refusal::StoreUnavailable),

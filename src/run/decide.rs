@@ -18,6 +18,8 @@ pub(crate) enum Decision {
     KeyReused,
     /// Completed without a replayable result.
     Unavailable,
+    /// Ran before; its record expired and only its tombstone is left.
+    Expired,
     /// Still in progress after the wait.
     InProgress,
     /// The scope holds as many records as its quota allows.
@@ -61,6 +63,7 @@ pub(crate) async fn decide(
             Ok((Begin::Replay(stored), _)) => return Decision::Replay(stored),
             Ok((Begin::KeyReused, _)) => return Decision::KeyReused,
             Ok((Begin::ResponseUnavailable, _)) => return Decision::Unavailable,
+            Ok((Begin::Expired, _)) => return Decision::Expired,
             Ok((Begin::InProgress, _)) => {
                 let now = Instant::now();
                 let until = *wait_until.get_or_insert(now + wait_timeout);

@@ -45,7 +45,8 @@ use std::time::SystemTime;
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyState {
-    /// No record: never claimed, released, or completed and past its retention.
+    /// No record: never claimed, released, or completed and past its
+    /// retention and its tombstone window.
     Absent,
     /// A claim whose request has not completed. Its lock may have run out
     /// (`lock_expires` in the past): the next request of the key takes it over.
@@ -62,6 +63,13 @@ pub enum KeyState {
     /// Completed without a replayable response (`410` to retries).
     Unavailable {
         /// When the record expires.
+        expires: SystemTime,
+    },
+    /// Ran before and its record expired: only its tombstone is left, and a
+    /// retry is refused `410 idempotency_key_expired` (another body under the
+    /// key is key reuse) until the tombstone expires too.
+    Tombstone {
+        /// When the tombstone expires and the key is free.
         expires: SystemTime,
     },
 }
@@ -108,6 +116,11 @@ pub enum Release {
     NotOwner,
     /// The key has no record: nothing to release.
     Absent,
+    /// The token owns the claim, but its lock was extended within the last
+    /// half of the lock: its owner is alive (a claim's keep-alive extends
+    /// it many times per lock), so nothing changed. A dead owner's claim
+    /// becomes releasable once half its lock has run down.
+    OwnerAlive,
 }
 
 impl Release {
@@ -117,6 +130,7 @@ impl Release {
             Self::Released => "released",
             Self::NotOwner => "not_owner",
             Self::Absent => "absent",
+            Self::OwnerAlive => "owner_alive",
         }
     }
 }
@@ -130,10 +144,13 @@ pub trait Inspect: Send + Sync + 'static {
     fn inspect(&self, key: &RecordKey)
         -> impl Future<Output = Result<KeyState, StoreError>> + Send;
 
-    /// Releases `key`'s claim if `token` still owns it and it is in
-    /// progress; `actor` (who asked) goes into the `WARN` audit event every
-    /// call emits (see [`audit`]). Only for a claim whose owner is known dead:
-    /// an owner that is alive keeps running, but can no longer complete.
+    /// Releases `key`'s claim if `token` still owns it, it is in progress,
+    /// and its lock has run at least half down since it was last extended
+    /// (its owner missed its keep-alive beats: a live owner's claim answers
+    /// [`Release::OwnerAlive`]); `actor` (who asked) goes into the `WARN`
+    /// audit event every call emits (see [`audit`]). For a claim whose owner
+    /// is known dead, before its lock runs out: an owner stalled past half
+    /// its lock that wakes up later can no longer complete.
     fn release_stuck(
         &self,
         key: &RecordKey,

@@ -116,7 +116,8 @@ pub struct StoredResponse {
 /// earlier claim of the key whose owner died or stalled.
 ///
 /// A store returns [`Claim::first`] for a key that was free (never claimed,
-/// released, or completed and past its retention), and a [`Takeover`] for a
+/// released, or completed and past its retention and tombstone window), and a
+/// [`Takeover`] for a
 /// key whose last claim was still in progress when its lock ran out.
 ///
 /// ```
@@ -202,6 +203,12 @@ pub enum Begin {
     /// be recorded: its body failed, or was larger than the record limit. It is
     /// not run again while the record is retained.
     ResponseUnavailable,
+    /// The same request completed (or ran without a recordable response)
+    /// earlier, and its record has expired: only its tombstone is left (scope,
+    /// key and fingerprint, for [`Timings::tombstone`] past the retention). It
+    /// is not run again, and there is nothing to replay. Another fingerprint
+    /// under the key answers [`KeyReused`](Self::KeyReused).
+    Expired,
 }
 
 /// A store failure. The layer never runs the request: it answers `503`, or `429`
@@ -241,7 +248,8 @@ pub enum Completion {
     /// The request ran (its effects happened) but its response cannot be
     /// replayed: its body failed, or was larger than the record limit. Until
     /// the retention expires, `begin` answers [`Begin::ResponseUnavailable`]
-    /// to the same request and [`Begin::KeyReused`] to another.
+    /// to the same request and [`Begin::KeyReused`] to another (then
+    /// [`Begin::Expired`] and [`Begin::KeyReused`] while its tombstone lasts).
     Unavailable,
 }
 
@@ -266,6 +274,12 @@ pub struct Timings {
     /// (`Idempotency-Key-Retention`) on the answers it records and replays;
     /// `None` (for stores that do not say) advertises nothing.
     pub retention: Option<Duration>,
+    /// How long a completed record's tombstone (its scope, key and
+    /// fingerprint, without the response) outlives its retention: for that
+    /// long a retry of the same request is answered [`Begin::Expired`] (the
+    /// layer's `410 idempotency_key_expired`) instead of running again.
+    /// `None`: no tombstones (or a store that does not say).
+    pub tombstone: Option<Duration>,
 }
 
 impl Timings {
@@ -274,12 +288,19 @@ impl Timings {
         Self {
             lock_timeout,
             retention: None,
+            tombstone: None,
         }
     }
 
     /// Completed records kept for `retention`.
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = Some(retention);
+        self
+    }
+
+    /// Tombstones kept for `tombstone` past the retention.
+    pub fn with_tombstone(mut self, tombstone: Duration) -> Self {
+        self.tombstone = Some(tombstone);
         self
     }
 }
@@ -389,6 +410,11 @@ pub trait Store: Send + Sync + 'static {
     /// [`Claim::first`]: a release ends the count, as the owner ran to an
     /// answer the application chose not to record. The attempt and the
     /// claim's start time must be kept with the claim for this.
+    ///
+    /// A completed record past its retention leaves a tombstone for the
+    /// store's [`tombstone`](Timings::tombstone) window: the same request is
+    /// answered [`Begin::Expired`], another [`Begin::KeyReused`], and the key
+    /// is free (a [`Claim::first`]) only once the window has passed too.
     fn begin(
         &self,
         key: &RecordKey,
@@ -440,7 +466,9 @@ pub trait Store: Send + Sync + 'static {
 /// request) rather than by the layer; after tower-sessions' `ExpiredDeletion`.
 /// Implemented with `async fn`s, as [`Store`] is.
 pub trait Maintenance: Send + Sync + 'static {
-    /// Deletes expired records; returns how many were deleted.
+    /// Deletes expired records, and reduces completed ones past their
+    /// retention to tombstones (see [`Timings::tombstone`]), which it deletes
+    /// once they expire in turn; returns how many it deleted or reduced.
     fn purge_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Deletes one batch of expired records, at most `limit` where the store

@@ -244,10 +244,12 @@ mod tests {
     use tokio::sync::Semaphore;
     use tokio::time::{sleep, Instant};
 
-    /// A store whose records expire one second after their completion.
+    /// A store whose records expire one second after their completion,
+    /// leaving no tombstones: a purge deletes them.
     fn store() -> MemoryStore {
         MemoryStore::builder()
             .with_retention(Duration::from_secs(1))
+            .with_tombstone(Duration::ZERO)
             .build()
     }
 

@@ -211,7 +211,13 @@ async fn the_served_openapi_document_describes_the_layer_on_each_guarded_route()
                 ],
             ),
             ("401", &["unauthorized"]),
-            ("410", &["idempotency_response_unavailable"]),
+            (
+                "410",
+                &[
+                    "idempotency_response_unavailable",
+                    "idempotency_key_expired",
+                ],
+            ),
             ("413", &["payload_too_large"]),
             ("408", &["request_timeout"]),
             ("429", &["idempotency_quota_exceeded"]),

@@ -60,7 +60,8 @@ async fn claim(store: &MemoryStore, key: &RecordKey) -> i64 {
 
 #[tokio::test]
 async fn the_admin_router_inspects_and_releases_over_http_fenced_by_the_token() {
-    let store = MemoryStore::new();
+    let lock = std::time::Duration::from_millis(400);
+    let store = MemoryStore::builder().with_lock_timeout(lock).build();
     let app = app(store.clone());
     let path = "/admin/keys/acme/order-00000001";
 
@@ -94,7 +95,19 @@ async fn the_admin_router_inspects_and_releases_over_http_fenced_by_the_token() 
         (StatusCode::CONFLICT, Some("not_owner"))
     );
     assert_eq!(call(&app, get(path)).await.1["state"], "in_progress");
+    // The owner's token, its lock fresh: the owner is alive, 409.
+    let (status, body) = call(
+        &app,
+        release(&format!("{path}/release"), &token.to_string()),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("owner_alive"))
+    );
 
+    // Half the lock later, unextended: released.
+    tokio::time::sleep(lock / 2 + lock / 8).await;
     let (status, body) = call(
         &app,
         release(&format!("{path}/release"), &token.to_string()),

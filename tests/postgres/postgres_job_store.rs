@@ -620,7 +620,8 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
             ("jobs".into(), 4),
             ("records".into(), 1),
             ("records".into(), 2),
-            ("records".into(), 3)
+            ("records".into(), 3),
+            ("records".into(), 4)
         ]
     );
     // Both work in the new schema.

@@ -177,7 +177,9 @@ fn refusal_as_grpc_status(refused: &Refused, _json: Response<Bytes>) -> Response
         Refusal::PayloadTooLarge | Refusal::QuotaExceeded => tonic::Code::ResourceExhausted,
         Refusal::BodyTimeout => tonic::Code::DeadlineExceeded,
         Refusal::InProgress => tonic::Code::Aborted,
-        Refusal::KeyReused | Refusal::ResponseUnavailable => tonic::Code::FailedPrecondition,
+        Refusal::KeyReused | Refusal::ResponseUnavailable | Refusal::KeyExpired => {
+            tonic::Code::FailedPrecondition
+        }
         Refusal::StoreUnavailable | Refusal::Overloaded => tonic::Code::Unavailable,
         Refusal::HandlerFailed => tonic::Code::Internal,
         _ => tonic::Code::Unknown,

@@ -186,6 +186,10 @@ pub(super) enum Answer {
     Replay(Arc<StoredResponse>),
     InProgress,
     Unavailable,
+    /// A tombstone: ran before, its record expired.
+    Expired,
+    /// Another request's record.
+    KeyReused,
 }
 
 impl Claim {
@@ -256,11 +260,26 @@ impl Record {
     /// The answer to a request with this record's digest.
     pub(super) fn answer(&self) -> Answer {
         match &self.state {
+            State::Packed(packed) if packed::is_tombstone(packed) => Answer::Expired,
             State::Packed(packed) => Answer::Packed(packed.clone()),
             State::Cold(cold) => match &**cold {
                 Cold::Claim(_) => Answer::InProgress,
                 Cold::Large(large) => Answer::Replay(large.response.clone()),
                 Cold::Unavailable(..) => Answer::Unavailable,
+            },
+        }
+    }
+
+    /// The tombstone this completed record leaves once its retention has
+    /// passed: `None` for a claim, and for a tombstone already.
+    pub(super) fn tombstone(&self) -> Option<Arc<[u8]>> {
+        match &self.state {
+            State::Packed(packed) if packed::is_tombstone(packed) => None,
+            State::Packed(packed) => Some(packed::tombstone_of(packed)),
+            State::Cold(cold) => match &**cold {
+                Cold::Claim(_) => None,
+                Cold::Large(large) => Some(packed::tombstone(&large.key, large.local)),
+                Cold::Unavailable(key, local) => Some(packed::tombstone(key, *local)),
             },
         }
     }

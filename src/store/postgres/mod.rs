@@ -283,6 +283,7 @@ impl PostgresStore {
             settings.lock_timeout(),
             settings.retention(),
             config.colliding_key_locks,
+            settings.tombstone(),
         );
         Self {
             inner: Arc::new(Inner {
@@ -380,6 +381,7 @@ fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
         "mismatch" => Begin::KeyReused,
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
+        "expired" => Begin::Expired,
         other => return Err(backend(format!("unexpected begin outcome {other:?}"))),
     })
 }
@@ -444,6 +446,21 @@ impl Inner {
         let statement = self.prepare(client, sql).await?;
         self.count_round_trips(1);
         client.execute(&statement, params).await.map_err(backend)
+    }
+
+    /// Runs `sql`, whose one row is a count (a purge's rows changed).
+    async fn count(
+        &self,
+        client: &Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let rows = self.query(client, sql, params).await?;
+        let count: i64 = match rows.first() {
+            Some(row) => row.try_get(0).map_err(backend)?,
+            None => 0,
+        };
+        Ok(count.max(0) as u64)
     }
 
     /// Runs `begin`'s statement; a flight's `leader` stops taking followers just

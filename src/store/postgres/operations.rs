@@ -128,11 +128,12 @@ impl Maintenance for PostgresStore {
         let inner = &self.inner;
         let client = inner.settings.timed(OPERATION, inner.client()).await?;
         let mut purged = 0;
-        // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
+        // Bounded batches: each statement deletes (or reduces to tombstones)
+        // at most `PURGE_BATCH` rows.
         loop {
             let deleted = inner
                 .settings
-                .timed(OPERATION, inner.execute(&client, &inner.sql.purge, &[]))
+                .timed(OPERATION, inner.count(&client, &inner.sql.purge, &[]))
                 .await?;
             purged += deleted;
             if deleted < PURGE_BATCH {
@@ -149,7 +150,7 @@ impl Maintenance for PostgresStore {
             .timed(OPERATION, async {
                 let client = inner.client().await?;
                 inner
-                    .execute(&client, &inner.sql.purge_batch, &[&limit])
+                    .count(&client, &inner.sql.purge_batch, &[&limit])
                     .await
             })
             .await
@@ -253,6 +254,7 @@ impl Inspect for PostgresStore {
                     expires,
                 }
             }
+            "expired" => KeyState::Tombstone { expires },
             _ => KeyState::Unavailable { expires },
         })
     }
@@ -275,11 +277,13 @@ impl Inspect for PostgresStore {
                 let rows = inner.query_then_notify(&client, sql, &params, &id).await?;
                 let row = rows.first().ok_or_else(|| backend("no row"))?;
                 let released: bool = row.try_get("released").map_err(backend)?;
+                let alive: bool = row.try_get("alive").map_err(backend)?;
                 let present: bool = row.try_get("present").map_err(backend)?;
-                Ok(match (released, present) {
-                    (true, _) => Release::Released,
-                    (false, true) => Release::NotOwner,
-                    (false, false) => Release::Absent,
+                Ok(match (released, alive, present) {
+                    (true, _, _) => Release::Released,
+                    (false, true, _) => Release::OwnerAlive,
+                    (false, false, true) => Release::NotOwner,
+                    (false, false, false) => Release::Absent,
                 })
             })
             .await;

@@ -99,6 +99,7 @@ impl Sql {
         lock: Duration,
         retention: Duration,
         colliding_key_locks: bool,
+        tombstone: Duration,
     ) -> Self {
         // Names were validated as `[a-z_][a-z0-9_]*`; quoting also keeps reserved words usable.
         let t = format!(r#""{schema}"."{table}""#);
@@ -109,6 +110,19 @@ impl Sql {
         let response_check = derived_name(table, "response_check");
         let lock_ms = millis(lock);
         let retention_ms = millis(retention);
+        let tombstone_ms = millis(tombstone);
+        // Until when a row holds its key: a completed row for its tombstone
+        // window past its retention (`expires_at`), any other row until its
+        // `expires_at` (a tombstone's is its window's end). Every expiry is
+        // the database's clock; with no window it is `expires_at` itself.
+        let until = |r: &str| {
+            format!(
+                "(CASE WHEN {r}state IN ('completed', 'unavailable') \
+                 THEN {r}expires_at + interval '{tombstone_ms} milliseconds' \
+                 ELSE {r}expires_at END)"
+            )
+        };
+        let (until_row, until_r) = (until(""), until("r."));
         let held_recheck_ms = crate::store::waiters::RECHECK_FIRST.as_millis();
         // The key's advisory lock (seeded per table, scope and key hashed as
         // separate fields). Every claim takes it; a transactional claim holds
@@ -186,6 +200,14 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     ADD COLUMN IF NOT EXISTS previous_token      bigint,
     ADD COLUMN IF NOT EXISTS previous_created_at timestamptz;"#
             ),
+            // 4: tombstones. A completed row past its retention may be reduced
+            // to its identity and fingerprint (state 'expired', no response),
+            // its `expires_at` moved to its tombstone window's end.
+            format!(
+                r#"ALTER TABLE {t} DROP CONSTRAINT "{state_check}";
+ALTER TABLE {t} ADD CONSTRAINT "{state_check}"
+    CHECK (state IN ('in_progress', 'completed', 'unavailable', 'expired'));"#
+            ),
         ];
 
         // One statement in every case. `live` is the unexpired row in the statement's
@@ -199,7 +221,10 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         // needs the key's advisory lock (`held`: someone else's claim is being made or
         // runs in its transaction). Transactional mode runs this same statement inside
         // the handler's transaction, so its claim row and lock last until that ends and
-        // one commit records both. Zero rows come back only when a concurrent
+        // one commit records both. A completed row past its retention is a tombstone
+        // until its window's end (`until`): `live` still, answering 'expired' to
+        // its fingerprint (in place, whether or not a purge has dropped its
+        // response yet). Zero rows come back only when a concurrent
         // transaction committed a live row after this statement's snapshot; the caller
         // then runs the statement again (in a new transaction, in transactional mode).
         let begin_statement = |locked: bool| {
@@ -212,14 +237,15 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     SELECT NOT ({held}) AS held
 ), live AS (
     SELECT fingerprint = $3 AS same, state = 'completed' AS done,
-           state = 'unavailable' AS unavailable, status, headers, body,
+           state = 'unavailable' AS unavailable,
+           state = 'expired' OR expires_at <= now() AS tomb, status, headers, body,
            ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
     FROM {t}
-    WHERE scope = $1 AND key = $2 AND expires_at > now()
+    WHERE scope = $1 AND key = $2 AND {until_row} > now()
 ), expired AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
 ), free AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at)
@@ -235,7 +261,7 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         attempt = CASE WHEN r.state = 'in_progress' THEN r.attempt + 1 ELSE 1 END,
         previous_token = CASE WHEN r.state = 'in_progress' THEN r.token END,
         previous_created_at = CASE WHEN r.state = 'in_progress' THEN r.created_at END
-    WHERE r.expires_at <= now()
+    WHERE {until_r} <= now()
     RETURNING r.token, r.attempt, r.previous_token, r.previous_created_at
 )
 SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
@@ -243,13 +269,13 @@ SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
        attempt, previous_token, previous_created_at, {xact} AS xact
 FROM claimed
 UNION ALL
-SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN tomb THEN 'expired' WHEN done THEN 'replay'
             WHEN unavailable THEN 'unavailable' ELSE 'in_progress' END,
        NULL::bigint,
-       CASE WHEN same AND done THEN status END,
-       CASE WHEN same AND done THEN headers END,
-       CASE WHEN same AND done THEN body END,
-       CASE WHEN same AND (done OR unavailable) THEN remaining END,
+       CASE WHEN same AND done AND NOT tomb THEN status END,
+       CASE WHEN same AND done AND NOT tomb THEN headers END,
+       CASE WHEN same AND done AND NOT tomb THEN body END,
+       CASE WHEN same AND (done OR unavailable) AND NOT tomb THEN remaining END,
        NULL::integer, NULL::bigint, NULL::timestamptz, NULL::bigint
 FROM live
 UNION ALL
@@ -290,21 +316,24 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         let read_key = format!(
             r#"WITH r AS (
     SELECT fingerprint = $3 AS same, state, status, headers, body, token, attempt, created_at,
-           expires_at > now() AS live,
+           {until_row} > now() AS live,
+           state = 'expired' OR expires_at <= now() AS tomb,
            ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
     FROM {t}
     WHERE scope = $1 AND key = $2
 ), free AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
     FOR UPDATE SKIP LOCKED
 )
-SELECT CASE WHEN NOT same THEN 'mismatch' WHEN state = 'completed' THEN 'replay'
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN tomb THEN 'expired'
+            WHEN state = 'completed' THEN 'replay'
             WHEN state = 'unavailable' THEN 'unavailable' ELSE 'in_progress' END AS outcome,
        NULL::bigint AS token,
-       CASE WHEN same AND state = 'completed' THEN status END AS status,
-       CASE WHEN same AND state = 'completed' THEN headers END AS headers,
-       CASE WHEN same AND state = 'completed' THEN body END AS body,
-       CASE WHEN same AND state IN ('completed', 'unavailable') THEN remaining END AS remaining,
+       CASE WHEN same AND NOT tomb AND state = 'completed' THEN status END AS status,
+       CASE WHEN same AND NOT tomb AND state = 'completed' THEN headers END AS headers,
+       CASE WHEN same AND NOT tomb AND state = 'completed' THEN body END AS body,
+       CASE WHEN same AND NOT tomb AND state IN ('completed', 'unavailable')
+            THEN remaining END AS remaining,
        NULL::integer AS attempt, NULL::bigint AS previous_token,
        NULL::timestamptz AS previous_created_at, NULL::bigint AS xact
 FROM r WHERE live
@@ -340,7 +369,7 @@ WHERE NOT EXISTS (SELECT 1 FROM r WHERE live)"#
         created_at = excluded.created_at, expires_at = excluded.expires_at,
         status = excluded.status, headers = excluded.headers, body = excluded.body,
         attempt = 1, previous_token = NULL, previous_created_at = NULL
-    WHERE r.expires_at <= now()
+    WHERE {until_r} <= now()
     RETURNING 1
 )
 SELECT 1 / (SELECT count(*)::int FROM done)"#
@@ -400,22 +429,29 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'"#
 
         // Times as milliseconds on the database's clock. A claim past its
         // lock is still shown; a completed record past its retention is not.
+        // A completed row past its retention (or one a purge reduced) is
+        // shown as its tombstone, until its window's end.
         let inspect = format!(
-            r#"SELECT state, token, attempt, status,
+            r#"SELECT CASE WHEN state <> 'in_progress' AND expires_at <= now() THEN 'expired'
+            ELSE state END AS state,
+       token, attempt, status,
        octet_length(body)::bigint AS body_bytes,
        (extract(epoch FROM created_at) * 1000)::bigint AS since_ms,
-       (extract(epoch FROM expires_at) * 1000)::bigint AS expires_ms
+       (extract(epoch FROM {until_row}) * 1000)::bigint AS expires_ms
 FROM {t}
-WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR expires_at > now())"#
+WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR {until_row} > now())"#
         );
 
         // A row a transaction holds (a handler running in transactional
         // mode: its owner is alive) is skipped, never waited for, and so not
-        // released. `present` reads the snapshot before the delete.
+        // released; so is a claim extended within the last half of its lock
+        // (`alive`). `present` reads the snapshot before the delete.
+        let half_lock_ms = lock_ms / 2;
         let release_stuck = format!(
             r#"WITH target AS (
     SELECT scope, key FROM {t}
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+      AND expires_at <= now() + interval '{half_lock_ms} milliseconds'
     FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM {t} AS r USING target
@@ -423,6 +459,9 @@ WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR expires_at > now())"
     RETURNING 1
 )
 SELECT EXISTS (SELECT 1 FROM gone) AS released,
+       EXISTS (SELECT 1 FROM {t}
+               WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+                 AND expires_at > now() + interval '{half_lock_ms} milliseconds') AS alive,
        EXISTS (SELECT 1 FROM {t}
                WHERE scope = $1 AND key = $2
                  AND (state = 'in_progress' OR expires_at > now())) AS present"#
@@ -460,32 +499,43 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
 
-        let purge = format!(
-            r#"WITH doomed AS (
-    SELECT scope, key FROM {t}
+        // One batch of the oldest rows past their `expires_at`: a completed
+        // row within its tombstone window is reduced to its tombstone (its
+        // response dropped, its `expires_at` moved to the window's end, so the
+        // next batch does not see it again), every other row is deleted
+        // (tombstones whose window ended among them). The `(expires_at)` index
+        // yields the oldest first, so a batch reads about as many index entries
+        // as it changes rows; it answers how many it changed.
+        let purge_statement = |limit: &str| {
+            let entombed = format!(
+                "doomed.state IN ('completed', 'unavailable') \
+                 AND doomed.expires_at + interval '{tombstone_ms} milliseconds' > now()"
+            );
+            format!(
+                r#"WITH doomed AS (
+    SELECT scope, key, state, expires_at FROM {t}
     WHERE expires_at <= now()
     ORDER BY expires_at
-    LIMIT {PURGE_BATCH}
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM {t} AS r USING doomed
+    WHERE r.scope = doomed.scope AND r.key = doomed.key AND NOT ({entombed})
+    RETURNING 1
+), entombed AS (
+    UPDATE {t} AS r
+    SET state = 'expired', status = NULL, headers = NULL, body = NULL,
+        expires_at = doomed.expires_at + interval '{tombstone_ms} milliseconds'
+    FROM doomed
+    WHERE r.scope = doomed.scope AND r.key = doomed.key AND {entombed}
+    RETURNING 1
 )
-DELETE FROM {t} AS r USING doomed
-WHERE r.scope = doomed.scope AND r.key = doomed.key"#
-        );
-
-        // The same batch with its size a parameter, for `PurgeTask`: the
-        // `(expires_at)` index yields the oldest expired rows first, so a
-        // batch reads about as many index entries as it deletes.
-        let purge_batch = format!(
-            r#"WITH doomed AS (
-    SELECT scope, key FROM {t}
-    WHERE expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {t} AS r USING doomed
-WHERE r.scope = doomed.scope AND r.key = doomed.key"#
-        );
+SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM entombed)"#
+            )
+        };
+        let purge = purge_statement(&PURGE_BATCH.to_string());
+        // The same batch with its size a parameter (a bigint), for `PurgeTask`.
+        let purge_batch = purge_statement("$1");
 
         let purge_scope = format!(
             r#"WITH doomed AS (
@@ -560,6 +610,7 @@ mod tests {
             Duration::from_secs(10),
             Duration::from_secs(60),
             false,
+            Duration::from_secs(600),
         );
         let writers = [
             &sql.begin,

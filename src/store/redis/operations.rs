@@ -104,13 +104,15 @@ impl Inner {
         let mut invocation = self.scripts.complete.key(&names.record);
         invocation
             .key(&names.index)
+            .key(&names.tombstone)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
             .arg(millis(self.settings.retention()))
             .arg(&self.channel)
             // The record's name already names it uniquely: the message's id.
-            .arg(&names.record);
+            .arg(&names.record)
+            .arg(millis(self.settings.tombstone()));
         match response {
             Some(response) => invocation
                 .arg("c")
@@ -184,7 +186,10 @@ impl Inner {
             let mut invocation = self.scripts.purge_scope.key(&index);
             invocation.arg(scope.as_str());
             for member in &members {
-                invocation.key(format!("{tag}r:{member}")).arg(member);
+                invocation
+                    .key(format!("{tag}r:{member}"))
+                    .key(format!("{tag}x:{member}"))
+                    .arg(member);
             }
             let (deleted, removed): (u64, isize) = self
                 .settings
@@ -324,6 +329,7 @@ fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreErr
         "mismatch" => Begin::KeyReused,
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
+        "expired" => Begin::Expired,
         other => return Err(corrupt(other)),
     };
     // PTTL: -1 (no TTL) or -2 (gone) give no bound, so nothing is kept near.
@@ -430,6 +436,7 @@ impl RedisStore {
         let mut invocation = inner.scripts.begin.key(&names.record);
         invocation
             .key(&names.index)
+            .key(&names.tombstone)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
@@ -460,6 +467,7 @@ impl Inspect for RedisStore {
         let inner = &self.inner;
         let names = inner.names(key);
         let mut invocation = inner.scripts.inspect.key(&names.record);
+        invocation.key(&names.tombstone);
         invocation.arg(key.scope().as_str()).arg(key.key().as_str());
         let reply: Vec<String> = inner
             .settings
@@ -487,6 +495,9 @@ impl Inspect for RedisStore {
             Some("u") => KeyState::Unavailable {
                 expires: at(number(1)?),
             },
+            Some("x") => KeyState::Tombstone {
+                expires: at(number(1)?),
+            },
             _ => KeyState::Absent,
         })
     }
@@ -506,13 +517,15 @@ impl Inspect for RedisStore {
             .arg(key.key().as_str())
             .arg(token.0.to_string())
             .arg(&inner.channel)
-            .arg(&names.record);
+            .arg(&names.record)
+            .arg(millis(inner.settings.lock_timeout() / 2));
         let outcome = inner
             .settings
             .timed(OPERATION, inner.invoke::<i64>(&invocation))
             .await
             .map(|released| match released {
                 1 => Release::Released,
+                2 => Release::OwnerAlive,
                 0 => Release::NotOwner,
                 _ => Release::Absent,
             });

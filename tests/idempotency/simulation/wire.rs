@@ -61,6 +61,7 @@ enum Reply {
     Mismatch,
     InProgress,
     Unavailable,
+    Expired,
     Done,
     Count(u64),
     ClaimLost,
@@ -183,6 +184,7 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
                 Ok(Begin::KeyReused) => (Op::Decided("mismatch"), Reply::Mismatch),
                 Ok(Begin::InProgress) => (Op::Decided("in progress"), Reply::InProgress),
                 Ok(Begin::ResponseUnavailable) => (Op::Decided("unavailable"), Reply::Unavailable),
+                Ok(Begin::Expired) => (Op::Decided("expired"), Reply::Expired),
                 Err(e) => return failed(e),
             };
             log(&key, decided);
@@ -381,6 +383,7 @@ impl Store for RemoteStore {
                 Reply::Mismatch => Begin::KeyReused,
                 Reply::InProgress => Begin::InProgress,
                 Reply::Unavailable => Begin::ResponseUnavailable,
+                Reply::Expired => Begin::Expired,
                 other => return Err(unexpected(other)),
             },
         )

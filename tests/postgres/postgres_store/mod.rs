@@ -46,7 +46,9 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
     let url = pg::database_url("postgres_store conformance")?;
     let table = pg::unique_table("conformance");
     let store = pg::store(&url, &table, |s| {
-        s.with_lock_timeout(d.lock).with_retention(d.retention)
+        s.with_lock_timeout(d.lock)
+            .with_retention(d.retention)
+            .with_tombstone(d.tombstone)
     })
     .await;
     Some(store)

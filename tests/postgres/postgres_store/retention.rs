@@ -88,7 +88,8 @@ async fn purge_task_empties_a_large_backlog_in_bounded_batches_beside_live_reque
         return;
     };
     let table = pg::unique_table("purge_task");
-    let store = pg::store(&url, &table, |s| s).await;
+    // No tombstones: the backlog is deleted outright.
+    let store = pg::store(&url, &table, |s| s.with_tombstone(Duration::ZERO)).await;
     let sql = pg::connect(&url).await;
     insert_expired(&sql, &table, 200_000).await;
     let watched = Batches {
@@ -229,6 +230,135 @@ async fn purge_task_empties_a_million_expired_records_while_live_requests_answer
 }
 
 /// `rows` completed records of `table`, expired a second ago, in one statement.
+/// A purge reduces completed rows past their retention to tombstones (no
+/// response, `expires_at` moved by the window), in batches, and deletes the
+/// tombstones in batches too once their own window has passed on the
+/// database's clock; a tombstone answers its key's requests meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_reduces_expired_records_to_tombstones_then_deletes_them_in_batches() {
+    let Some(url) = pg::database_url("purge_reduces_expired_records_to_tombstones") else {
+        return;
+    };
+    let table = pg::unique_table("purge_tomb");
+    let store = PostgresStore::builder(pg::pool(pg::pg_config(&url), 1))
+        .with_table(table.parse().unwrap())
+        .with_tombstone(Duration::from_secs(3600))
+        .build();
+    store.migrate().await.unwrap();
+    assert_eq!(store.purge_expired().await.unwrap(), 0); // warms the statement cache
+    let sql = pg::connect(&url).await;
+    insert_expired(&sql, &table, 2500).await;
+    let before = store.round_trips();
+    assert_eq!(store.purge_expired().await.unwrap(), 2500);
+    assert_eq!(
+        store.round_trips() - before,
+        3,
+        "batches of 1000, 1000 and 500"
+    );
+    let row = sql
+        .query_one(
+            &format!(
+                "SELECT count(*) FILTER (WHERE state = 'expired' AND status IS NULL \
+                         AND headers IS NULL AND body IS NULL), \
+                        bool_and(expires_at - now() > interval '59 minutes')::int \
+                 FROM public.{table}"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i64>(0), row.get::<_, i32>(1)), (2500, 1));
+    // Nothing left to reduce, and the tombstones are not expired yet.
+    assert_eq!(store.purge_expired().await.unwrap(), 0);
+    let key = RecordKey::new(
+        Scope::new("s"),
+        tower_idempotency::IdempotencyKey::parse(b"key-1000").unwrap(),
+    );
+    assert!(matches!(
+        store.begin(&key, &fingerprint("a")).await,
+        Ok(Begin::KeyReused)
+    ));
+    // Their window passes.
+    sql.execute(
+        &format!("UPDATE public.{table} SET expires_at = now() - interval '1 second'"),
+        &[],
+    )
+    .await
+    .unwrap();
+    let before = store.round_trips();
+    assert_eq!(store.purge_expired().await.unwrap(), 2500);
+    assert_eq!(
+        store.round_trips() - before,
+        3,
+        "batches of 1000, 1000 and 500"
+    );
+    let left: i64 = sql
+        .query_one(&format!("SELECT count(*) FROM public.{table}"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    assert!(matches!(
+        store.begin(&key, &fingerprint("a")).await,
+        Ok(Begin::Claimed(_))
+    ));
+}
+
+/// What a tombstone costs: the table's size (heap, indexes, TOAST) with
+/// 100 000 tombstones, less its size empty, per tombstone, after a `VACUUM
+/// FULL` so that no dead row versions count; and the average row size.
+/// Printed for `docs/benchmarks.md` (`--nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_row_costs_under_300_bytes() {
+    let Some(url) = pg::database_url("a_tombstone_row_costs_under_300_bytes") else {
+        return;
+    };
+    let table = pg::unique_table("tomb_size");
+    let store = pg::store(&url, &table, |s| {
+        s.with_tombstone(Duration::from_secs(3600))
+    })
+    .await;
+    let sql = pg::connect(&url).await;
+    let size = format!("SELECT pg_total_relation_size('public.{table}')");
+    sql.batch_execute(&format!("VACUUM FULL public.{table}"))
+        .await
+        .unwrap();
+    let empty: i64 = sql.query_one(&size, &[]).await.unwrap().get(0);
+    // Keys and fingerprints as the layer writes them: a UUID, a SHA-256.
+    let n = 100_000i64;
+    sql.execute(
+        &format!(
+            "INSERT INTO public.{table} \
+             (scope, key, fingerprint, token, state, expires_at, status, headers, body) \
+             SELECT 'tenant-0001', gen_random_uuid()::text, sha256(i::text::bytea), i, \
+                    'completed', now() - interval '1 second', 201, '', 'a response body' \
+             FROM generate_series(1, $1::bigint) AS i"
+        ),
+        &[&n],
+    )
+    .await
+    .unwrap();
+    assert_eq!(store.purge_expired().await.unwrap(), n as u64);
+    sql.batch_execute(&format!("VACUUM FULL public.{table}"))
+        .await
+        .unwrap();
+    let full: i64 = sql.query_one(&size, &[]).await.unwrap().get(0);
+    let row: f64 = sql
+        .query_one(
+            &format!("SELECT avg(pg_column_size(t.*))::float8 FROM public.{table} AS t"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let per_tombstone = (full - empty) / n;
+    println!(
+        "PostgreSQL: {per_tombstone} bytes per tombstone (table, indexes and TOAST: \
+         {empty} bytes empty, {full} with {n}); average row {row:.0} bytes"
+    );
+    assert!(per_tombstone < 300, "{per_tombstone} bytes per tombstone");
+}
+
 async fn insert_expired(sql: &tokio_postgres::Client, table: &str, rows: i64) {
     let insert = format!(
         "INSERT INTO public.{table} \
