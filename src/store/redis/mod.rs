@@ -29,6 +29,7 @@
 //! ```
 
 mod builder;
+mod command;
 mod eviction;
 #[cfg(feature = "test-util")]
 mod instrumentation;
@@ -40,7 +41,6 @@ mod scripts;
 pub use self::builder::RedisStoreBuilder;
 pub use self::prefix::RedisPrefix;
 use self::scripts::Scripts;
-use super::encoding::hex;
 use super::near_cache::{Completed, NearCache};
 use super::settings::Settings;
 use super::shared::{embeds_shared, Shared};
@@ -49,7 +49,6 @@ use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, Pipeline, RedisFuture, Value};
-use sha2::{Digest, Sha256};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -306,44 +305,24 @@ pub(super) fn backend(error: impl Into<crate::body::BoxError>) -> StoreError {
     StoreError::Backend(error.into())
 }
 
-/// The names one record uses: the record's hash and its scope's index,
-/// under one hash tag.
-struct Names {
-    record: String,
-    index: String,
-    /// The key's tombstone, once its record expired (see `scripts`).
-    tombstone: String,
-}
-
-/// The hash tag is a digest of the scope alone, so any scope (braces
-/// included) makes a valid tag and a scope's records share one slot; the key
-/// follows verbatim (only the first `{...}` of a name is its tag). The scripts
-/// compare the stored scope and key with the request's, so two identities
-/// never share a record.
-fn names(prefix: &str, key: &RecordKey) -> Names {
-    let tag = scope_tag(prefix, key.scope().as_str());
-    Names {
-        record: format!("{tag}r:{}", key.key().as_str()),
-        index: format!("{tag}i"),
-        tombstone: format!("{tag}x:{}", key.key().as_str()),
-    }
-}
-
-fn scope_tag(prefix: &str, scope: &str) -> String {
-    let digest = Sha256::digest(scope.as_bytes());
-    format!("{prefix}:{{{}}}:", hex(&digest[..16]))
-}
+// Names: the hash tag is a digest of the scope alone, so any scope (braces
+// included) makes a valid tag and a scope's records share one slot; the key
+// follows verbatim (only the first `{...}` of a name is its tag). The scripts
+// compare the stored scope and key with the request's, so two identities
+// never share a record. See `command::Tag`.
 
 impl Inner {
-    fn names(&self, key: &RecordKey) -> Names {
-        names(&self.config.prefix, key)
-    }
-
     /// How long a claim's key is kept: past its lock, so that its owner's late
     /// `extend` or `complete` still finds it when nobody took it over.
     fn claim_kept(&self) -> Duration {
         let s = &self.settings;
         s.lock_timeout().saturating_add(s.retention())
+    }
+
+    /// How long a claim's index entry is kept: past its key, by the tombstone
+    /// window, so that its completion (within the lock) need not move it.
+    fn index_kept(&self) -> Duration {
+        self.claim_kept().saturating_add(self.settings.tombstone())
     }
 
     fn count_round_trip(&self) {
@@ -397,20 +376,29 @@ mod tests {
     #[test]
     fn a_record_and_its_index_share_one_hash_tag_whatever_the_scope() {
         for scope in ["acme", "{x}", "}{", "", "tenant:{a}:b"] {
-            let n = names("idem", &record(scope, "key-0000001"));
+            let key = record(scope, "key-0000001");
+            let t = command::Tag::of("idem", key.scope().as_str());
+            let (rec, index) = (
+                t.record(key.key().as_str()).to_string(),
+                t.index().to_string(),
+            );
             let tag = |name: &str| {
                 let open = name.find('{').unwrap();
                 let close = open + name[open..].find('}').unwrap();
                 name[open + 1..close].to_owned()
             };
-            assert_eq!(tag(&n.record), tag(&n.index));
-            assert_eq!(tag(&n.record).len(), 32);
-            assert!(n.record.ends_with(":r:key-0000001"));
+            assert_eq!(tag(&rec), tag(&index));
+            assert_eq!(tag(&rec).len(), 32);
+            assert!(rec.ends_with(":r:key-0000001"));
         }
         let (a, b) = (
-            names("idem", &record("a", "key-0000001")),
-            names("idem", &record("b", "key-0000001")),
+            command::Tag::of("idem", "a")
+                .record("key-0000001")
+                .to_string(),
+            command::Tag::of("idem", "b")
+                .record("key-0000001")
+                .to_string(),
         );
-        assert_ne!(a.record, b.record);
+        assert_ne!(a, b);
     }
 }

@@ -1,8 +1,9 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
+use super::command::{eval, Headers};
 use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
-use crate::store::encoding::{decode_headers, encode_headers};
+use crate::store::encoding::decode_headers;
 use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::near_cache::Completed;
 use crate::store::shared;
@@ -14,7 +15,7 @@ use crate::{fingerprint::RequestFingerprint, Scope};
 use bytes::Bytes;
 use http::StatusCode;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-use redis::{ScriptInvocation, Value};
+use redis::Value;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -22,18 +23,6 @@ use std::time::{Duration, UNIX_EPOCH};
 const PURGE_BATCH: isize = 500;
 
 impl Inner {
-    async fn invoke<T: redis::FromRedisValue>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T, StoreError> {
-        self.count_round_trip();
-        let mut connection = self.connection.clone();
-        invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(backend)
-    }
-
     /// Waits until the configured number of replicas of `record`'s primary
     /// acknowledged the writes sent so far; `Ok` without replica acks.
     async fn replicated(&self, record: &str) -> Result<(), StoreError> {
@@ -66,11 +55,13 @@ impl Inner {
     }
 
     async fn lock_remaining(&self, key: &RecordKey) -> Result<Option<Duration>, StoreError> {
-        let names = self.names(key);
-        let invocation = self.scripts.lock_remaining.key(&names.record);
+        let tag = self.tag(key);
+        let script = &self.scripts.lock_remaining;
+        let mut cmd = eval(script, 1, 0);
+        cmd.arg(tag.record(key.key().as_str()));
         let ms: i64 = self
             .settings
-            .timed(OPERATION, self.invoke(&invocation))
+            .timed(OPERATION, self.run(script, &cmd))
             .await?;
         // -1: not in progress; -2 (gone) cannot follow a present state.
         Ok((ms >= 0).then(|| Duration::from_millis(ms as u64)))
@@ -100,30 +91,32 @@ impl Inner {
         token: FencingToken,
         response: Option<&StoredResponse>,
     ) -> Result<(), StoreError> {
-        let names = self.names(key);
-        let mut invocation = self.scripts.complete.key(&names.record);
-        invocation
-            .key(&names.index)
-            .key(&names.tombstone)
+        let tag = self.tag(key);
+        let record = tag.record(key.key().as_str());
+        let script = &self.scripts.complete;
+        let mut cmd = eval(script, 3, response.map_or(0, |r| r.body.len() + 256));
+        cmd.arg(record)
+            .arg(tag.index())
+            .arg(tag.tombstone(key.key().as_str()))
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(token.0.to_string())
+            .arg(token.0)
             .arg(millis(self.settings.retention()))
             .arg(&self.channel)
             // The record's name already names it uniquely: the message's id.
-            .arg(&names.record)
+            .arg(record)
             .arg(millis(self.settings.tombstone()));
         match response {
-            Some(response) => invocation
+            Some(response) => cmd
                 .arg("c")
                 .arg(response.status.as_u16())
-                .arg(encode_headers(&response.headers))
+                .arg(Headers(&response.headers))
                 .arg(&response.body[..]),
-            None => invocation.arg("u"),
+            None => cmd.arg("u"),
         };
         self.settings
             .timed(OPERATION, async {
-                let done: i64 = self.invoke(&invocation).await?;
+                let done: i64 = self.run(script, &cmd).await?;
                 if done != 1 {
                     return Err(StoreError::ClaimLost);
                 }
@@ -132,14 +125,14 @@ impl Inner {
                 // claim is then still ours and in progress there, and the caller
                 // runs the completion again.
                 loop {
-                    let error = match self.replicated(&names.record).await {
+                    let error = match self.replicated(&record.to_string()).await {
                         Ok(()) => return Ok(()),
                         Err(error) => error,
                     };
                     tracing::warn!(%error, "a completion is not replicated yet");
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     let mut read = redis::cmd("HMGET");
-                    read.arg(&names.record).arg("st").arg("tok");
+                    read.arg(record).arg("st").arg("tok");
                     self.count_round_trip();
                     let state: (Option<String>, Option<String>) = read
                         .query_async(&mut self.connection.clone())
@@ -161,8 +154,8 @@ impl Inner {
 impl Inner {
     /// Deletes `scope`'s records, batch by batch through its index.
     async fn delete_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        let tag = super::scope_tag(&self.config.prefix, scope.as_str());
-        let index = format!("{tag}i");
+        let tag = super::command::Tag::of(&self.config.prefix, scope.as_str());
+        let index = tag.index();
         let mut purged = 0u64;
         // Entries of other scopes sharing the tag stay: skip past them.
         let mut kept: isize = 0;
@@ -172,7 +165,7 @@ impl Inner {
                 .timed(OPERATION, async {
                     self.count_round_trip();
                     redis::cmd("ZRANGE")
-                        .arg(&index)
+                        .arg(index)
                         .arg(kept)
                         .arg(kept + PURGE_BATCH - 1)
                         .query_async(&mut self.connection.clone())
@@ -183,17 +176,16 @@ impl Inner {
             if members.is_empty() {
                 return Ok(purged);
             }
-            let mut invocation = self.scripts.purge_scope.key(&index);
-            invocation.arg(scope.as_str());
+            let script = &self.scripts.purge_scope;
+            let mut cmd = eval(script, 1 + 2 * members.len(), 0);
+            cmd.arg(index);
             for member in &members {
-                invocation
-                    .key(format!("{tag}r:{member}"))
-                    .key(format!("{tag}x:{member}"))
-                    .arg(member);
+                cmd.arg(tag.record(member)).arg(tag.tombstone(member));
             }
+            cmd.arg(scope.as_str()).arg(&members);
             let (deleted, removed): (u64, isize) = self
                 .settings
-                .timed(OPERATION, self.invoke(&invocation))
+                .timed(OPERATION, self.run(script, &cmd))
                 .await?;
             purged += deleted;
             kept += members.len() as isize - removed;
@@ -222,10 +214,12 @@ impl Inner {
                     .timed(OPERATION, self.on_node(scan, primary.as_ref()))
                     .await?;
                 for index in indexes {
-                    let invocation = self.scripts.trim_index.key(&index);
+                    let script = &self.scripts.trim_index;
+                    let mut cmd = eval(script, 1, 0);
+                    cmd.arg(index);
                     let removed: u64 = self
                         .settings
-                        .timed(OPERATION, self.invoke(&invocation))
+                        .timed(OPERATION, self.run(script, &cmd))
                         .await?;
                     trimmed += removed;
                 }
@@ -375,18 +369,20 @@ impl Store for RedisStore {
 
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
-        let names = inner.names(key);
-        let mut invocation = inner.scripts.extend.key(&names.record);
-        invocation
-            .key(&names.index)
+        let tag = inner.tag(key);
+        let script = &inner.scripts.extend;
+        let mut cmd = eval(script, 2, 0);
+        cmd.arg(tag.record(key.key().as_str()))
+            .arg(tag.index())
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(token.0.to_string())
+            .arg(token.0)
             .arg(millis(inner.settings.lock_timeout()))
-            .arg(millis(inner.claim_kept()));
+            .arg(millis(inner.claim_kept()))
+            .arg(millis(inner.index_kept()));
         let extended: i64 = inner
             .settings
-            .timed(OPERATION, inner.invoke(&invocation))
+            .timed(OPERATION, inner.run(script, &cmd))
             .await?;
         match extended {
             1 => Ok(()),
@@ -400,26 +396,28 @@ impl Store for RedisStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
         inner.forget_claim(key, token);
-        let names = inner.names(key);
-        let mut invocation = inner.scripts.release.key(&names.record);
-        invocation
-            .key(&names.index)
+        let tag = inner.tag(key);
+        let record = tag.record(key.key().as_str());
+        let script = &inner.scripts.release;
+        let mut cmd = eval(script, 2, 0);
+        cmd.arg(record)
+            .arg(tag.index())
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(token.0.to_string())
+            .arg(token.0)
             .arg(&inner.channel)
             // The record's name already names it uniquely: the message's id.
-            .arg(&names.record);
+            .arg(record);
         let _released: i64 = inner
             .settings
-            .timed(OPERATION, inner.invoke(&invocation))
+            .timed(OPERATION, inner.run(script, &cmd))
             .await?;
         Ok(())
     }
 
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
         let inner = &self.inner;
-        let id = inner.names(key).record;
+        let id = inner.tag(key).record(key.key().as_str()).to_string();
         shared::wait(inner, id, timeout, || inner.lock_remaining(key)).await
     }
 }
@@ -432,24 +430,27 @@ impl RedisStore {
         fingerprint: &[u8; 32],
     ) -> Result<Begin, StoreError> {
         let inner = &self.inner;
-        let names = inner.names(key);
-        let mut invocation = inner.scripts.begin.key(&names.record);
-        invocation
-            .key(&names.index)
-            .key(&names.tombstone)
+        let tag = inner.tag(key);
+        let record = tag.record(key.key().as_str());
+        let script = &inner.scripts.begin;
+        let mut cmd = eval(script, 3, 0);
+        cmd.arg(record)
+            .arg(tag.index())
+            .arg(tag.tombstone(key.key().as_str()))
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
             .arg(millis(inner.settings.lock_timeout()))
-            .arg(millis(inner.claim_kept()));
+            .arg(millis(inner.claim_kept()))
+            .arg(millis(inner.index_kept()));
         inner
             .settings
             .timed(OPERATION, async {
                 let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
-                let reply: Vec<Value> = inner.invoke(&invocation).await?;
+                let reply: Vec<Value> = inner.run(script, &cmd).await?;
                 let (begun, remaining) = decode_begin(reply)?;
                 if let Begin::Claimed(claim) = begun {
-                    if let Err(error) = inner.replicated(&names.record).await {
+                    if let Err(error) = inner.replicated(&record.to_string()).await {
                         // Not running the handler on a claim a failover could lose.
                         let _ = self.release(key, claim.token).await;
                         return Err(error);
@@ -465,13 +466,16 @@ impl RedisStore {
 impl Inspect for RedisStore {
     async fn inspect(&self, key: &RecordKey) -> Result<KeyState, StoreError> {
         let inner = &self.inner;
-        let names = inner.names(key);
-        let mut invocation = inner.scripts.inspect.key(&names.record);
-        invocation.key(&names.tombstone);
-        invocation.arg(key.scope().as_str()).arg(key.key().as_str());
+        let tag = inner.tag(key);
+        let script = &inner.scripts.inspect;
+        let mut cmd = eval(script, 2, 0);
+        cmd.arg(tag.record(key.key().as_str()))
+            .arg(tag.tombstone(key.key().as_str()))
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str());
         let reply: Vec<String> = inner
             .settings
-            .timed(OPERATION, inner.invoke(&invocation))
+            .timed(OPERATION, inner.run(script, &cmd))
             .await?;
         let number = |i: usize| -> Result<i64, StoreError> {
             reply
@@ -509,19 +513,21 @@ impl Inspect for RedisStore {
         actor: &str,
     ) -> Result<Release, StoreError> {
         let inner = &self.inner;
-        let names = inner.names(key);
-        let mut invocation = inner.scripts.release_stuck.key(&names.record);
-        invocation
-            .key(&names.index)
+        let tag = inner.tag(key);
+        let record = tag.record(key.key().as_str());
+        let script = &inner.scripts.release_stuck;
+        let mut cmd = eval(script, 2, 0);
+        cmd.arg(record)
+            .arg(tag.index())
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(token.0.to_string())
+            .arg(token.0)
             .arg(&inner.channel)
-            .arg(&names.record)
+            .arg(record)
             .arg(millis(inner.settings.lock_timeout() / 2));
         let outcome = inner
             .settings
-            .timed(OPERATION, inner.invoke::<i64>(&invocation))
+            .timed(OPERATION, inner.run::<i64>(script, &cmd))
             .await
             .map(|released| match released {
                 1 => Release::Released,

@@ -34,7 +34,9 @@
 use redis::Script;
 
 /// Shared by the scripts: the server's time in milliseconds, and the index
-/// kept at least as long as the record it names (`ttl` ms from now).
+/// kept at least as long as the record it names (`ttl` ms from now). The
+/// index's TTL is set a sixteenth further than needed, so that the claims that
+/// follow (each a few milliseconds later) find it long enough and leave it.
 const PRELUDE: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
@@ -45,7 +47,7 @@ local function index(idx, member, ttl, now, trim)
   if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
   redis.call('ZADD', idx, now + ttl, member)
   if redis.call('PTTL', idx) < ttl then
-    redis.call('PEXPIRE', idx, ttl)
+    redis.call('PEXPIRE', idx, ttl + math.floor(ttl / 16))
   end
 end
 -- An entry's score only grows (GT): a record's expiry that comes before its
@@ -65,7 +67,9 @@ end
 "#;
 
 /// KEYS: record, index, tombstone. ARGV: scope, key, fingerprint, lock ms,
-/// keep ms. Replies `{'claimed', token}` (`{'claimed', token, attempt,
+/// keep ms, index ms (keep plus the tombstone window: the index entry's score
+/// then already covers a completion within the lock, which leaves it).
+/// Replies `{'claimed', token}` (`{'claimed', token, attempt,
 /// previous token, previous start ms}` for a takeover of a dead claim),
 /// `{'replay', status, headers, body, ttl ms}`, `{'mismatch'}`,
 /// `{'unavailable', ttl ms}`, `{'expired'}` (a tombstone) or
@@ -120,7 +124,7 @@ redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token
   'lx', string.format('%d', now + tonumber(ARGV[4])), 'n', string.format('%d', attempt),
   'bg', string.format('%d', now))
 redis.call('PEXPIRE', rec, keep)
-index(idx, ARGV[2], keep, now, true)
+index(idx, ARGV[2], tonumber(ARGV[6]), now, true)
 if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
@@ -143,7 +147,7 @@ if ARGV[8] == 'c' then
 else
   redis.call('HSET', rec, 'st', 'u')
 end
-redis.call('HDEL', rec, 'lx')
+-- `lx` stays: only a claim's (`p`) is ever read.
 redis.call('PEXPIRE', rec, retention)
 -- The index entry lives as long as the tombstone, for `purge_scope`.
 local kept = retention
@@ -156,7 +160,8 @@ if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, token, lock ms, keep ms. Replies 1,
+/// KEYS: record, index. ARGV: scope, key, token, lock ms, keep ms, index ms
+/// (as `BEGIN`'s). Replies 1,
 /// or 0 when the token does not hold the claim; a claim past its lock that
 /// nobody took over is held again.
 const EXTEND: &str = r#"
@@ -169,7 +174,7 @@ local keep = tonumber(ARGV[5])
 local now = now_ms()
 redis.call('HSET', rec, 'lx', string.format('%d', now + tonumber(ARGV[4])))
 redis.call('PEXPIRE', rec, keep)
-reindex(idx, ARGV[2], keep, now)
+reindex(idx, ARGV[2], tonumber(ARGV[6]), now)
 return 1
 "#;
 
