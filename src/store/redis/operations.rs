@@ -548,7 +548,7 @@ impl Maintenance for RedisStore {
     /// entries of expired records from every scope index, and returns how
     /// many it removed. It scans the whole key space (of every primary on a
     /// Cluster): run it rarely, if at all — indexes also trim themselves on
-    /// every claim and expire after their last record.
+    /// one claim in eight and expire after their last record.
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         self.inner.trim_indexes().await
     }

@@ -13,7 +13,9 @@
 //! `n` the claim's attempt (1, or one more than the dead claim it took over)
 //! and `bg` when it was made in server milliseconds,
 //! `w` set once a waiter checked the claim (only then do `complete` and
-//! `release` publish), and for `c` the response: `status`, `hd`, `bd`.
+//! `release` publish), `iw` how far past its key's expiry the claim scored
+//! its index entry (ms), and for `c` the response: `status`, `hd`, `bd`.
+//! `lx` and `iw` stay after the completion: only a claim's are read.
 //!
 //! A claim's key lives for its lock plus the retention (`keep`), past its
 //! lock: a claim whose lock ran out stays its owner's until a `begin` takes
@@ -29,7 +31,9 @@
 //! `expired` to its fingerprint and `mismatch` to another.
 //! The index is a sorted set of the scope's keys scored by (at least) their
 //! key's expiry in server milliseconds, for `purge_scope`; it expires no
-//! earlier than its highest score.
+//! earlier than its highest score. A claim scores its entry past its key's
+//! expiry by the tombstone window (`iw`), so that a completion within the
+//! lock, whose tombstone expires no later, leaves the entry as it is.
 
 use redis::Script;
 
@@ -43,7 +47,8 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local function index(idx, member, ttl, now, trim)
-  -- Claims trim the entries of expired records: each is removed once.
+  -- Claims trim the entries of expired records (each is removed once), one
+  -- claim in eight: the others spare the call.
   if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
   redis.call('ZADD', idx, now + ttl, member)
   if redis.call('PTTL', idx) < ttl then
@@ -120,11 +125,12 @@ token = string.format('%d', token)
 local keep = tonumber(ARGV[5])
 -- A tombstone's or an expired claim's other fields go.
 if v[4] then redis.call('DEL', rec) end
+local indexed = tonumber(ARGV[6])
 redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
   'lx', string.format('%d', now + tonumber(ARGV[4])), 'n', string.format('%d', attempt),
-  'bg', string.format('%d', now))
+  'bg', string.format('%d', now), 'iw', string.format('%d', indexed - keep))
 redis.call('PEXPIRE', rec, keep)
-index(idx, ARGV[2], tonumber(ARGV[6]), now, true)
+index(idx, ARGV[2], indexed, now, tonumber(t[2]) % 8 == 0)
 if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
@@ -136,12 +142,18 @@ return {'claimed', token}
 /// token, fences it).
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
 local retention = tonumber(ARGV[4])
 local window = tonumber(ARGV[7])
+-- The index entry lives as long as the tombstone, for `purge_scope`.
+local kept = retention
+if window > 0 then kept = retention + window end
+-- The claim scored its entry `iw` past its key's expiry: enough unless its
+-- lock ran out (or an earlier version, without `iw`, made it).
+local covered = v[7] and redis.call('PTTL', rec) + tonumber(v[7]) >= kept
 if ARGV[8] == 'c' then
   redis.call('HSET', rec, 'st', 'c', 'status', ARGV[9], 'hd', ARGV[10], 'bd', ARGV[11])
 else
@@ -149,13 +161,8 @@ else
 end
 -- `lx` stays: only a claim's (`p`) is ever read.
 redis.call('PEXPIRE', rec, retention)
--- The index entry lives as long as the tombstone, for `purge_scope`.
-local kept = retention
-if window > 0 then
-  kept = retention + window
-  redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept)
-end
-reindex(idx, ARGV[2], kept, now_ms())
+if window > 0 then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept) end
+if not covered then reindex(idx, ARGV[2], kept, now_ms()) end
 if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
@@ -172,7 +179,8 @@ local collision = same_record(v)
 if collision then return collision end
 local keep = tonumber(ARGV[5])
 local now = now_ms()
-redis.call('HSET', rec, 'lx', string.format('%d', now + tonumber(ARGV[4])))
+redis.call('HSET', rec, 'lx', string.format('%d', now + tonumber(ARGV[4])),
+  'iw', string.format('%d', tonumber(ARGV[6]) - keep))
 redis.call('PEXPIRE', rec, keep)
 reindex(idx, ARGV[2], tonumber(ARGV[6]), now)
 return 1
