@@ -11,7 +11,8 @@
 //! `bench/scripts/with-redis.sh cargo bench -p tower-idempotency-bench --ignore-rust-version --bench redis_cost`
 //!
 //! Environment: `REDIS_URL`, `COST_REQUESTS` (2000), `COST_ROUTES`
-//! (redis,idempotent-valkey), `COST_SCENARIOS` (fresh,replay), `LOAD_BODY`
+//! (redis,idempotent-valkey), `COST_SCENARIOS` (fresh,replay),
+//! `COST_CONCURRENCY` (1: requests one after the other), `LOAD_BODY`
 //! (1024 bytes of JSON), `COST_NEAR_CACHE` (1: ours keeps completed records
 //! near, as by default; 0: every replay asks Redis).
 
@@ -106,17 +107,40 @@ fn server_stats(url: &str) -> (u64, f64) {
     (calls, cpu)
 }
 
-/// Serves `reqs` one after the other; what callgrind's toggle names.
+/// Serves `reqs` on `concurrency` tasks, each its share one after the other;
+/// what callgrind's toggle names.
 #[inline(never)]
-fn measured(rt: &tokio::runtime::Runtime, app: &Router, reqs: Vec<Request>) -> (u64, u64) {
+fn measured(
+    rt: &tokio::runtime::Runtime,
+    app: &Router,
+    reqs: Vec<Request>,
+    concurrency: usize,
+) -> (u64, u64) {
     rt.block_on(async {
+        let mut shares: Vec<Vec<Request>> = (0..concurrency).map(|_| Vec::new()).collect();
+        for (i, req) in reqs.into_iter().enumerate() {
+            shares[i % concurrency].push(req);
+        }
+        let mut tasks = tokio::task::JoinSet::new();
+        for share in shares {
+            let app = app.clone();
+            tasks.spawn(async move {
+                let (mut created, mut replayed) = (0, 0);
+                for req in share {
+                    match send(&app, req).await {
+                        (201, false) => created += 1,
+                        (201, true) => replayed += 1,
+                        other => panic!("unexpected answer {other:?}"),
+                    }
+                }
+                (created, replayed)
+            });
+        }
         let (mut created, mut replayed) = (0, 0);
-        for req in reqs {
-            match send(app, req).await {
-                (201, false) => created += 1,
-                (201, true) => replayed += 1,
-                other => panic!("unexpected answer {other:?}"),
-            }
+        while let Some(done) = tasks.join_next().await {
+            let (c, r) = done.expect("task");
+            created += c;
+            replayed += r;
         }
         (created, replayed)
     })
@@ -132,6 +156,10 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(2000);
     let near = std::env::var("COST_NEAR_CACHE").map_or(true, |v| v != "0");
+    let concurrency: usize = std::env::var("COST_CONCURRENCY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1);
     let body = json_body(
         std::env::var("LOAD_BODY")
             .ok()
@@ -143,7 +171,7 @@ fn main() {
         .build()
         .expect("runtime");
     println!(
-        "## Application cost per request, in process, {n} requests, {}-byte JSON body, near cache {}",
+        "## Application cost per request, in process, {n} requests on {concurrency} tasks, {}-byte JSON body, near cache {}",
         body.len(),
         if near { "on" } else { "off" }
     );
@@ -187,7 +215,7 @@ fn main() {
             } else {
                 warm
             };
-            measured(&rt, &app, warm);
+            measured(&rt, &app, warm, 1);
             let reqs: Vec<_> = (0..n).map(|i| request(&key(i), &body)).collect();
             let trips = ours.as_ref().map(RedisStore::round_trips);
             let (a0, b0) = (
@@ -197,7 +225,7 @@ fn main() {
             let (calls0, server0) = server_stats(&url);
             let cpu0 = threads_cpu_ns("");
             let t = Instant::now();
-            let (created, replayed) = measured(&rt, &app, reqs);
+            let (created, replayed) = measured(&rt, &app, reqs, concurrency);
             let wall = t.elapsed();
             let cpu = threads_cpu_ns("") - cpu0;
             let (a1, b1) = (

@@ -1,6 +1,6 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
-use super::command::{eval, Headers};
+use super::command::{eval, Headers, Name};
 use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::decode_headers;
@@ -25,10 +25,11 @@ const PURGE_BATCH: isize = 500;
 impl Inner {
     /// Waits until the configured number of replicas of `record`'s primary
     /// acknowledged the writes sent so far; `Ok` without replica acks.
-    async fn replicated(&self, record: &str) -> Result<(), StoreError> {
+    async fn replicated(&self, record: Name<'_>) -> Result<(), StoreError> {
         let Some(acks) = self.config.replica_acks else {
             return Ok(());
         };
+        let record = record.to_string();
         let mut wait = redis::cmd("WAIT");
         wait.arg(acks.replicas).arg(millis(acks.timeout).max(1));
         self.count_round_trip();
@@ -36,7 +37,7 @@ impl Inner {
             Connection::Server(c) => wait.query_async(&mut c.clone()).await,
             // To the primary the script ran on: WAIT counts that connection's writes.
             Connection::Cluster(c) => {
-                let route = redis::cluster_routing::Route::with_key(record, SlotAddr::Master);
+                let route = redis::cluster_routing::Route::with_key(&record, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 c.clone()
                     .route_command(wait, routing)
@@ -125,7 +126,7 @@ impl Inner {
                 // claim is then still ours and in progress there, and the caller
                 // runs the completion again.
                 loop {
-                    let error = match self.replicated(&record.to_string()).await {
+                    let error = match self.replicated(record).await {
                         Ok(()) => return Ok(()),
                         Err(error) => error,
                     };
@@ -450,7 +451,7 @@ impl RedisStore {
                 let reply: Vec<Value> = inner.run(script, &cmd).await?;
                 let (begun, remaining) = decode_begin(reply)?;
                 if let Begin::Claimed(claim) = begun {
-                    if let Err(error) = inner.replicated(&record.to_string()).await {
+                    if let Err(error) = inner.replicated(record).await {
                         // Not running the handler on a claim a failover could lose.
                         let _ = self.release(key, claim.token).await;
                         return Err(error);
