@@ -12,7 +12,8 @@
 //!
 //! Environment: `REDIS_URL`, `COST_REQUESTS` (2000), `COST_ROUTES`
 //! (redis,idempotent-valkey), `COST_SCENARIOS` (fresh,replay),
-//! `COST_CONCURRENCY` (1: requests one after the other), `LOAD_BODY`
+//! `COST_CONCURRENCY` (1: requests one after the other), `COST_RUNTIME`
+//! (`current`; `multi`: one worker thread, as the load bench), `LOAD_BODY`
 //! (1024 bytes of JSON), `COST_NEAR_CACHE` (1: ours keeps completed records
 //! near, as by default; 0: every replay asks Redis).
 
@@ -166,10 +167,17 @@ fn main() {
             .and_then(|v| v.parse().ok())
             .unwrap_or(1024),
     );
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    // `COST_RUNTIME=multi`: one worker thread, as the load bench's server.
+    let rt = match std::env::var("COST_RUNTIME").as_deref() {
+        Ok("multi") => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    }
+    .expect("runtime");
     println!(
         "## Application cost per request, in process, {n} requests on {concurrency} tasks, {}-byte JSON body, near cache {}",
         body.len(),
