@@ -14,6 +14,7 @@ mod cancel_redis;
 #[cfg(feature = "test-util")]
 mod redis_eviction;
 mod redis_failover;
+mod redis_index;
 #[cfg(feature = "test-util")]
 mod redis_near_cache;
 mod redis_processes;
