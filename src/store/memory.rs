@@ -1,5 +1,6 @@
 mod builder;
 mod packed;
+mod phases;
 mod quota;
 mod record;
 
@@ -101,6 +102,10 @@ struct Shared {
     retention_deadlines: Mutex<VecDeque<Deadline>>,
     /// When the store last swept the whole map for expired records.
     last_full_sweep: Mutex<Option<Instant>>,
+    /// Recovery points of claimed requests (see `PhaseStore`), by record id.
+    phases: DashMap<Id, phases::Phased, BuildIdHasher>,
+    /// Set once a phase is recorded: until then a completion has none to drop.
+    phased: std::sync::atomic::AtomicBool,
 }
 
 impl MemoryStoreBuilder {
@@ -167,6 +172,8 @@ impl MemoryStore {
                 scope_quota: builder.scope_quota.map(ScopeQuota::new),
                 retention_deadlines: Mutex::new(VecDeque::new()),
                 last_full_sweep: Mutex::new(None),
+                phases: DashMap::default(),
+                phased: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -286,6 +293,10 @@ impl MemoryStore {
             claim.notify();
         }
         lock(&self.shared.retention_deadlines).push_back(Deadline { at: deadline, id });
+        // Answered from the record from now on: its recovery points are done.
+        if self.shared.phased.load(Ordering::Relaxed) {
+            self.shared.phases.remove(&id);
+        }
         Ok(())
     }
 
@@ -615,10 +626,12 @@ impl Store for MemoryStore {
 impl Maintenance for MemoryStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
         let now = self.now();
+        self.shared.phases.retain(|_, p| p.deadline > now);
         Ok(self.remove_all(|r| r.deadline <= now) as u64)
     }
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        self.shared.phases.retain(|_, p| p.key.scope() != scope);
         Ok(self.remove_all(|r| r.is_in_scope(scope)) as u64)
     }
 }

@@ -12,6 +12,7 @@ pub mod conformance;
 mod encoding;
 pub(crate) mod erased;
 pub(crate) mod memory;
+pub mod phases;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;
 #[cfg(feature = "postgres")]
@@ -26,6 +27,7 @@ mod shared;
 mod waiters;
 
 pub use memory::{MemoryStoreBuilder, MemoryStoreError};
+pub use phases::{PhaseRecord, PhaseStore, RecordedPhases};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
 #[cfg(feature = "postgres")]
