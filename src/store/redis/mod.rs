@@ -34,6 +34,7 @@ mod eviction;
 mod instrumentation;
 mod listen;
 mod operations;
+mod phases;
 mod prefix;
 mod scripts;
 
@@ -311,6 +312,21 @@ pub(super) fn backend(error: impl Into<crate::body::BoxError>) -> StoreError {
 struct Names {
     record: String,
     index: String,
+}
+
+/// The names of a key's recovery points (see `PhaseStore`): its phase
+/// hash and its scope's phase index, in the record's slot.
+struct PhaseNames {
+    phases: String,
+    index: String,
+}
+
+fn phase_names(prefix: &str, key: &RecordKey) -> PhaseNames {
+    let tag = scope_tag(prefix, key.scope().as_str());
+    PhaseNames {
+        phases: format!("{tag}p:{}", key.key().as_str()),
+        index: format!("{tag}pi"),
+    }
 }
 
 /// The hash tag is a digest of the scope alone, so any scope (braces

@@ -21,7 +21,7 @@ use std::time::{Duration, UNIX_EPOCH};
 const PURGE_BATCH: isize = 500;
 
 impl Inner {
-    async fn invoke<T: redis::FromRedisValue>(
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T, StoreError> {
@@ -35,7 +35,7 @@ impl Inner {
 
     /// Waits until the configured number of replicas of `record`'s primary
     /// acknowledged the writes sent so far; `Ok` without replica acks.
-    async fn replicated(&self, record: &str) -> Result<(), StoreError> {
+    pub(super) async fn replicated(&self, record: &str) -> Result<(), StoreError> {
         let Some(acks) = self.config.replica_acks else {
             return Ok(());
         };
@@ -178,6 +178,7 @@ impl Inner {
                 })
                 .await?;
             if members.is_empty() {
+                self.delete_scope_phases(scope, &tag).await?;
                 return Ok(purged);
             }
             let mut invocation = self.scripts.purge_scope.key(&index);
@@ -190,6 +191,41 @@ impl Inner {
                 .timed(OPERATION, self.invoke(&invocation))
                 .await?;
             purged += deleted;
+            kept += members.len() as isize - removed;
+        }
+    }
+
+    /// Deletes `scope`'s recovery points (not counted: they are not
+    /// records), batch by batch through its phase index.
+    async fn delete_scope_phases(&self, scope: &Scope, tag: &str) -> Result<(), StoreError> {
+        let index = format!("{tag}pi");
+        let mut kept: isize = 0;
+        loop {
+            let members: Vec<String> = self
+                .settings
+                .timed(OPERATION, async {
+                    self.count_round_trip();
+                    redis::cmd("ZRANGE")
+                        .arg(&index)
+                        .arg(kept)
+                        .arg(kept + PURGE_BATCH - 1)
+                        .query_async(&mut self.connection.clone())
+                        .await
+                        .map_err(backend)
+                })
+                .await?;
+            if members.is_empty() {
+                return Ok(());
+            }
+            let mut invocation = self.scripts.purge_scope_phases.key(&index);
+            invocation.arg(scope.as_str());
+            for member in &members {
+                invocation.key(format!("{tag}p:{member}")).arg(member);
+            }
+            let removed: isize = self
+                .settings
+                .timed(OPERATION, self.invoke(&invocation))
+                .await?;
             kept += members.len() as isize - removed;
         }
     }
