@@ -49,16 +49,18 @@ pub mod conformance;
 pub(crate) mod decide;
 pub(crate) mod in_flight;
 pub(crate) mod keep_alive;
+mod phases;
 pub(crate) mod record;
 mod run;
 
 pub use self::attempt::Attempt;
+pub use self::phases::{PhaseError, Phases};
 pub use self::run::Context;
 
 use self::in_flight::InFlight;
 use crate::downstream::DownstreamSecret;
 use crate::store::erased::SharedStore;
-use crate::store::{Store, StoreError, TransactionalStore};
+use crate::store::{PhaseStore, Store, StoreError, TransactionalStore};
 use crate::{IdempotencyKey, Scope};
 use bytes::Bytes;
 use std::fmt;
@@ -175,6 +177,13 @@ impl Engine {
         Self::with_store(SharedStore::transactional(store))
     }
 
+    /// Like [`new`](Self::new), and each operation gets [`Phases`]
+    /// ([`Context::phases`]): recovery points, so that a repeat after a
+    /// failed, panicked or dead run resumes after its last finished phase.
+    pub fn phased(store: impl PhaseStore) -> Self {
+        Self::with_store(SharedStore::phased(store))
+    }
+
     fn with_store(store: SharedStore) -> Self {
         Self {
             store,
@@ -272,6 +281,13 @@ impl Engine {
         let decode = |bytes: &Bytes| serde_json::from_slice(bytes).map_err(|e| e.to_string());
         self.run_encoded(scope, key, identity, operation, encode, decode)
             .await
+    }
+}
+
+impl Context {
+    /// The run's [`Phases`], under [`Engine::phased`].
+    pub fn phases(&self) -> Option<Phases> {
+        self.get::<Phases>()
     }
 }
 

@@ -57,9 +57,12 @@ impl Context {
 
 impl Engine {
     fn context(&self, record: &RecordKey, claimed: Claim) -> Context {
+        let mut extensions = http::Extensions::new();
+        let secret = self.downstream_secret.as_ref();
+        super::Phases::share(&self.store, record, claimed.token, secret, &mut extensions);
         Context {
             attempt: claimed.into(),
-            extensions: http::Extensions::new(),
+            extensions,
             downstream_keys: DownstreamKeys::derived(
                 record.scope(),
                 record.key(),

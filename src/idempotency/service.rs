@@ -11,7 +11,7 @@ use crate::engine::decide::{decide, Decision};
 use crate::engine::in_flight::Running;
 use crate::engine::keep_alive::kept_alive;
 use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Rest};
-use crate::engine::Attempt;
+use crate::engine::{Attempt, Phases};
 use crate::policy::RecordPolicy;
 use crate::response::Refusal;
 use crate::scope::ScopeExtractor;
@@ -229,6 +229,8 @@ where
         ));
         // Whether this run took over one that never finished, and whose.
         parts.extensions.insert(Attempt::from(claim));
+        let secret = config.downstream_secret.as_ref();
+        Phases::share(&config.store, &record, token, secret, &mut parts.extensions);
         let claimed = claimed_handler(
             config.clone(),
             inner,

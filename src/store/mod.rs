@@ -12,6 +12,8 @@ pub mod conformance;
 mod encoding;
 pub(crate) mod erased;
 pub(crate) mod memory;
+#[cfg(feature = "test-util")]
+pub mod phase_conformance;
 pub mod phases;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;

@@ -37,6 +37,7 @@ mod standalone {
 
     tower_idempotency::store_conformance_tests!(redis_store, expires_by_itself);
     tower_idempotency::engine_conformance_tests!(redis_store);
+    tower_idempotency::phase_store_conformance_tests!(redis_store);
 }
 
 mod cluster {
@@ -54,6 +55,7 @@ mod cluster {
 
     tower_idempotency::store_conformance_tests!(redis_cluster_store, expires_by_itself);
     tower_idempotency::engine_conformance_tests!(redis_cluster_store);
+    tower_idempotency::phase_store_conformance_tests!(redis_cluster_store);
 }
 
 type App = tower::util::BoxCloneService<

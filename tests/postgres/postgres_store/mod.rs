@@ -53,6 +53,7 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
 
 tower_idempotency::store_conformance_tests!(postgres_store);
 tower_idempotency::engine_conformance_tests!(postgres_store);
+tower_idempotency::phase_store_conformance_tests!(postgres_store);
 
 /// A layer over a handler of `Full` bodies, boxed.
 type OrderService =
