@@ -15,6 +15,7 @@ mod connect;
 mod layer;
 mod near_cache;
 mod outages;
+mod phases;
 mod purge_running;
 mod retention;
 mod schema;

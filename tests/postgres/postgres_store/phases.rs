@@ -1,0 +1,151 @@
+//! Local phases on PostgreSQL: a phase's writes and its recovery point
+//! commit in one transaction, fenced by the claim's token.
+
+use super::*;
+use tokio::sync::Notify;
+use tower_idempotency::engine::{Context, Engine, Identity, Outcome, PhaseError};
+use tower_idempotency::store::StoreError;
+use tower_idempotency::IdempotencyKey;
+
+async fn orders(url: &str, table: &str) -> (tokio_postgres::Client, String) {
+    let sql = pg::connect(url).await;
+    let orders = format!("{table}_orders");
+    sql.batch_execute(&format!(r#"CREATE TABLE "{orders}" (item text NOT NULL)"#))
+        .await
+        .unwrap();
+    (sql, orders)
+}
+
+async fn items(sql: &tokio_postgres::Client, orders: &str) -> Vec<String> {
+    let rows = sql
+        .query(&format!(r#"SELECT item FROM "{orders}" ORDER BY item"#), &[])
+        .await
+        .unwrap();
+    rows.iter().map(|r| r.get(0)).collect()
+}
+
+/// Inserts `item` in phase `phase`'s transaction, then fails if `fail`.
+async fn insert(
+    context: &Context,
+    orders: &str,
+    phase: &str,
+    item: &str,
+    fail: bool,
+) -> Result<String, PhaseError<String>> {
+    let phases = context.phases().expect("a phased engine");
+    let statement = format!(r#"INSERT INTO "{orders}" (item) VALUES ($1)"#);
+    phases
+        .local(phase, |client| async move {
+            client
+                .execute(&statement, &[&item])
+                .await
+                .map_err(|e| e.to_string())?;
+            match fail {
+                true => Err(format!("{phase} failed after its write")),
+                false => Ok(item.to_owned()),
+            }
+        })
+        .await
+}
+
+fn key() -> (Scope, IdempotencyKey) {
+    (Scope::new("shop"), IdempotencyKey::parse(b"order-local-0001").unwrap())
+}
+
+/// A phase that fails rolls its own write back and records nothing; the
+/// phase before it stays committed with its recovery point, and the retry
+/// runs only the failed one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_phase_commits_its_writes_with_its_recovery_point_or_neither() {
+    let Some(url) = pg::database_url("local phases") else {
+        return;
+    };
+    let table = pg::unique_table("phases");
+    let store = pg::store(&url, &table, |s| s).await;
+    let (sql, orders) = orders(&url, &table).await;
+    let engine = Engine::phased(store);
+    let (scope, key) = key();
+
+    for attempt in 1..=2 {
+        let table = orders.clone();
+        let run = move |context: Context| async move {
+            let orders = table;
+            // On the retry, recorded: not run again (one row "reserved").
+            let reserve = insert(&context, &orders, "reserve", "reserved", false);
+            let first = reserve.await.map_err(|e| e.to_string())?;
+            let pay = insert(&context, &orders, "pay", "paid", attempt == 1).await;
+            let second = pay.map_err(|e| e.to_string())?;
+            Ok::<_, String>(format!("{first} {second}"))
+        };
+        let outcome = engine.run(&scope, &key, Identity::Bytes(b"o"), run).await;
+        match attempt {
+            1 => {
+                assert!(outcome.is_err(), "{outcome:?}");
+                assert_eq!(items(&sql, &orders).await, ["reserved"]);
+            }
+            _ => assert_eq!(outcome.unwrap(), Outcome::Executed("reserved paid".into())),
+        }
+    }
+    assert_eq!(items(&sql, &orders).await, ["paid", "reserved"]);
+}
+
+/// The first run stalls past its lock before its second phase; the retry
+/// takes over, resumes after phase 1 and commits phase 2. The stalled run
+/// then runs phase 2 too: its record is refused in the transaction that
+/// holds its write, and the write rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_owners_local_phase_commits_nothing() {
+    let Some(url) = pg::database_url("local phases") else {
+        return;
+    };
+    const LOCK: Duration = Duration::from_millis(400);
+    let table = pg::unique_table("phases");
+    let store = pg::store(&url, &table, |s| s.with_lock_timeout(LOCK)).await;
+    let (sql, orders) = orders(&url, &table).await;
+    let engine = Engine::phased(store);
+    let (scope, key) = key();
+    let stalled = Arc::new(Notify::new());
+
+    let first = {
+        let (engine, orders, stalled) = (engine.clone(), orders.clone(), stalled.clone());
+        let (scope, key) = (scope.clone(), key.clone());
+        tokio::spawn(async move {
+            let run = move |context: Context| async move {
+                insert(&context, &orders, "reserve", "reserved", false)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                stalled.notify_one();
+                // Blocks the thread: nothing extends the claim.
+                std::thread::sleep(LOCK * 3);
+                match insert(&context, &orders, "pay", "paid-stale", false).await {
+                    Err(PhaseError::Store(StoreError::ClaimLost)) => {
+                        Err::<String, _>("claim lost".to_owned())
+                    }
+                    other => Err(format!("expected the claim lost, got {other:?}")),
+                }
+            };
+            engine.run(&scope, &key, Identity::Bytes(b"o"), run).await
+        })
+    };
+    stalled.notified().await;
+    tokio::time::sleep(LOCK + Duration::from_millis(200)).await;
+
+    let retry = {
+        let orders = orders.clone();
+        move |context: Context| async move {
+            assert!(context.attempt().is_takeover());
+            let first = insert(&context, &orders, "reserve", "reserved-again", false).await;
+            let second = insert(&context, &orders, "pay", "paid", false).await;
+            Ok::<_, PhaseError<String>>(format!("{} {}", first?, second?))
+        }
+    };
+    let outcome = engine.run(&scope, &key, Identity::Bytes(b"o"), retry).await;
+    assert_eq!(outcome.unwrap(), Outcome::Executed("reserved paid".into()));
+
+    let stale = first.await.unwrap();
+    assert!(
+        matches!(&stale, Err(tower_idempotency::engine::EngineError::Operation(e)) if e == "claim lost"),
+        "{stale:?}"
+    );
+    assert_eq!(items(&sql, &orders).await, ["paid", "reserved"]);
+}
