@@ -201,7 +201,9 @@ impl Phases {
         if let Some(output) = self.done(name).await? {
             return decode(&output);
         }
-        let value = phase(self.downstream_key(name)).await.map_err(PhaseError::Phase)?;
+        let value = phase(self.downstream_key(name))
+            .await
+            .map_err(PhaseError::Phase)?;
         self.record(name, value).await
     }
 

@@ -10,8 +10,8 @@ use super::{
     Begin, Completion, FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordTransaction,
     RecordedPhases, Store, StoreError, Timings, TransactionalStore,
 };
-use bytes::Bytes;
 use crate::fingerprint::RequestFingerprint;
+use bytes::Bytes;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -12,11 +12,11 @@ pub mod conformance;
 mod encoding;
 pub(crate) mod erased;
 pub(crate) mod memory;
+#[cfg(any(feature = "postgres", feature = "redis"))]
+mod near_cache;
 #[cfg(feature = "test-util")]
 pub mod phase_conformance;
 pub mod phases;
-#[cfg(any(feature = "postgres", feature = "redis"))]
-mod near_cache;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub mod purge;
@@ -29,9 +29,9 @@ mod shared;
 mod waiters;
 
 pub use memory::{MemoryStoreBuilder, MemoryStoreError};
-pub use phases::{PhaseRecord, PhaseStore, RecordedPhases};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
+pub use phases::{PhaseRecord, PhaseStore, RecordedPhases};
 #[cfg(feature = "postgres")]
 pub use postgres::{
     PostgresRecordTransaction, PostgresStoreBuilder, SqlIdentifier, TransactionClient,

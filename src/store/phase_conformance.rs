@@ -195,7 +195,11 @@ pub async fn purge_scope_erases_phases<S: PhaseStore + Maintenance>(store: S) {
 
     store.purge_scope(&Scope::new(gone)).await.unwrap();
     let again = claimed(&store, &gone_key, &fp).await;
-    assert!(store.phases(&gone_key, again.token).await.unwrap().is_empty());
+    assert!(store
+        .phases(&gone_key, again.token)
+        .await
+        .unwrap()
+        .is_empty());
     let phases = store.phases(&kept_key, b.token).await.unwrap();
     assert_eq!(phases.get("p").unwrap().as_ref(), b"2");
 }

@@ -71,9 +71,8 @@ pub(crate) fn check_phase(phase: &str, output: &[u8]) -> Result<(), StoreError> 
 }
 
 pub(crate) fn check_name(phase: &str) -> Result<(), StoreError> {
-    let valid = !phase.is_empty()
-        && phase.len() <= MAX_PHASE_NAME
-        && !phase.chars().any(char::is_control);
+    let valid =
+        !phase.is_empty() && phase.len() <= MAX_PHASE_NAME && !phase.chars().any(char::is_control);
     match valid {
         true => Ok(()),
         false => Err(StoreError::Backend(Box::new(InvalidPhaseName))),
@@ -92,7 +91,10 @@ impl RecordedPhases {
 
     /// The output of `phase`, if it was recorded.
     pub fn get(&self, phase: &str) -> Option<&Bytes> {
-        self.0.iter().find(|(name, _)| name == phase).map(|(_, o)| o)
+        self.0
+            .iter()
+            .find(|(name, _)| name == phase)
+            .map(|(_, o)| o)
     }
 
     /// Adds `phase` unless it is there; its first output stands.

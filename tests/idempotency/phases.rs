@@ -136,7 +136,11 @@ async fn a_retry_finishes_the_run(stop: Stop) {
     let checkout = Checkout::stopping(stop);
     let app = app(checkout.clone(), MemoryStore::new());
     let (status, _) = send(&app, KEY).await;
-    assert_ne!(status, StatusCode::CREATED, "{stop:?}: the first run stopped");
+    assert_ne!(
+        status,
+        StatusCode::CREATED,
+        "{stop:?}: the first run stopped"
+    );
     assert_eq!(checkout.runs(), [1, 1, 0]);
 
     let (status, body) = send(&app, KEY).await;
@@ -166,7 +170,10 @@ async fn a_retry_after_a_panicked_handler_resumes_after_phase_two() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_resumes_after_phase_two_and_the_stale_owner_is_refused() {
     let checkout = Checkout::stopping(Stop::Stall);
-    let app = app(checkout.clone(), MemoryStore::builder().with_lock_timeout(LOCK).build());
+    let app = app(
+        checkout.clone(),
+        MemoryStore::builder().with_lock_timeout(LOCK).build(),
+    );
     let first = tokio::spawn({
         let app = app.clone();
         async move { send(&app, KEY).await }
@@ -180,7 +187,10 @@ async fn a_takeover_resumes_after_phase_two_and_the_stale_owner_is_refused() {
     assert_eq!(body, uninterrupted().await);
 
     let (stale_status, stale_body) = first.await.unwrap();
-    assert_eq!((stale_status, stale_body.as_str()), (StatusCode::CONFLICT, "claim lost"));
+    assert_eq!(
+        (stale_status, stale_body.as_str()),
+        (StatusCode::CONFLICT, "claim lost")
+    );
     assert_eq!(send(&app, KEY).await, (StatusCode::CREATED, body));
 }
 
@@ -189,7 +199,10 @@ async fn a_takeover_resumes_after_phase_two_and_the_stale_owner_is_refused() {
 #[tokio::test]
 async fn only_a_phased_layer_gives_handlers_phases() {
     let app = Router::new()
-        .route("/checkout", post(|Extension(_): Extension<Phases>| async { StatusCode::CREATED }))
+        .route(
+            "/checkout",
+            post(|Extension(_): Extension<Phases>| async { StatusCode::CREATED }),
+        )
         .layer(IdempotencyLayer::new(MemoryStore::new()));
     let response = app.oneshot(checkout_request(KEY)).await.unwrap();
     assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -201,13 +214,18 @@ async fn operation(
     engine: &Engine,
     checkout: &Arc<Checkout>,
 ) -> Result<Outcome<String>, EngineError<String>> {
-    let (scope, key) = (Scope::new("shop"), IdempotencyKey::parse(KEY.as_bytes()).unwrap());
+    let (scope, key) = (
+        Scope::new("shop"),
+        IdempotencyKey::parse(KEY.as_bytes()).unwrap(),
+    );
     let checkout = checkout.clone();
     let run = move |context: tower_idempotency::engine::Context| async move {
         let phases = context.phases().expect("a phased engine");
         checkout.run(phases).await.map_err(|e| e.to_string())
     };
-    engine.run(&scope, &key, Identity::Bytes(b"cart 7"), run).await
+    engine
+        .run(&scope, &key, Identity::Bytes(b"cart 7"), run)
+        .await
 }
 
 async fn an_engine_retry_finishes_the_run(stop: Stop) {

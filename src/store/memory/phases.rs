@@ -52,11 +52,9 @@ impl PhaseStore for MemoryStore {
         token: FencingToken,
     ) -> Result<RecordedPhases, StoreError> {
         let id = self.shared.ids.of(key);
-        self.owner(key, token, |local| {
-            match self.shared.phases.get(&id) {
-                Some(p) if p.key == *key && p.local == local => p.outputs.clone(),
-                _ => RecordedPhases::new(),
-            }
+        self.owner(key, token, |local| match self.shared.phases.get(&id) {
+            Some(p) if p.key == *key && p.local == local => p.outputs.clone(),
+            _ => RecordedPhases::new(),
         })
     }
 

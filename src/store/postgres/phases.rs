@@ -136,7 +136,11 @@ impl PostgresStore {
             .settings
             .timed(OPERATION, async {
                 inner.count_round_trips(1);
-                connection.client().batch_execute(OPEN).await.map_err(backend)
+                connection
+                    .client()
+                    .batch_execute(OPEN)
+                    .await
+                    .map_err(backend)
             })
             .await?;
         let handle = PostgresTransaction {

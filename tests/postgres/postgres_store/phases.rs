@@ -18,7 +18,10 @@ async fn orders(url: &str, table: &str) -> (tokio_postgres::Client, String) {
 
 async fn items(sql: &tokio_postgres::Client, orders: &str) -> Vec<String> {
     let rows = sql
-        .query(&format!(r#"SELECT item FROM "{orders}" ORDER BY item"#), &[])
+        .query(
+            &format!(r#"SELECT item FROM "{orders}" ORDER BY item"#),
+            &[],
+        )
         .await
         .unwrap();
     rows.iter().map(|r| r.get(0)).collect()
@@ -49,7 +52,10 @@ async fn insert(
 }
 
 fn key() -> (Scope, IdempotencyKey) {
-    (Scope::new("shop"), IdempotencyKey::parse(b"order-local-0001").unwrap())
+    (
+        Scope::new("shop"),
+        IdempotencyKey::parse(b"order-local-0001").unwrap(),
+    )
 }
 
 /// A phase that fails rolls its own write back and records nothing; the
