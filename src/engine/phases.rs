@@ -27,7 +27,7 @@ use std::sync::Arc;
 /// [`IdempotencyLayer::phased`](crate::IdempotencyLayer::phased) puts one
 /// in the request extensions of every claimed request (`Extension<Phases>`
 /// in axum); an [`Engine::phased`](super::Engine::phased) operation finds it
-/// with [`Context::phases`]. Clones share the run's phases.
+/// with [`Context::phases`](super::Context::phases). Clones share the run's phases.
 ///
 /// - [`run`](Self::run): a local step, run then recorded. A crash between
 ///   the two runs it again on the retry, so its writes should be idempotent

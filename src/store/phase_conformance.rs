@@ -1,5 +1,5 @@
 //! The [`PhaseStore`] conformance suite (feature `test-util`): what every
-//! store of recovery points must keep. Invoked as the [`Store`] suite is
+//! store of recovery points must keep. Invoked as the [`Store`](crate::store::Store) suite is
 //! (see [`conformance`](super::conformance)), with the same factory:
 //!
 //! ```
