@@ -25,7 +25,9 @@ enum Stop {
     Never,
     Error,
     Panic,
-    /// Blocks its thread past the lock: nothing extends its claim.
+    /// Blocks its thread past the lock: nothing extends its claim. On
+    /// `MemoryStore` every phase before it is ready at its first poll, so
+    /// the handler never waited and its heartbeat never started.
     Stall,
 }
 

@@ -95,34 +95,35 @@ async fn a_local_phase_commits_its_writes_with_its_recovery_point_or_neither() {
     assert_eq!(items(&sql, &orders).await, ["paid", "reserved"]);
 }
 
-/// The first run stalls past its lock before its second phase; the retry
-/// takes over, resumes after phase 1 and commits phase 2. The stalled run
-/// then runs phase 2 too: its record is refused in the transaction that
-/// holds its write, and the write rolls back.
+/// The first run stops before its second phase and its lock runs out (set
+/// in the past in SQL, so no heartbeat can race it: the lock is long); the
+/// retry takes over, resumes after phase 1 and commits phase 2. The first
+/// run then goes on to phase 2 too: its record is refused in the
+/// transaction that holds its write, and the write rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stale_owners_local_phase_commits_nothing() {
     let Some(url) = pg::database_url("local phases") else {
         return;
     };
-    const LOCK: Duration = Duration::from_millis(400);
     let table = pg::unique_table("phases");
-    let store = pg::store(&url, &table, |s| s.with_lock_timeout(LOCK)).await;
+    let lock = Duration::from_secs(600);
+    let store = pg::store(&url, &table, |s| s.with_lock_timeout(lock)).await;
     let (sql, orders) = orders(&url, &table).await;
     let engine = Engine::phased(store);
     let (scope, key) = key();
-    let stalled = Arc::new(Notify::new());
+    let (stopped, resume) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
 
     let first = {
-        let (engine, orders, stalled) = (engine.clone(), orders.clone(), stalled.clone());
+        let (engine, orders) = (engine.clone(), orders.clone());
+        let (stopped, resume) = (stopped.clone(), resume.clone());
         let (scope, key) = (scope.clone(), key.clone());
         tokio::spawn(async move {
             let run = move |context: Context| async move {
                 insert(&context, &orders, "reserve", "reserved", false)
                     .await
                     .map_err(|e| e.to_string())?;
-                stalled.notify_one();
-                // Blocks the thread: nothing extends the claim.
-                std::thread::sleep(LOCK * 3);
+                stopped.notify_one();
+                resume.notified().await;
                 match insert(&context, &orders, "pay", "paid-stale", false).await {
                     Err(PhaseError::Store(StoreError::ClaimLost)) => {
                         Err::<String, _>("claim lost".to_owned())
@@ -133,8 +134,15 @@ async fn a_stale_owners_local_phase_commits_nothing() {
             engine.run(&scope, &key, Identity::Bytes(b"o"), run).await
         })
     };
-    stalled.notified().await;
-    tokio::time::sleep(LOCK + Duration::from_millis(200)).await;
+    stopped.notified().await;
+    let expired = sql
+        .execute(
+            &format!(r#"UPDATE "{table}" SET expires_at = now() - interval '1 second'"#),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(expired, 1);
 
     let retry = {
         let orders = orders.clone();
@@ -148,6 +156,7 @@ async fn a_stale_owners_local_phase_commits_nothing() {
     let outcome = engine.run(&scope, &key, Identity::Bytes(b"o"), retry).await;
     assert_eq!(outcome.unwrap(), Outcome::Executed("reserved paid".into()));
 
+    resume.notify_one();
     let stale = first.await.unwrap();
     assert!(
         matches!(&stale, Err(tower_idempotency::engine::EngineError::Operation(e)) if e == "claim lost"),
