@@ -221,7 +221,7 @@ async fn operation(
         IdempotencyKey::parse(KEY.as_bytes()).unwrap(),
     );
     let checkout = checkout.clone();
-    let run = move |context: tower_idempotency::engine::Context| async move {
+    let run = move |context: tower_idempotency::engine::RunContext| async move {
         let phases = context.phases().expect("a phased engine");
         checkout.run(phases).await.map_err(|e| e.to_string())
     };

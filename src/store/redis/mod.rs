@@ -312,6 +312,8 @@ pub(super) fn backend(error: impl Into<crate::body::BoxError>) -> StoreError {
 struct Names {
     record: String,
     index: String,
+    /// The key's tombstone, once its record expired (see `scripts`).
+    tombstone: String,
 }
 
 /// The names of a key's recovery points (see `PhaseStore`): its phase
@@ -339,6 +341,7 @@ fn names(prefix: &str, key: &RecordKey) -> Names {
     Names {
         record: format!("{tag}r:{}", key.key().as_str()),
         index: format!("{tag}i"),
+        tombstone: format!("{tag}x:{}", key.key().as_str()),
     }
 }
 

@@ -3,7 +3,7 @@
 
 use super::*;
 use tokio::sync::Notify;
-use tower_idempotency::engine::{Context, Engine, Identity, Outcome, PhaseError};
+use tower_idempotency::engine::{Engine, Identity, Outcome, PhaseError, RunContext};
 use tower_idempotency::store::StoreError;
 use tower_idempotency::IdempotencyKey;
 
@@ -29,7 +29,7 @@ async fn items(sql: &tokio_postgres::Client, orders: &str) -> Vec<String> {
 
 /// Inserts `item` in phase `phase`'s transaction, then fails if `fail`.
 async fn insert(
-    context: &Context,
+    context: &RunContext,
     orders: &str,
     phase: &str,
     item: &str,
@@ -74,7 +74,7 @@ async fn a_local_phase_commits_its_writes_with_its_recovery_point_or_neither() {
 
     for attempt in 1..=2 {
         let table = orders.clone();
-        let run = move |context: Context| async move {
+        let run = move |context: RunContext| async move {
             let orders = table;
             // On the retry, recorded: not run again (one row "reserved").
             let reserve = insert(&context, &orders, "reserve", "reserved", false);
@@ -118,7 +118,7 @@ async fn a_stale_owners_local_phase_commits_nothing() {
         let (stopped, resume) = (stopped.clone(), resume.clone());
         let (scope, key) = (scope.clone(), key.clone());
         tokio::spawn(async move {
-            let run = move |context: Context| async move {
+            let run = move |context: RunContext| async move {
                 insert(&context, &orders, "reserve", "reserved", false)
                     .await
                     .map_err(|e| e.to_string())?;
@@ -146,7 +146,7 @@ async fn a_stale_owners_local_phase_commits_nothing() {
 
     let retry = {
         let orders = orders.clone();
-        move |context: Context| async move {
+        move |context: RunContext| async move {
             assert!(context.attempt().is_takeover());
             let first = insert(&context, &orders, "reserve", "reserved-again", false).await;
             let second = insert(&context, &orders, "pay", "paid", false).await;

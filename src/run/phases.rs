@@ -26,8 +26,8 @@ use std::sync::Arc;
 ///
 /// [`IdempotencyLayer::phased`](crate::IdempotencyLayer::phased) puts one
 /// in the request extensions of every claimed request (`Extension<Phases>`
-/// in axum); an [`Engine::phased`](super::Engine::phased) operation finds it
-/// with [`Context::phases`](super::Context::phases). Clones share the run's phases.
+/// in axum); an [`Engine::phased`](crate::engine::Engine::phased) operation finds it
+/// with [`RunContext::phases`](crate::engine::RunContext::phases). Clones share the run's phases.
 ///
 /// - [`run`](Self::run): a local step, run then recorded. A crash between
 ///   the two runs it again on the retry, so its writes should be idempotent
@@ -49,7 +49,7 @@ use std::sync::Arc;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let engine = Engine::phased(MemoryStore::new());
 /// let (scope, key) = (Scope::new("shop"), IdempotencyKey::parse(b"order-000042").unwrap());
-/// let checkout = |context: tower_idempotency::engine::Context| async move {
+/// let checkout = |context: tower_idempotency::engine::RunContext| async move {
 ///     let phases = context.phases().expect("a phased engine");
 ///     let order: u64 = phases.run("create_order", || async { Ok::<_, String>(42) }).await
 ///         .map_err(|e| e.to_string())?;
