@@ -164,3 +164,49 @@ async fn a_stale_owners_local_phase_commits_nothing() {
     );
     assert_eq!(items(&sql, &orders).await, ["paid", "reserved"]);
 }
+
+/// What a phase costs on PostgreSQL, by the store's counter (warm): an
+/// operation of a phased engine that uses no phases costs what an unphased
+/// one does (`begin`, `complete`); its first phase adds the read of the
+/// recorded phases and each phase one statement that records it. A local
+/// phase is three: `BEGIN`, the record, `COMMIT` (its own statements aside).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_phase_costs_one_round_trip_and_a_local_phase_three() {
+    let Some(url) = pg::database_url("phase cost") else {
+        return;
+    };
+    let table = pg::unique_table("phase_cost");
+    let store = pg::store(&url, &table, |s| s).await;
+    let engine = Engine::phased(store.clone());
+    let count = || store.round_trips();
+    let trips = tower_idempotency_tests::phase_cost::report("PostgreSQL", &engine, count).await;
+    assert_eq!(trips, [2, 4, 6], "0, 1 and 3 phases");
+
+    let (sql, orders) = self::orders(&url, &table).await;
+    let mut local = [0; 2];
+    for (slot, phases) in [1usize, 3].into_iter().enumerate() {
+        for run in 0..3 {
+            let key = IdempotencyKey::parse(format!("local-{phases}-{run}").as_bytes()).unwrap();
+            let orders = orders.clone();
+            let operation = move |context: RunContext| async move {
+                for n in 0..phases {
+                    let item = format!("{phases}-{run}-{n}");
+                    insert(&context, &orders, &format!("step-{n}"), &item, false).await?;
+                }
+                Ok::<_, PhaseError<String>>(phases)
+            };
+            let before = store.round_trips();
+            let scope = Scope::new("cost");
+            let outcome = engine.run(&scope, &key, Identity::Bytes(b"l"), operation);
+            assert_eq!(outcome.await.unwrap(), Outcome::Executed(phases));
+            // The last of three runs, warm.
+            local[slot] = store.round_trips() - before;
+        }
+    }
+    eprintln!(
+        "phase cost on PostgreSQL: round trips per operation with 1 / 3 local phases: {} / {}",
+        local[0], local[1]
+    );
+    assert_eq!(local, [2 + 1 + 3, 2 + 1 + 3 * 3], "1 and 3 local phases");
+    assert_eq!(items(&sql, &orders).await.len(), 3 + 9);
+}
