@@ -105,7 +105,6 @@ async fn phased_order(
 ) -> Result<serde_json::Value, Failed> {
     let (ledger, pause) = (&state.ledger, state.options.pause);
     checkpoint(pause, "before-order", key).await;
-    let order_key = phases.downstream_key("order");
     let order: String = match ledger {
         Ledger::Memory(_) => {
             phases
@@ -118,6 +117,7 @@ async fn phased_order(
         }
         #[cfg(feature = "postgres")]
         Ledger::Postgres(pool) | Ledger::PostgresOwnCommits(pool) => {
+            let order_key = phases.downstream_key("order");
             let insert = "INSERT INTO checkout_phased_orders (merchant, sku, qty, order_key) \
                           VALUES ($1, $2, $3, $4)";
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
@@ -159,7 +159,6 @@ async fn phased_order(
         .map_err(Failed::Payment)?;
     checkpoint(pause, "charged", key).await;
 
-    let email_key = phases.downstream_key("receipt");
     let receipt: String = match ledger {
         Ledger::Memory(_) => {
             phases
@@ -172,6 +171,7 @@ async fn phased_order(
         }
         #[cfg(feature = "postgres")]
         Ledger::Postgres(pool) | Ledger::PostgresOwnCommits(pool) => {
+            let email_key = phases.downstream_key("receipt");
             let number: i64 = order.trim_start_matches("ord_").parse().unwrap_or(0);
             let insert = "WITH paid AS ( \
                               UPDATE checkout_phased_orders SET status = 'paid', charge = $2 \
