@@ -41,7 +41,11 @@
 //! `charge recorded for message N` and pauses `CONSUMER_SLOW_MS` once the
 //! charge phase is recorded, the second moment a crash test kills it; a
 //! message whose crashed run still holds its key is delivered again later,
-//! as a broker redelivers an unacknowledged message.
+//! as a broker redelivers an unacknowledged message. With `REDIS_URL` too
+//! (feature `redis`) the records and recovery points are in Redis and each
+//! effect a plain phase, its row (`<name>_keyed_effects`) committed first
+//! under its message's id; `CONSUMER_TABLES` is then the Redis keys' prefix
+//! too.
 //!
 //! Prints `charged message N` (`charged message N: replayed by the
 //! processor` for a charge made before) and `effect written for message N`
@@ -104,6 +108,11 @@ enum Ledger {
     /// The pool, and the effects table's name.
     #[cfg(feature = "postgres")]
     Postgres(deadpool_postgres::Pool, String),
+    /// The same, each effect committed on its own under its message's id
+    /// (records in Redis: no transaction holds both).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Keyed(deadpool_postgres::Pool, String),
 }
 
 impl Ledger {
@@ -127,6 +136,8 @@ impl Ledger {
                     .await
                     .map_err(|e| e.to_string())?;
             }
+            #[cfg(feature = "postgres")]
+            Self::Keyed(..) => return Err("keyed effects are written in phases".into()),
         }
         Ok(())
     }
@@ -141,8 +152,10 @@ impl Ledger {
         amount: i64,
         slow: Duration,
     ) -> Result<(), String> {
-        let Self::Postgres(_, table) = self else {
-            return Err("phases need PostgreSQL".into());
+        let table = match self {
+            Self::Postgres(_, table) => table,
+            Self::Keyed(pool, table) => return keyed(phases, pool, table, id, amount, slow).await,
+            Self::Memory(_) => return Err("phases need PostgreSQL".into()),
         };
         let insert = format!("INSERT INTO {table} (message_id, amount) VALUES ($1, $2)");
         let written = phases.local("effect", |client| async move {
@@ -159,7 +172,7 @@ impl Ledger {
         match self {
             Self::Memory(effects) => Ok(effects.lock().unwrap().len() as u64),
             #[cfg(feature = "postgres")]
-            Self::Postgres(pool, table) => {
+            Self::Postgres(pool, table) | Self::Keyed(pool, table) => {
                 let client = pool.get().await.map_err(|e| e.to_string())?;
                 let row = client
                     .query_one(&format!("SELECT count(*) FROM {table}"), &[])
@@ -231,6 +244,34 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let effects = ledger.effects().await?;
     println!("messages {messages}, deliveries {delivered}, effects {effects}");
     Ok(())
+}
+
+/// The effect of message `id` as the plain phase `effect` (records in
+/// Redis): its row commits first, keyed by the message's id, so a run of the
+/// phase again after a crash before its record writes no second row (it
+/// counts the write in `writes`).
+#[cfg(feature = "postgres")]
+async fn keyed(
+    phases: &tower_idempotency::engine::Phases,
+    pool: &deadpool_postgres::Pool,
+    table: &str,
+    id: u64,
+    amount: i64,
+    slow: Duration,
+) -> Result<(), String> {
+    let insert = format!(
+        "INSERT INTO {table} (message_id, amount) VALUES ($1, $2) \
+         ON CONFLICT (message_id) DO UPDATE SET writes = {table}.writes + 1"
+    );
+    let written = phases.run("effect", || async {
+        let client = pool.get().await.map_err(|e| e.to_string())?;
+        let inserted = client.execute(&insert, &[&(id as i64), &amount]).await;
+        inserted.map_err(|e| e.to_string())?;
+        println!("effect written for message {id}");
+        tokio::time::sleep(slow).await;
+        Ok::<_, String>(())
+    });
+    written.await.map_err(|e| e.to_string())
 }
 
 /// Charges message `id` at the processor under `key`, saying whether the
@@ -319,8 +360,31 @@ async fn from_env() -> Result<(Engine, Ledger, &'static str), Box<dyn std::error
                  )"
             ))
             .await?;
+        let phased = std::env::var("CONSUMER_PHASED").as_deref() == Ok("1");
+        #[cfg(feature = "redis")]
+        if let (true, Ok(redis)) = (phased, std::env::var("REDIS_URL")) {
+            let keyed = format!("{tables}_keyed_effects");
+            pool.get()
+                .await?
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {keyed} (
+                         message_id bigint PRIMARY KEY,
+                         amount bigint NOT NULL,
+                         writes integer NOT NULL DEFAULT 1
+                     )"
+                ))
+                .await?;
+            // The tables' name keeps this consumer's keys apart, as its tables.
+            let store = tower_idempotency::RedisStore::builder()
+                .with_prefix(tables.parse()?)
+                .with_lock_timeout(Duration::from_secs(2))
+                .connect(&redis)
+                .await?;
+            let ledger = Ledger::Keyed(pool, keyed);
+            return Ok((Engine::phased(store), ledger, "redis, phased"));
+        }
         let ledger = Ledger::Postgres(pool, effects);
-        if std::env::var("CONSUMER_PHASED").as_deref() == Ok("1") {
+        if phased {
             return Ok((Engine::phased(store), ledger, "postgres, phased"));
         }
         return Ok((Engine::transactional(store), ledger, "postgres"));

@@ -195,38 +195,28 @@ fn a_consumer_killed_mid_message_and_restarted_writes_each_effect_once() {
     assert_eq!(rerun, 12 - 4, "{lines:?}");
 }
 
-/// In recovery points (`CONSUMER_PHASED=1`, PostgreSQL): killed once the
-/// fifth message's charge phase is recorded, and (a second run) inside its
-/// effect's local phase, after the row is written and before it commits with
-/// its recovery point. Started again, the fifth message resumes: its charge
-/// is not sent again (no charge, not even a replayed one), its effect is
-/// written once, and each message is charged once under its charge phase's
-/// downstream key.
+/// In recovery points (`CONSUMER_PHASED=1`): killed once the fifth
+/// message's charge phase is recorded, and (a second run) inside its
+/// effect's phase, after the row is written and before its recovery point.
+/// Started again, the fifth message resumes: its charge is not sent again
+/// (no charge, not even a replayed one), its effect is one row, and each
+/// message is charged once under its charge phase's downstream key.
 #[cfg(feature = "postgres")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_phased_consumer_killed_between_and_inside_its_phases_resumes_without_charging_again() {
-    let Ok(url) = std::env::var("DATABASE_URL") else {
-        assert!(
-            std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
-        );
-        eprintln!("\n*** SKIPPED phased consumer: DATABASE_URL is not set ***\n");
-        return;
-    };
+async fn phased_consumer_resumes(store: &str, env: &[(&str, Option<&str>)]) {
     for (n, prefix) in ["charge recorded for message", "effect written for message"]
         .into_iter()
         .enumerate()
     {
         let processor = RunningExample::start("processor", &[("PROCESSOR_LEDGER", None)]);
         let processor_url = format!("http://{}", processor.addr);
-        let tables = format!("consumer_phased_{n}_{}", std::process::id());
-        let env = [
-            ("DATABASE_URL", Some(url.as_str())),
+        let tables = format!("consumer_phased_{}_{n}_{}", &store[..5], std::process::id());
+        let mut env = env.to_vec();
+        env.extend([
             ("CONSUMER_TABLES", Some(tables.as_str())),
             ("CONSUMER_MESSAGES", Some("12")),
             ("CONSUMER_PHASED", Some("1")),
             ("PROCESSOR_URL", Some(processor_url.as_str())),
-        ];
+        ]);
         let killed = kill_after(&env, prefix, 5);
         let message: u64 = killed[prefix.len()..]
             .trim_start()
@@ -235,21 +225,72 @@ async fn a_phased_consumer_killed_between_and_inside_its_phases_resumes_without_
             .and_then(|id| id.parse().ok())
             .unwrap_or_else(|| panic!("a message id in {killed:?}"));
         let lines = run_to_end(&env);
-        assert_eq!(lines[0], "idempotency store: postgres, phased");
+        assert_eq!(lines[0], format!("idempotency store: {store}, phased"));
+        let context = format!("{store}, killed at {prefix} {message}");
         assert_eq!(
             lines.last().unwrap(),
             "messages 12, deliveries 16, effects 12",
-            "killed at {prefix} {message}: {lines:#?}"
+            "{context}: {lines:#?}"
         );
         // Resumed after the recorded charge: nothing sent to the processor.
         let charged = format!("charged message {message}");
         assert!(
             !lines.iter().any(|l| l.starts_with(&charged)),
-            "killed at {prefix} {message}, charged again: {lines:#?}"
+            "{context}, charged again: {lines:#?}"
         );
         let written = format!("effect written for message {message}");
         let rewritten = lines.iter().filter(|l| **l == written).count();
-        assert_eq!(rewritten, 1, "killed at {prefix} {message}: {lines:#?}");
+        assert_eq!(rewritten, 1, "{context}: {lines:#?}");
         one_charge_per_message(&HttpClient::new(processor.addr), 12, "phase:charge").await;
     }
+}
+
+#[cfg(feature = "postgres")]
+fn database_url(what: &str) -> Option<String> {
+    let url = std::env::var("DATABASE_URL").ok();
+    if url.is_none() {
+        assert!(
+            std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
+            "REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
+        );
+        eprintln!("\n*** SKIPPED {what}: DATABASE_URL is not set ***\n");
+    }
+    url
+}
+
+/// On PostgreSQL the effect is a local phase: its row commits with its
+/// recovery point, so a kill inside it leaves no row.
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_phased_consumer_killed_between_and_inside_its_phases_resumes_without_charging_again() {
+    let Some(url) = database_url("phased consumer") else {
+        return;
+    };
+    let env = [("DATABASE_URL", Some(url.as_str())), ("REDIS_URL", None)];
+    phased_consumer_resumes("postgres", &env).await;
+}
+
+/// Records and recovery points in Redis, effects in PostgreSQL: the effect is
+/// a plain phase whose row commits first, keyed by the message's id, so the
+/// phase run again after a kill inside it writes no second row.
+#[cfg(all(feature = "postgres", feature = "redis"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_phased_consumer_on_redis_killed_between_and_inside_its_phases_resumes_without_charging_again(
+) {
+    let Some(url) = database_url("phased consumer on Redis") else {
+        return;
+    };
+    let Ok(redis) = std::env::var("REDIS_URL") else {
+        assert!(
+            std::env::var("REQUIRE_REDIS").as_deref() != Ok("1"),
+            "REQUIRE_REDIS=1 but REDIS_URL is not set"
+        );
+        eprintln!("\n*** SKIPPED phased consumer on Redis: REDIS_URL is not set ***\n");
+        return;
+    };
+    let env = [
+        ("DATABASE_URL", Some(url.as_str())),
+        ("REDIS_URL", Some(redis.as_str())),
+    ];
+    phased_consumer_resumes("redis", &env).await;
 }
