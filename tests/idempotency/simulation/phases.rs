@@ -368,7 +368,12 @@ fn check(world: &World) -> Result<Figures, String> {
     Ok(figures)
 }
 
+/// One seed's checked figures, and its history in order.
 fn run_seed(seed: u64) -> Result<Figures, String> {
+    run_seed_with_history(seed).0
+}
+
+fn run_seed_with_history(seed: u64) -> (Result<Figures, String>, String) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -402,7 +407,22 @@ fn run_seed(seed: u64) -> Result<Figures, String> {
         }
     });
     let world = lock(&world);
-    check(&world).map_err(|e| format!("seed {seed} (PHASE_SIM_SEED={seed} replays it): {e}"))
+    let history = format!(
+        "{:?}\n{:?}\n{:?}\n{:?}",
+        world.effects, world.calls, world.crashed_inside_charge, world.answers
+    );
+    let checked =
+        check(&world).map_err(|e| format!("seed {seed} (PHASE_SIM_SEED={seed} replays it): {e}"));
+    (checked, history)
+}
+
+/// A seed is its history: two runs of one seed make the same effects, calls
+/// and answers, in the same order.
+#[test]
+fn a_phase_seed_replays_the_same_history() {
+    let (first, second) = (run_seed_with_history(5), run_seed_with_history(5));
+    assert!(first.0.is_ok(), "{:?}", first.0);
+    assert_eq!(first.1, second.1);
 }
 
 /// Random histories of two phased instances that crash at phase boundaries
