@@ -8,16 +8,19 @@
 //! fenced by the token the inspection showed: a token that no longer owns
 //! the record (the claim completed, or was taken over by a new claim) is
 //! refused, so an operator acting on a stale inspection never cuts off
-//! the request that holds the key now. Every release attempt is logged at
+//! the request that holds the key now; nor is a claim whose lock its owner
+//! keeps fresh released (its keep-alive beats many times per lock). Every
+//! release attempt is logged at
 //! `WARN` with who asked, the scope and the key's keyed hash (never the key).
 //!
 //! ```
+//! use std::time::Duration;
 //! use tower_idempotency::store::inspect::{Inspect, KeyState, Release};
 //! use tower_idempotency::store::{Begin, RecordKey, Store};
 //! use tower_idempotency::{fingerprint::Fingerprint, IdempotencyKey, MemoryStore, Scope};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let store = MemoryStore::new();
+//! let store = MemoryStore::builder().with_lock_timeout(Duration::from_secs(1)).build();
 //! let key = RecordKey::new(Scope::new("acme"), IdempotencyKey::parse(b"order-0001").unwrap());
 //! let request = Fingerprint::from_bytes([7; 32]).into();
 //! let Ok(Begin::Claimed(_)) = store.begin(&key, &request).await else { unreachable!() };
@@ -25,6 +28,11 @@
 //! // The claiming process crashed; the operator looks, then releases.
 //! let KeyState::InProgress(claim) = store.inspect(&key).await.unwrap() else { unreachable!() };
 //! assert_eq!(claim.attempt, 1);
+//! // Right after the claim its lock is fresh: as far as anyone can tell, alive.
+//! let early = store.release_stuck(&key, claim.token, "alice@ops").await.unwrap();
+//! assert_eq!(early, Release::OwnerAlive);
+//! // Half a lock without a keep-alive beat: its owner is gone.
+//! tokio::time::sleep(Duration::from_millis(600)).await;
 //! let released = store.release_stuck(&key, claim.token, "alice@ops").await.unwrap();
 //! assert_eq!(released, Release::Released);
 //! assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
