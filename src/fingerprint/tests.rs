@@ -824,3 +824,311 @@ fn key_order_whitespace_and_escapes_still_share_a_fingerprint() {
     // A `\/` escape is `/`.
     assert_eq!(canon(r#"["a\/b"]"#), r#"["a/b"]"#);
 }
+
+/// The digest of a body as the fingerprint defines it, by the reference
+/// canonicaliser (serde_json) alone: SHA-256 over the request line and its
+/// canonical form, or its raw bytes when it has none.
+fn reference_digest(key: &IdempotencyKey, body: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in ["POST", "/orders", key.as_str(), "acme"] {
+        hasher.update(part.as_bytes());
+        hasher.update(b"\n");
+    }
+    let buffers = Buffers {
+        out: Vec::new(),
+        scratch: Vec::new(),
+    };
+    let canonical = canonicalize_with_serde(body, buffers).ok();
+    hasher.update(canonical.as_deref().unwrap_or(body));
+    hasher.finalize().into()
+}
+
+/// A JSON document to render, canonically or with one defect.
+enum Doc {
+    /// A number or literal, as written.
+    Literal(&'static str),
+    String(&'static str),
+    Array(Vec<Doc>),
+    Object(Vec<(&'static str, Doc)>),
+}
+
+/// The one way a rendering departs from the canonical form, at the `at`-th
+/// place where it can.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Defect {
+    None,
+    /// Two neighbouring members swapped.
+    Unsorted,
+    /// A space before a token.
+    Space,
+    /// `/` written `\/`.
+    EscapedSlash,
+    /// A non-ASCII character written as its `\u` escape.
+    EscapedNonAscii,
+    /// An ASCII letter written as its `\u` escape.
+    EscapedAscii,
+}
+
+struct Render {
+    defect: Defect,
+    at: u64,
+    seen: u64,
+    /// Whether the defect was made.
+    made: bool,
+    out: String,
+}
+
+impl Render {
+    /// Whether to make the defect at this place (its kind being `kind`).
+    fn here(&mut self, kind: Defect) -> bool {
+        if self.defect != kind || self.made {
+            return false;
+        }
+        self.seen += 1;
+        self.made = self.seen > self.at;
+        self.made
+    }
+
+    fn space(&mut self) {
+        if self.here(Defect::Space) {
+            self.out.push(' ');
+        }
+    }
+
+    fn string(&mut self, s: &str) {
+        self.out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => self.out.push_str("\\\""),
+                '\\' => self.out.push_str("\\\\"),
+                '\n' => self.out.push_str("\\n"),
+                '\t' => self.out.push_str("\\t"),
+                '\0'..='\u{1f}' => self.out.push_str(&format!("\\u{:04x}", c as u32)),
+                '/' if self.here(Defect::EscapedSlash) => self.out.push_str("\\/"),
+                c if !c.is_ascii() && self.here(Defect::EscapedNonAscii) => {
+                    for unit in c.encode_utf16(&mut [0; 2]) {
+                        self.out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c if c.is_ascii_alphabetic() && self.here(Defect::EscapedAscii) => {
+                    self.out.push_str(&format!("\\u{:04X}", c as u32));
+                }
+                c => self.out.push(c),
+            }
+        }
+        self.out.push('"');
+    }
+
+    fn doc(&mut self, doc: &Doc) {
+        self.space();
+        match doc {
+            Doc::Literal(text) => self.out.push_str(text),
+            Doc::String(s) => self.string(s),
+            Doc::Array(items) => {
+                self.out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    self.doc(item);
+                }
+                self.space();
+                self.out.push(']');
+            }
+            Doc::Object(members) => {
+                let mut sorted: Vec<_> = members.iter().collect();
+                sorted.sort_by(|a, b| cmp_utf16(a.0, b.0));
+                for i in 1..sorted.len() {
+                    // Swapping equal keys (a duplicate) changes nothing.
+                    if sorted[i - 1].0 != sorted[i].0 && self.here(Defect::Unsorted) {
+                        sorted.swap(i - 1, i);
+                    }
+                }
+                self.out.push('{');
+                for (i, (key, value)) in sorted.into_iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    self.space();
+                    self.string(key);
+                    self.space();
+                    self.out.push(':');
+                    self.doc(value);
+                }
+                self.space();
+                self.out.push('}');
+            }
+        }
+        self.space();
+    }
+}
+
+/// Bodies already canonical are hashed as they are; every other body (almost
+/// canonical, deeply nested, invalid) still gets the digest of its canonical
+/// form by the reference canonicaliser, or of its raw bytes.
+#[test]
+fn canonical_bodies_hashed_as_they_are_agree_with_the_reference_digest() {
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+        fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+            from[self.below(from.len() as u64) as usize]
+        }
+    }
+    const KEYS: &[&str] = &[
+        "a",
+        "b",
+        "ab",
+        "sku",
+        "qty",
+        "price",
+        "note",
+        "a/b",
+        "",
+        "é",
+        "e",
+        "😀",
+        "\u{fb33}",
+        "\u{e000}",
+        "abcdefgh",
+        "abcdefghi",
+        "abcdefghj",
+        "customer_id",
+        "customer_name",
+        "quote\"d",
+        "new\nline",
+    ];
+    const LITERALS: &[&str] = &[
+        "0",
+        "-0",
+        "1",
+        "1.0",
+        "10.5",
+        "1.50",
+        "1e2",
+        "1E+2",
+        "-2.5e-8",
+        "123456789012345678901234567890",
+        "1e400",
+        "-1e-400",
+        "true",
+        "false",
+        "null",
+    ];
+    const STRINGS: &[&str] = &[
+        "",
+        "x",
+        "gift wrap",
+        "SKU-000001",
+        "a/b",
+        "é",
+        "café crème",
+        "😀 emoji",
+        "\u{e000}",
+        "q\"uote",
+        "back\\slash",
+        "tab\t",
+        "\u{1}",
+        "abcdefghijklmnopqrstuvwxyz",
+    ];
+    fn doc(rng: &mut Rng, depth: u32) -> Doc {
+        match rng.below(if depth > 4 { 4 } else { 7 }) {
+            0 | 1 => Doc::Literal(rng.pick(LITERALS)),
+            2 | 3 => Doc::String(rng.pick(STRINGS)),
+            4 => Doc::Array((0..rng.below(4)).map(|_| doc(rng, depth + 1)).collect()),
+            _ => {
+                let mut keys: Vec<&str> = (0..rng.below(18)).map(|_| rng.pick(KEYS)).collect();
+                // Mostly distinct keys; now and then a duplicate.
+                if rng.below(8) != 0 {
+                    keys.sort_unstable();
+                    keys.dedup();
+                }
+                Doc::Object(keys.into_iter().map(|k| (k, doc(rng, depth + 1))).collect())
+            }
+        }
+    }
+    /// `doc` inside `levels` arrays and objects.
+    fn nested(rng: &mut Rng, levels: u64, doc: Doc) -> Doc {
+        (0..levels).fold(doc, |inner, _| {
+            if rng.below(2) == 0 {
+                Doc::Array(vec![inner])
+            } else {
+                Doc::Object(vec![(rng.pick(KEYS), inner)])
+            }
+        })
+    }
+    const DEFECTS: [Defect; 6] = [
+        Defect::None,
+        Defect::Unsorted,
+        Defect::Space,
+        Defect::EscapedSlash,
+        Defect::EscapedNonAscii,
+        Defect::EscapedAscii,
+    ];
+    let key = IdempotencyKey::parse(b"order-0001").unwrap();
+    let json = http::HeaderValue::from_static("application/json");
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut proven = 0;
+    let mut almost = [0; DEFECTS.len()];
+    for case in 0..12_000 {
+        let mut body = doc(&mut rng, 0);
+        if case % 50 == 0 {
+            // Around the depth this scan proves (32) and the parser's (128).
+            let levels = rng.pick(&[30, 31, 32, 33, 40, 127, 128, 129]);
+            body = nested(&mut rng, levels, body);
+        }
+        let defect = rng.pick(&DEFECTS);
+        let mut render = Render {
+            defect,
+            at: rng.below(6),
+            seen: 0,
+            made: false,
+            out: String::new(),
+        };
+        render.doc(&body);
+        let mut text = render.out.into_bytes();
+        match rng.below(20) {
+            // Invalid: cut short, or followed by more.
+            0 => text.truncate(rng.below(text.len() as u64 + 1) as usize),
+            1 => text.extend_from_slice(rng.pick(&[&b" "[..], b"x", b"{}", b"]", b","])),
+            _ => {}
+        }
+        let digest = Fingerprint::compute(
+            &http::Method::POST,
+            "/orders",
+            &key,
+            "acme",
+            Some(&json),
+            &text,
+        );
+        let shown = String::from_utf8_lossy(&text);
+        assert_eq!(digest.0, reference_digest(&key, &text), "{defect:?}: {shown}");
+        let canonical = is_canonical(&text);
+        if canonical {
+            proven += 1;
+            // Not only the same digest: the canonical form is the body itself.
+            let buffers = Buffers {
+                out: Vec::new(),
+                scratch: Vec::new(),
+            };
+            assert_eq!(
+                canonicalize_with_serde(&text, buffers).ok().as_deref(),
+                Some(&text[..]),
+                "{shown}"
+            );
+        } else if render.made {
+            almost[DEFECTS.iter().position(|&d| d == defect).unwrap()] += 1;
+        }
+    }
+    // Every kind of near miss was made and declined, and canonical bodies
+    // were proven so: neither branch is vacuous.
+    assert!(proven > 2_000, "{proven} bodies proven canonical");
+    for (defect, n) in DEFECTS.iter().zip(almost).skip(1) {
+        assert!(n > 100, "{n} bodies almost canonical by {defect:?}");
+    }
+}

@@ -2,8 +2,11 @@
 
 use super::*;
 
+mod canonical;
 mod order;
 mod scan;
+
+pub(super) use self::canonical::is_canonical;
 
 use self::order::{order, Order, Ranking};
 use self::scan::{append, literal_end, scan_key, scan_string, token};
