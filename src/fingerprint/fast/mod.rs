@@ -3,6 +3,7 @@
 use super::*;
 
 mod canonical;
+mod flat;
 mod order;
 mod scan;
 
@@ -102,6 +103,7 @@ impl FastCanonical<'_, '_> {
 
     fn value(&mut self, depth: usize) -> Option<()> {
         match self.peek()? {
+            b'{' if depth < FAST_MAX_DEPTH && self.flat_object().is_some() => Some(()),
             b'{' => self.object(depth + 1),
             b'[' => self.array(depth + 1),
             b'"' => self.string(),
