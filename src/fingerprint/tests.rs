@@ -1132,3 +1132,72 @@ fn canonical_bodies_hashed_as_they_are_agree_with_the_reference_digest() {
         assert!(n > 100, "{n} bodies almost canonical by {defect:?}");
     }
 }
+
+/// What the flat-object path writes for the object `doc`, if it takes it.
+fn flat(doc: &str) -> Option<String> {
+    let mut buffers = Buffers {
+        out: Vec::new(),
+        scratch: Vec::new(),
+    };
+    let mut fast = FastCanonical {
+        input: doc.as_bytes(),
+        at: 0,
+        buf: &mut buffers,
+        members: Vec::new(),
+    };
+    fast.flat_object()?;
+    assert_eq!(fast.at, doc.len(), "{doc}");
+    Some(String::from_utf8(buffers.out).unwrap())
+}
+
+#[test]
+fn flat_objects_are_sorted_in_one_go_or_left_to_the_general_path() {
+    let taken = [
+        r#"{"sku":"SKU-1","qty":1,"price":10.5,"note":"gift wrap"}"#,
+        r#"{"b":true,"a":false,"c":null,"":-0,"d":"é€😀"}"#,
+        r#"{"note":"x","sku":"y"}"#,
+        r#"{"a":1}"#,
+        // Long keys whose first 8 bytes differ.
+        r#"{"customer":"c","currency":"EUR","abcdefghij":1}"#,
+        r#"{"p":1,"o":2,"n":3,"m":4,"l":5,"k":6,"j":7,"i":8,"h":9,"g":10,"f":11,"e":12,"d":13,"c":14,"b":15,"a":16}"#,
+    ];
+    for doc in taken {
+        let want = String::from_utf8(slow(doc).unwrap()).unwrap();
+        assert_eq!(flat(doc).as_deref(), Some(&want[..]), "{doc}");
+        assert_eq!(canon(doc), want, "{doc}");
+    }
+    let left = [
+        // Long keys sharing their first 8 bytes, either way round.
+        r#"{"customer_name":"n","customer_id":1}"#,
+        r#"{"customer_id":1,"customer_name":"n"}"#,
+        r#"{"abcdefgh":1,"abcdefghi":2}"#,
+        // A duplicate key, short or long.
+        r#"{"a":1,"b":2,"a":3}"#,
+        r#"{"abcdefghi":1,"abcdefghi":2}"#,
+        // Seventeen members.
+        r#"{"q":0,"p":1,"o":2,"n":3,"m":4,"l":5,"k":6,"j":7,"i":8,"h":9,"g":10,"f":11,"e":12,"d":13,"c":14,"b":15,"a":16}"#,
+        // Not ASCII, escapes, whitespace, nesting, the empty object.
+        r#"{"é":1,"e":2}"#,
+        r#"{"a\u0062":1,"a":2}"#,
+        r#"{"b":"x\/y","a":2}"#,
+        r#"{"b":1, "a":2}"#,
+        r#"{"b" :1,"a":2}"#,
+        r#"{"b":1,"a":[2]}"#,
+        r#"{"b":1,"a":{}}"#,
+        "{}",
+        // Not JSON.
+        r#"{"b":1,"a":2"#,
+        r#"{"b":1,"a":01}"#,
+        r#"{"b":1,"a":tru}"#,
+        r#"{"b":1,}"#,
+        r#"{"b":1"#,
+    ];
+    for doc in left {
+        assert_eq!(flat(doc), None, "{doc}");
+        assert_eq!(
+            canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+            slow(doc),
+            "{doc}"
+        );
+    }
+}

@@ -24,7 +24,7 @@ impl FastCanonical<'_, '_> {
     /// `self.at` unchanged, for any other (which [`Self::object`] then
     /// reads from the start).
     #[inline(always)]
-    pub(super) fn flat_object(&mut self) -> Option<()> {
+    pub(in crate::fingerprint) fn flat_object(&mut self) -> Option<()> {
         let input = self.input;
         let mut at = self.at + 1;
         let mut members = [Flat::default(); FLAT_MAX];
