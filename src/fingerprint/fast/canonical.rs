@@ -58,39 +58,51 @@ impl Key {
 }
 
 impl Proof<'_> {
+    /// The value at `self.at`; strings, numbers and literals are read where
+    /// they appear (see [`scalar_end`]), so this only recurses into arrays
+    /// and objects.
     fn value(&mut self, depth: usize) -> Option<()> {
-        let input = self.input;
-        let at = self.at;
-        self.at = match *input.get(at)? {
-            b'{' => return self.object(depth + 1),
-            b'[' => return self.array(depth + 1),
-            b'"' => string_end(input, at)?,
-            b'-' | b'0'..=b'9' => number_end(input, at)?,
-            b't' => literal_end(input, at, b"true")?,
-            b'f' => literal_end(input, at, b"false")?,
-            b'n' => literal_end(input, at, b"null")?,
-            // Whitespace, among others: not canonical.
-            _ => return None,
-        };
-        Some(())
+        match *self.input.get(self.at)? {
+            b'{' => self.object(depth + 1),
+            b'[' => self.array(depth + 1),
+            _ => {
+                self.at = scalar_end(self.input, self.at)?;
+                Some(())
+            }
+        }
+    }
+
+    /// The end of the value at `at`.
+    #[inline(always)]
+    fn value_end(&mut self, at: usize, depth: usize) -> Option<usize> {
+        match *self.input.get(at)? {
+            b'{' | b'[' => {
+                self.at = at;
+                self.value(depth)?;
+                Some(self.at)
+            }
+            _ => scalar_end(self.input, at),
+        }
     }
 
     fn array(&mut self, depth: usize) -> Option<()> {
         if depth > FAST_MAX_DEPTH {
             return None;
         }
-        self.at += 1;
-        if *self.input.get(self.at)? == b']' {
-            self.at += 1;
+        let input = self.input;
+        let mut at = self.at + 1;
+        if *input.get(at)? == b']' {
+            self.at = at + 1;
             return Some(());
         }
         loop {
-            self.value(depth)?;
-            let b = *self.input.get(self.at)?;
-            self.at += 1;
-            match b {
-                b',' => {}
-                b']' => return Some(()),
+            at = self.value_end(at, depth)?;
+            match *input.get(at)? {
+                b',' => at += 1,
+                b']' => {
+                    self.at = at + 1;
+                    return Some(());
+                }
                 _ => return None,
             }
         }
@@ -133,9 +145,7 @@ impl Proof<'_> {
             if *input.get(end + 1)? != b':' {
                 return None;
             }
-            self.at = end + 2;
-            self.value(depth)?;
-            at = self.at;
+            at = self.value_end(end + 2, depth)?;
             match *input.get(at)? {
                 b',' => at += 1,
                 b'}' => {
@@ -145,6 +155,21 @@ impl Proof<'_> {
                 _ => return None,
             }
         }
+    }
+}
+
+/// The end of the string, number or literal at `at` if it is its own
+/// canonical form.
+#[inline(always)]
+fn scalar_end(input: &[u8], at: usize) -> Option<usize> {
+    match *input.get(at)? {
+        b'"' => string_end(input, at),
+        b'-' | b'0'..=b'9' => number_end(input, at),
+        b't' => literal_end(input, at, b"true"),
+        b'f' => literal_end(input, at, b"false"),
+        b'n' => literal_end(input, at, b"null"),
+        // Whitespace, among others: not canonical.
+        _ => None,
     }
 }
 
