@@ -1107,7 +1107,11 @@ fn canonical_bodies_hashed_as_they_are_agree_with_the_reference_digest() {
             &text,
         );
         let shown = String::from_utf8_lossy(&text);
-        assert_eq!(digest.0, reference_digest(&key, &text), "{defect:?}: {shown}");
+        assert_eq!(
+            digest.0,
+            reference_digest(&key, &text),
+            "{defect:?}: {shown}"
+        );
         let canonical = is_canonical(&text);
         if canonical {
             proven += 1;

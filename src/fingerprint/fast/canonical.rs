@@ -1,8 +1,8 @@
 //! Bodies already in canonical form, proven so by one scan that writes
 //! nothing: their own bytes are what a digest of the canonical form hashes.
 
-use super::*;
 use super::scan::{literal_end, scan_key, scan_string};
+use super::*;
 
 /// Whether `input` is exactly its own canonical form: no insignificant
 /// whitespace, object keys strictly increasing in UTF-16 code unit order (so
