@@ -23,7 +23,11 @@ impl FastCanonical<'_, '_> {
     /// apart by their first 8 bytes (at most [`FLAT_MAX`] of them): `None`, with nothing written and
     /// `self.at` unchanged, for any other (which [`Self::object`] then
     /// reads from the start).
-    #[inline(always)]
+    // Inlined only where frames are small: in an unoptimised build, its
+    // array and locals would swell every frame of the recursion through
+    // nested values past what a 256 KiB thread stack holds.
+    #[cfg_attr(debug_assertions, inline(never))]
+    #[cfg_attr(not(debug_assertions), inline(always))]
     pub(in crate::fingerprint) fn flat_object(&mut self) -> Option<()> {
         let input = self.input;
         let mut at = self.at + 1;
