@@ -43,7 +43,7 @@ mod payments;
 use bytes::Bytes;
 use payments::Processor;
 use std::time::Duration;
-use tower_idempotency::engine::{Context, Engine, Identity, Outcome};
+use tower_idempotency::engine::{Engine, Identity, Outcome, RunContext};
 use tower_idempotency::{IdempotencyKey, MemoryStore, Scope};
 
 /// One delivery: the message id and its body as the broker sent it.
@@ -98,7 +98,7 @@ enum Ledger {
 impl Ledger {
     /// Writes the effect of message `id`: inside the engine's transaction on
     /// PostgreSQL.
-    async fn write(&self, context: &Context, id: u64, amount: i64) -> Result<(), String> {
+    async fn write(&self, context: &RunContext, id: u64, amount: i64) -> Result<(), String> {
         let _ = (context, amount);
         match self {
             Self::Memory(effects) => effects.lock().unwrap().push(id),
@@ -160,7 +160,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let amount = body["amount"].as_i64().ok_or("an amount")?;
         let account = body["account"].as_str().ok_or("an account")?.to_owned();
         let (ledger, id, processor) = (ledger.clone(), delivery.id, processor.clone());
-        let operation = move |context: Context| async move {
+        let operation = move |context: RunContext| async move {
             if let Some(processor) = processor {
                 // The same key on every run of this message, whichever store.
                 let key = context.downstream_keys().key_for(payments::CARD_PROCESSOR);

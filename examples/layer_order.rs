@@ -73,6 +73,7 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 use tower_http::validate_request::ValidateRequestHeaderLayer;
+use tower_idempotency::store::purge::PurgeTask;
 use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 /// The knobs whose relations matter.
@@ -187,8 +188,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     init_tracing();
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3005".into());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
-    let app = app(MemoryStore::new(), Limits::default(), Arc::default());
+    let store = MemoryStore::new();
+    // Expired records leave memory in the background, not only when a claim
+    // happens by; stopped at shutdown.
+    let purge = PurgeTask::new(store.clone()).spawn()?;
+    let app = app(store, Limits::default(), Arc::default());
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    purge.shutdown().await;
     Ok(())
 }

@@ -84,21 +84,6 @@ use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// A fresh key: a random (version 4) UUID, `8e03978e-40d5-43e8-bc93-6894a57f9324`,
-/// the form clients and the IETF draft's examples use (122 random bits from
-/// the operating system).
-///
-/// ```
-/// let a = tower_idempotency::client::random_key();
-/// let b = tower_idempotency::client::random_key();
-/// assert_eq!(a.len(), 36);
-/// assert_ne!(a, b);
-/// assert!(tower_idempotency::IdempotencyKey::parse(a.as_bytes()).is_some());
-/// ```
-pub fn random_key() -> String {
-    crate::random::uuid_v4()
-}
-
 /// Makes keys for [`IdempotencyKeyLayer`]. Closures `Fn() -> String` implement it.
 ///
 /// A key must be 8 to 128 characters `[A-Za-z0-9._-]` to be accepted by
@@ -119,13 +104,14 @@ where
     }
 }
 
-/// The default [`KeyGenerator`]: [`random_key`].
+/// The default [`KeyGenerator`]: a random (version 4) UUID, as
+/// [`OperationKey::new`] makes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RandomKey;
 
 impl KeyGenerator for RandomKey {
     fn generate(&self) -> String {
-        random_key()
+        crate::random::uuid_v4()
     }
 }
 
@@ -146,9 +132,14 @@ impl KeyGenerator for RandomKey {
 pub struct OperationKey(HeaderValue);
 
 impl OperationKey {
-    /// A fresh random key ([`random_key`]).
+    /// A fresh key: a random (version 4) UUID, `8e03978e-40d5-43e8-bc93-6894a57f9324`,
+    /// the form clients and the IETF draft's examples use (122 random bits from
+    /// the operating system).
     pub fn new() -> Self {
-        Self(HeaderValue::from_str(&random_key()).expect("hex digits are a valid header value"))
+        Self(
+            HeaderValue::from_str(&crate::random::uuid_v4())
+                .expect("hex digits are a valid header value"),
+        )
     }
 
     /// A key you chose (say, derived from your own operation id); `None` unless
@@ -214,7 +205,7 @@ struct KeyConfig<G> {
 }
 
 impl IdempotencyKeyLayer {
-    /// Random keys ([`random_key`]) in `Idempotency-Key`, on POST and PATCH.
+    /// Random keys ([`RandomKey`]) in `Idempotency-Key`, on POST and PATCH.
     pub fn new() -> Self {
         Self::with_generator(RandomKey)
     }

@@ -25,7 +25,7 @@
 //!
 //! The layer puts one [`DownstreamKeys`] into the request extensions of
 //! every claimed request (`Extension<DownstreamKeys>` in axum), and the
-//! engine's [`Context::downstream_keys`](crate::engine::Context::downstream_keys)
+//! engine's [`RunContext::downstream_keys`](crate::engine::RunContext::downstream_keys)
 //! gives one to every operation. `docs/idempotency.md` ("Carrying the key
 //! down the chain") says what they guarantee and what they cannot.
 

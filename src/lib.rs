@@ -214,7 +214,7 @@
 //! # Observability
 //!
 //! Every decision runs in a `tracing` span with the scope, a hash of the key
-//! (never the key) and the outcome (`claimed`, `replayed`, `reused`,
+//! (never the key) and the outcome (`claimed`, `replayed`, `key_reused`,
 //! `in_progress`, `released`, `store_error`, ...); with the `metrics`
 //! feature, counters and a latency histogram per outcome. See [`telemetry`].
 //!
@@ -262,6 +262,9 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+#[cfg(feature = "admin")]
+#[cfg_attr(docsrs, doc(cfg(feature = "admin")))]
+pub mod admin;
 pub mod body;
 mod buffer;
 pub mod client;
@@ -282,9 +285,11 @@ mod options;
 mod policy;
 mod random;
 mod response;
+mod run;
 mod scope;
 pub mod store;
 pub mod telemetry;
+mod warn_once;
 
 /// The PostgreSQL driver crates the `postgres` feature builds on, re-exported
 /// so that an application names the versions the stores take without
@@ -303,11 +308,11 @@ pub mod postgres {
 }
 
 pub use config::ConfigError;
-pub use engine::in_flight::InFlight;
 pub use idempotency::layer::IdempotencyLayer;
 pub use key::{IdempotencyKey, MAX_KEY_LEN, MIN_KEY_LEN};
 #[cfg(feature = "leases")]
 pub use lease::{handle::Lease, layer::LeaseLayer};
+pub use run::in_flight::InFlight;
 
 /// The README's quick start, compiled as a doctest so that it works as written.
 #[cfg(doctest)]

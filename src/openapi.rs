@@ -64,7 +64,7 @@ use utoipa::openapi::{Components, Content, OpenApi, Ref, RefOr, Required, Respon
 use utoipa::Modify;
 
 /// Every refusal the idempotency layer answers with.
-const REFUSALS: [Refusal; 15] = [
+const REFUSALS: [Refusal; 16] = [
     Refusal::KeyRequired,
     Refusal::KeyInvalid,
     Refusal::KeyRepeated,
@@ -72,7 +72,7 @@ const REFUSALS: [Refusal; 15] = [
     Refusal::PayloadTooLarge,
     Refusal::BodyTimeout,
     Refusal::BodyUnreadable,
-    Refusal::KeyReuse,
+    Refusal::KeyReused,
     Refusal::InProgress,
     Refusal::ResponseUnavailable,
     Refusal::StoreUnavailable,
@@ -80,6 +80,7 @@ const REFUSALS: [Refusal; 15] = [
     Refusal::QuotaExceeded,
     Refusal::Overloaded,
     Refusal::HandlerFailed,
+    Refusal::KeyExpired,
 ];
 
 /// Where `refusal` is in [`REFUSALS`]: an exhaustive match, so that a new
@@ -94,7 +95,7 @@ const fn position(refusal: Refusal) -> usize {
         Refusal::PayloadTooLarge => 4,
         Refusal::BodyTimeout => 5,
         Refusal::BodyUnreadable => 6,
-        Refusal::KeyReuse => 7,
+        Refusal::KeyReused => 7,
         Refusal::InProgress => 8,
         Refusal::ResponseUnavailable => 9,
         Refusal::StoreUnavailable => 10,
@@ -102,6 +103,7 @@ const fn position(refusal: Refusal) -> usize {
         Refusal::QuotaExceeded => 12,
         Refusal::Overloaded => 13,
         Refusal::HandlerFailed => 14,
+        Refusal::KeyExpired => 15,
         // The lease layer's: not answered by the routes documented here.
         Refusal::JobStoreUnavailable | Refusal::BudgetExhausted => usize::MAX,
     }
@@ -179,7 +181,7 @@ impl IdempotencyDoc {
     /// Adds the layer's header parameter, response headers and refusals to
     /// every guarded operation of `api`; returns how many it documented
     /// (a path or method the document does not have documents nothing).
-    pub fn apply(&self, api: &mut OpenApi) -> usize {
+    fn apply(&self, api: &mut OpenApi) -> usize {
         let mut documented = 0;
         for path in &self.paths {
             let Some(item) = api.paths.paths.get_mut(path) else {
@@ -423,14 +425,13 @@ impl IdempotencyDoc {
 
 impl Modify for IdempotencyDoc {
     fn modify(&self, openapi: &mut OpenApi) {
-        self.apply(openapi);
+        if self.apply(openapi) == 0 {
+            tracing::warn!(
+                "the OpenAPI document has none of the guarded paths and methods: \
+                 nothing was documented (check `IdempotencyDoc::for_paths`)"
+            );
+        }
     }
-}
-
-/// Documents the layer's defaults on the operations of `paths`:
-/// [`IdempotencyDoc::for_paths`]`(paths).apply(api)`.
-pub fn document(api: &mut OpenApi, paths: &[&str]) -> usize {
-    IdempotencyDoc::for_paths(paths.iter().copied()).apply(api)
 }
 
 impl IdempotencyDoc {

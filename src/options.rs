@@ -1,9 +1,10 @@
 //! What both HTTP front doors are configured with alike: the methods they
 //! guard, how much of a request body they buffer and for how long, and how
-//! their refusals are answered.
+//! their refusals are answered, and the setup mistakes they warned about.
 
 use crate::limits;
 use crate::response::{ErrorFormat, RefusalResponse, Responder};
+use crate::warn_once::WarnOnce;
 use http::Method;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,8 @@ pub(crate) struct Options {
     pub(crate) body_timeout: Option<Duration>,
     /// Builds every refusal.
     pub(crate) responder: Responder,
+    /// The setup mistakes already warned about, per route.
+    pub(crate) warned: WarnOnce,
 }
 
 impl Options {
@@ -33,6 +36,7 @@ impl Options {
                 body_limit: Some(DEFAULT_BODY_LIMIT),
                 ..Responder::default()
             },
+            warned: WarnOnce::default(),
         }
     }
 

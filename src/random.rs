@@ -14,10 +14,13 @@ pub(crate) fn bytes<const N: usize>() -> [u8; N] {
     out
 }
 
-/// Four random 64-bit lanes: a HighwayHash key.
-pub(crate) fn lanes() -> [u64; 4] {
+/// A random HighwayHash key (four 64-bit lanes, 256 bits): the secret of a
+/// keyed hash that no caller can aim collisions at.
+pub(crate) fn hash_key() -> highway::Key {
     let b: [u8; 32] = bytes();
-    std::array::from_fn(|i| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes")))
+    highway::Key(std::array::from_fn(|i| {
+        u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"))
+    }))
 }
 
 /// A random (version 4) UUID in its hyphenated lower-case form (RFC 9562,
@@ -61,6 +64,6 @@ mod tests {
     fn draws_differ() {
         let (a, b): ([u8; 16], [u8; 16]) = (super::bytes(), super::bytes());
         assert_ne!(a, b);
-        assert_ne!(super::lanes(), super::lanes());
+        assert_ne!(super::hash_key().0, super::hash_key().0);
     }
 }

@@ -36,13 +36,18 @@ pub enum Refusal {
     /// `400 body_unreadable`: reading the request body failed.
     BodyUnreadable,
     /// `409 idempotency_key_reuse` (or 422): the key was used with another request.
-    KeyReuse,
+    KeyReused,
     /// `409 idempotency_in_progress` with `Retry-After`: the first request is still running.
     InProgress,
     /// `410 idempotency_response_unavailable`: the first request ran (its
     /// effects happened) but its response could not be recorded; it is not
     /// run again, and there is nothing to replay.
     ResponseUnavailable,
+    /// `410 idempotency_key_expired`: the same request ran under this key
+    /// before, and its record has expired; its tombstone says the key was
+    /// used, so the request is not run again, and there is no answer left to
+    /// replay. (Another request under the key is [`KeyReused`](Self::KeyReused).)
+    KeyExpired,
     /// `503 idempotency_store_unavailable`: the store failed; nothing was run.
     StoreUnavailable,
     /// `503 idempotency_outcome_unknown` with `Retry-After`: the handler ran,
@@ -82,9 +87,10 @@ impl Refusal {
             Self::PayloadTooLarge => "payload_too_large",
             Self::BodyTimeout => "request_timeout",
             Self::BodyUnreadable => "body_unreadable",
-            Self::KeyReuse => "idempotency_key_reuse",
+            Self::KeyReused => "idempotency_key_reuse",
             Self::InProgress => "idempotency_in_progress",
             Self::ResponseUnavailable => "idempotency_response_unavailable",
+            Self::KeyExpired => "idempotency_key_expired",
             Self::StoreUnavailable => "idempotency_store_unavailable",
             Self::OutcomeUnknown => "idempotency_outcome_unknown",
             Self::QuotaExceeded => "idempotency_quota_exceeded",
@@ -137,9 +143,10 @@ impl Refusal {
             Self::PayloadTooLarge => doc!("PayloadTooLarge"),
             Self::BodyTimeout => doc!("BodyTimeout"),
             Self::BodyUnreadable => doc!("BodyUnreadable"),
-            Self::KeyReuse => doc!("KeyReuse"),
+            Self::KeyReused => doc!("KeyReused"),
             Self::InProgress => doc!("InProgress"),
             Self::ResponseUnavailable => doc!("ResponseUnavailable"),
+            Self::KeyExpired => doc!("KeyExpired"),
             Self::StoreUnavailable => doc!("StoreUnavailable"),
             Self::OutcomeUnknown => doc!("OutcomeUnknown"),
             Self::QuotaExceeded => doc!("QuotaExceeded"),
@@ -170,13 +177,18 @@ impl Refusal {
             Self::PayloadTooLarge => "the request body is larger than the configured limit",
             Self::BodyTimeout => "the request body did not arrive in time",
             Self::BodyUnreadable => "the request body could not be read",
-            Self::KeyReuse => "this idempotency key was already used with a different request",
+            Self::KeyReused => "this idempotency key was already used with a different request",
             Self::InProgress => {
                 "a request with this idempotency key is still in progress; retry later"
             }
             Self::ResponseUnavailable => {
                 "the request with this idempotency key was processed, but its response \
                  could not be recorded; it will not be processed again"
+            }
+            Self::KeyExpired => {
+                "this idempotency key was already used for this request, and its response \
+                 is no longer kept; the request will not be processed again (use a new key \
+                 for a new operation)"
             }
             Self::StoreUnavailable => {
                 "the idempotency store is unavailable; the request was not processed"
@@ -218,10 +230,10 @@ impl Refusal {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::KeyReuse | Self::InProgress => StatusCode::CONFLICT,
+            Self::KeyReused | Self::InProgress => StatusCode::CONFLICT,
             // Not 409: clients following the IETF draft retry a 409 later,
             // and this answer never changes while the record is retained.
-            Self::ResponseUnavailable => StatusCode::GONE,
+            Self::ResponseUnavailable | Self::KeyExpired => StatusCode::GONE,
             Self::StoreUnavailable
             | Self::OutcomeUnknown
             | Self::Overloaded
@@ -418,7 +430,7 @@ impl Default for Responder {
 impl Responder {
     pub(crate) fn status(&self, refusal: Refusal) -> StatusCode {
         match refusal {
-            Refusal::KeyReuse => self.reuse_status.into(),
+            Refusal::KeyReused => self.reuse_status.into(),
             other => other.default_status(),
         }
     }
@@ -587,13 +599,14 @@ impl From<KeyProblem> for Refusal {
 impl From<Refusal> for Outcome {
     fn from(refusal: Refusal) -> Self {
         match refusal {
-            Refusal::KeyReuse => Self::Reused,
+            Refusal::KeyReused => Self::KeyReused,
             Refusal::InProgress => Self::InProgress,
             Refusal::StoreUnavailable | Refusal::OutcomeUnknown | Refusal::JobStoreUnavailable => {
                 Self::StoreError
             }
             Refusal::HandlerFailed => Self::Released,
             Refusal::ResponseUnavailable => Self::Unavailable,
+            Refusal::KeyExpired => Self::Expired,
             Refusal::QuotaExceeded => Self::OverQuota,
             Refusal::Overloaded => Self::Shed,
             _ => Self::Rejected,

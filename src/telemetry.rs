@@ -7,12 +7,21 @@
 //! [`set_key_hash_secret`]) and the outcome, and ends with one event at `DEBUG` (`WARN`
 //! for store errors). With the `metrics` feature, the `metrics` crate's facade
 //! receives `tower_idempotency_requests_total{layer, outcome}` and
-//! `tower_idempotency_request_duration_seconds{layer, outcome}`.
+//! `tower_idempotency_request_duration_seconds{layer, outcome}`, and gauges:
+//! `tower_idempotency_claims_in_flight` (claimed handlers running),
+//! `tower_idempotency_waiting_duplicates` (duplicates waiting for a request
+//! in progress), `tower_idempotency_near_cache_entries` and `..._bytes` (what
+//! the shared stores' near caches hold), `tower_idempotency_near_cache_hit_ratio`
+//! (with `tower_idempotency_near_cache_lookups_total{result}`, `hit` or
+//! `miss`), and `tower_idempotency_store_call_duration_seconds{operation}`,
+//! a histogram of every store call the layers make (`begin`, `complete`,
+//! `extend`, `release`, `wait`, `begin_in_transaction`, `open`, `commit`).
 //!
 //! The `outcome` of `layer="idempotency"`: `claimed` (ran and recorded),
 //! `released` (ran, not recorded: an error, a panic, a status the record policy
-//! declines), `replayed`, `reused` (409 key reuse), `in_progress` (409),
-//! `unavailable` (ran, response not recordable; 410 to retries),
+//! declines), `replayed`, `key_reused` (409 key reuse), `in_progress` (409),
+//! `unavailable` (ran, response not recordable; 410 to retries), `expired`
+//! (410: ran before, its record expired and only its tombstone is left),
 //! `store_error` (503), `over_quota` (429, the scope at its store quota),
 //! `shed` (503, over `with_max_in_flight`) and `rejected` (no scope, a bad key,
 //! a body too large or too slow). Of `layer="lease"`: `created`, `joined`,
@@ -36,7 +45,7 @@ pub(crate) enum Outcome {
     /// Replayed a recorded response.
     Replayed,
     /// `409 idempotency_key_reuse`.
-    Reused,
+    KeyReused,
     /// `409 idempotency_in_progress`.
     InProgress,
     /// `503`: the store failed.
@@ -45,6 +54,8 @@ pub(crate) enum Outcome {
     Rejected,
     /// Ran, but its response could not be recorded (`410` to retries).
     Unavailable,
+    /// `410 idempotency_key_expired`: ran before, only its tombstone is left.
+    Expired,
     /// `429 idempotency_quota_exceeded`: the scope is at its store quota.
     OverQuota,
     /// `503 overloaded`: shed at the layer's cap on claimed handlers.
@@ -58,11 +69,12 @@ impl Outcome {
             Self::Claimed => "claimed",
             Self::Released => "released",
             Self::Replayed => "replayed",
-            Self::Reused => "reused",
+            Self::KeyReused => "key_reused",
             Self::InProgress => "in_progress",
             Self::StoreError => "store_error",
             Self::Rejected => "rejected",
             Self::Unavailable => "unavailable",
+            Self::Expired => "expired",
             Self::OverQuota => "over_quota",
             Self::Shed => "shed",
         }
@@ -160,7 +172,7 @@ pub fn set_key_hash_secret(secret: [u8; 32]) -> bool {
 /// A short, stable id of a key for logs: 16 hex digits of a keyed hash
 /// (HighwayHash), never reversible by hashing guesses without the secret.
 pub(crate) fn key_hash(key: &str) -> String {
-    let secret = KEY_HASH_SECRET.get_or_init(crate::fingerprint::random_key);
+    let secret = KEY_HASH_SECRET.get_or_init(crate::random::hash_key);
     keyed_hash(secret, key)
 }
 
@@ -205,23 +217,126 @@ pub(crate) fn purged(deleted: u64) {
     metrics::counter!("tower_idempotency_purged_records_total").increment(deleted);
 }
 
-/// A request without a scope at the lease layer: at `DEBUG` every time, and
-/// once per process at `WARN` with the likely cause, since a layer mounted
-/// outside the auth layer answers every valid caller `401`. (The idempotency
-/// layer warns once per route, in its own module.)
-#[cfg(feature = "leases")]
-pub(crate) fn no_scope(layer: &'static str) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
-        tracing::warn!(
-            layer,
-            "a request reached the layer without a scope and was answered 401; if \
-             authenticated requests get this too, the layer runs before the \
-             authentication that sets the scope: add it inside (after) your auth \
-             layer (in axum, the layer added later is the outer one)"
-        );
+/// Describes every metric the crate emits to the installed recorder, and
+/// registers its gauges at zero, so that an exporter shows them (and a
+/// dashboard finds them) before the first request moves one. Call it once,
+/// after installing the recorder.
+#[cfg(feature = "metrics")]
+#[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+pub fn describe_metrics() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!(
+        "tower_idempotency_requests_total",
+        "Requests decided, by layer and outcome"
+    );
+    describe_histogram!(
+        "tower_idempotency_request_duration_seconds",
+        Unit::Seconds,
+        "Time to decide a request, by layer and outcome"
+    );
+    describe_counter!(
+        "tower_idempotency_purged_records_total",
+        "Expired records a PurgeTask deleted"
+    );
+    describe_histogram!(
+        "tower_idempotency_store_call_duration_seconds",
+        Unit::Seconds,
+        "Store call latency, by operation"
+    );
+    describe_counter!(
+        "tower_idempotency_near_cache_lookups_total",
+        "Near cache lookups, by result (hit, miss)"
+    );
+    for (name, help) in [
+        (
+            "tower_idempotency_claims_in_flight",
+            "Claimed handlers running",
+        ),
+        (
+            "tower_idempotency_waiting_duplicates",
+            "Duplicates waiting for a request in progress",
+        ),
+        (
+            "tower_idempotency_near_cache_entries",
+            "Completed records the near caches hold",
+        ),
+        (
+            "tower_idempotency_near_cache_hit_ratio",
+            "Near cache hits per lookup, since the process started",
+        ),
+    ] {
+        describe_gauge!(name, help);
+        metrics::gauge!(name).increment(0.0);
     }
-    tracing::debug!(layer, "no scope: 401 unauthorized");
+    describe_gauge!(
+        "tower_idempotency_near_cache_bytes",
+        Unit::Bytes,
+        "Bytes the near caches hold"
+    );
+    metrics::gauge!("tower_idempotency_near_cache_bytes").increment(0.0);
+}
+
+/// Gauges beside the counters (feature `metrics`; no-ops without it), each
+/// moved by deltas so that several layers and stores in one process add up.
+pub(crate) mod gauges {
+    #[cfg(all(feature = "metrics", any(feature = "postgres", feature = "redis")))]
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Claimed handlers running now (`tower_idempotency_claims_in_flight`).
+    pub(crate) fn claims_in_flight(delta: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("tower_idempotency_claims_in_flight").increment(delta);
+        let _ = delta;
+    }
+
+    /// Duplicates waiting for a request in progress
+    /// (`tower_idempotency_waiting_duplicates`).
+    pub(crate) fn waiting_duplicates(delta: f64) {
+        #[cfg(feature = "metrics")]
+        metrics::gauge!("tower_idempotency_waiting_duplicates").increment(delta);
+        let _ = delta;
+    }
+
+    /// Entries and bytes the near caches hold
+    /// (`tower_idempotency_near_cache_entries`, `..._bytes`).
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn near_cache(entries: f64, bytes: f64) {
+        #[cfg(feature = "metrics")]
+        {
+            metrics::gauge!("tower_idempotency_near_cache_entries").increment(entries);
+            metrics::gauge!("tower_idempotency_near_cache_bytes").increment(bytes);
+        }
+        let _ = (entries, bytes);
+    }
+
+    #[cfg(all(feature = "metrics", any(feature = "postgres", feature = "redis")))]
+    static LOOKUPS: [AtomicU64; 2] = [AtomicU64::new(0), AtomicU64::new(0)];
+
+    /// A near cache lookup: counted by `result` (`hit`, `miss`) in
+    /// `tower_idempotency_near_cache_lookups_total`, and the process's hit
+    /// ratio so far in `tower_idempotency_near_cache_hit_ratio`.
+    #[cfg(any(feature = "postgres", feature = "redis"))]
+    pub(crate) fn near_cache_lookup(hit: bool) {
+        #[cfg(feature = "metrics")]
+        {
+            let result = if hit { "hit" } else { "miss" };
+            metrics::counter!("tower_idempotency_near_cache_lookups_total", "result" => result)
+                .increment(1);
+            LOOKUPS[usize::from(hit)].fetch_add(1, Ordering::Relaxed);
+            let hits = LOOKUPS[1].load(Ordering::Relaxed) as f64;
+            let all = hits + LOOKUPS[0].load(Ordering::Relaxed) as f64;
+            metrics::gauge!("tower_idempotency_near_cache_hit_ratio").set(hits / all);
+        }
+        let _ = hit;
+    }
+
+    /// One store call's duration, by operation
+    /// (`tower_idempotency_store_call_duration_seconds{operation}`).
+    #[cfg(feature = "metrics")]
+    pub(crate) fn store_call(operation: &'static str, elapsed: std::time::Duration) {
+        metrics::histogram!("tower_idempotency_store_call_duration_seconds", "operation" => operation)
+            .record(elapsed.as_secs_f64());
+    }
 }
 
 /// Records the scope and key hash on the current span, if anyone listens.

@@ -220,7 +220,7 @@ fn main() {
     let template = RequestTemplate::new(body.clone());
     let mut added_template = RequestTemplate::new(body.clone());
     added_template.scope = Scope::new(ADDED);
-    let fp = RequestFingerprint::from(Fingerprint([3; 32]));
+    let fp = RequestFingerprint::from(Fingerprint::from_bytes([3; 32]));
     let response = StoredResponse {
         status: StatusCode::CREATED,
         headers: vec![(

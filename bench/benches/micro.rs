@@ -459,7 +459,7 @@ fn stored_response() -> StoredResponse {
 
 fn bench_store(c: &mut Criterion) {
     let rt = current_thread();
-    let fp = RequestFingerprint::from(Fingerprint([7; 32]));
+    let fp = RequestFingerprint::from(Fingerprint::from_bytes([7; 32]));
     let mut g = c.benchmark_group("memory_store");
     g.bench_function("begin_claim+complete", |b| {
         b.iter_custom(|iters| {
@@ -579,7 +579,7 @@ fn profile_loop() {
             let store = MemoryStore::builder()
                 .with_capacity(NonZeroUsize::new(50_000_000).unwrap())
                 .build();
-            let fp = RequestFingerprint::from(Fingerprint([7; 32]));
+            let fp = RequestFingerprint::from(Fingerprint::from_bytes([7; 32]));
             let keys: Vec<RecordKey> = (0..n).map(record_key).collect();
             let response = stored_response();
             rt.block_on(async {

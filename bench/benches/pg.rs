@@ -301,7 +301,7 @@ fn main() {
                     let store = store.clone();
                     let done = done.clone();
                     tokio::spawn(async move {
-                        let fp = RequestFingerprint::from(Fingerprint([7; 32]));
+                        let fp = RequestFingerprint::from(Fingerprint::from_bytes([7; 32]));
                         let mut i = 0u64;
                         while Instant::now() < deadline {
                             let k = RecordKey::new(
@@ -521,7 +521,7 @@ fn main() {
             println!("| rows | begin+complete µs (fresh) | begin µs (replay of a random retained row) | table+index size |");
             println!("|---|---|---|---|");
         }
-        let fp = RequestFingerprint::from(Fingerprint([9; 32]));
+        let fp = RequestFingerprint::from(Fingerprint::from_bytes([9; 32]));
         for &rows in &sizes {
             db.batch_execute(&format!("TRUNCATE {TABLE}"))
                 .await

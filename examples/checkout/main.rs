@@ -47,7 +47,15 @@ mod app;
 
 use app::{Ledger, Options, Processor};
 use std::time::Duration;
+use tower_idempotency::store::purge::{PurgeHandle, PurgeTask};
+use tower_idempotency::store::Maintenance;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
+
+/// Deletes `store`'s expired records every five minutes (± 10 %), in bounded
+/// batches, until shut down.
+fn purge_task(store: impl Maintenance) -> Result<PurgeHandle, Box<dyn std::error::Error>> {
+    Ok(PurgeTask::new(store).spawn()?)
+}
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -68,7 +76,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .ok()
             .map(|url| Processor::new(&url)),
     };
-    let (layer, ledger, store_name) = from_env().await?;
+    let (layer, ledger, store_name, purge) = from_env().await?;
     let in_flight = layer.in_flight();
     println!("idempotency store: {store_name}");
     match &options.processor {
@@ -84,6 +92,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Connections are closed; handlers whose clients hung up may still run.
     println!("waiting for {} claimed handler(s)", in_flight.count());
     in_flight.idle().await;
+    // Stopped last: the handlers above may still have completed records.
+    if let Some(purge) = purge {
+        let deleted = purge.shutdown().await;
+        println!("purge task stopped ({deleted} expired record(s) deleted)");
+    }
     println!("stopped");
     Ok(())
 }
@@ -113,8 +126,10 @@ async fn shutdown_signal() {
 /// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set
 /// (records, charges and orders in one transaction); else Redis when built
 /// with `--features redis` and `REDIS_URL` is set (records only); memory
-/// otherwise. `CHECKOUT_STORE` chooses instead.
-async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn std::error::Error>>
+/// otherwise. `CHECKOUT_STORE` chooses instead. Memory and PostgreSQL come
+/// with their purge task running (Redis expires records by itself).
+async fn from_env(
+) -> Result<(IdempotencyLayer, Ledger, &'static str, Option<PurgeHandle>), Box<dyn std::error::Error>>
 {
     let set = |name: &str| std::env::var(name).is_ok();
     let choice = match std::env::var("CHECKOUT_STORE") {
@@ -125,26 +140,34 @@ async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn 
     };
     let needs = |what: &str| format!("CHECKOUT_STORE={choice} needs {what}");
     match choice.as_str() {
-        "memory" => Ok((
-            IdempotencyLayer::new(MemoryStore::new()),
-            Ledger::memory(),
-            "memory",
-        )),
+        "memory" => {
+            let store = MemoryStore::new();
+            let purge = purge_task(store.clone())?;
+            Ok((
+                IdempotencyLayer::new(store),
+                Ledger::memory(),
+                "memory",
+                Some(purge),
+            ))
+        }
         #[cfg(feature = "postgres")]
         "postgres" | "postgres-plain" => {
             let url = std::env::var("DATABASE_URL").map_err(|_| needs("DATABASE_URL"))?;
             let (store, pool) = postgres_store(&url).await?;
             Ledger::migrate(&pool).await?;
+            let purge = Some(purge_task(store.clone())?);
             Ok(match choice.as_str() {
                 "postgres" => (
                     IdempotencyLayer::transactional(store),
                     Ledger::Postgres(pool),
                     "postgres",
+                    purge,
                 ),
                 _ => (
                     IdempotencyLayer::new(store),
                     Ledger::PostgresOwnCommits(pool),
                     "postgres-plain",
+                    purge,
                 ),
             })
         }
@@ -160,7 +183,7 @@ async fn from_env() -> Result<(IdempotencyLayer, Ledger, &'static str), Box<dyn 
                 _ => builder.connect_cluster(&nodes).await?,
             };
             let layer = IdempotencyLayer::new(store);
-            Ok((layer, redis_ledger().await?, "redis"))
+            Ok((layer, redis_ledger().await?, "redis", None))
         }
         _ => Err(needs("one of memory, postgres, postgres-plain, redis (with its feature)").into()),
     }

@@ -39,6 +39,7 @@ use std::num::NonZeroU64;
 use std::time::Duration;
 use tower_idempotency::lease::store::Budget;
 use tower_idempotency::lease::store::{AnyJobStore, JobStore, MemoryJobStore};
+use tower_idempotency::store::purge::PurgeTask;
 use tower_idempotency::MemoryStore;
 
 /// How often jobs whose lease expired with nobody behind them are failed.
@@ -56,14 +57,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
         }
     };
     app::spawn_stale_sweep(store.clone(), SWEEP_EVERY);
-    let app = match records {
-        Records::Memory(records) => {
-            app::router_with_records(store.clone(), records, config.clone())
-        }
+    // The idempotency records' expired rows (or entries) go in the
+    // background, in bounded batches; stopped at shutdown below.
+    let (app, purge) = match records {
+        Records::Memory(records) => (
+            app::router_with_records(store.clone(), records.clone(), config.clone()),
+            PurgeTask::new(records).spawn()?,
+        ),
         #[cfg(feature = "postgres")]
-        Records::Postgres(records) => {
-            app::router_with_records(store.clone(), records, config.clone())
-        }
+        Records::Postgres(records) => (
+            app::router_with_records(store.clone(), records.clone(), config.clone()),
+            PurgeTask::new(records).spawn()?,
+        ),
     };
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!(
@@ -76,7 +81,14 @@ async fn main() -> Result<(), Box<dyn Error>> {
         None => println!("budget: unlimited"),
     }
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    // Lets a batch under way finish: the task never stops mid-statement.
+    let deleted = purge.shutdown().await;
+    println!("stopped ({deleted} expired record(s) purged)");
     Ok(())
 }
 

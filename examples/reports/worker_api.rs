@@ -53,7 +53,7 @@ async fn worker_grant(
     Ok(LeaseGrant {
         job_id: job_id.to_owned(),
         owner,
-        token: FencingToken(token),
+        token: FencingToken::new(token),
     })
 }
 
@@ -86,7 +86,7 @@ pub(super) async fn acquire(
     Ok(Json(json!({
         "job_id": grant.job_id,
         "owner": grant.owner,
-        "token": grant.token.0,
+        "token": grant.token.get(),
         "lease_seconds": lease_seconds(&state),
     }))
     .into_response())

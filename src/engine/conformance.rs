@@ -34,7 +34,7 @@ use std::time::Duration;
 
 /// A name no other test run uses.
 fn unique(prefix: &str) -> String {
-    format!("{prefix}-{}", crate::random::lanes()[0])
+    format!("{prefix}-{}", u64::from_le_bytes(crate::random::bytes()))
 }
 
 /// The [`Engine`] over the store: of 20 concurrent calls with

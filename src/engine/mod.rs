@@ -41,22 +41,16 @@
 //! with the record on PostgreSQL, are in `docs/beyond-http.md` in the repository
 //! (and `examples/consumer.rs`).
 
-mod attempt;
-pub(crate) mod claim;
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
-pub(crate) mod decide;
-pub(crate) mod in_flight;
-pub(crate) mod keep_alive;
-pub(crate) mod record;
 mod run;
 
-pub use self::attempt::Attempt;
-pub use self::run::Context;
+pub use self::run::RunContext;
+pub use crate::run::attempt::Attempt;
 
-use self::in_flight::InFlight;
 use crate::downstream::DownstreamSecret;
+use crate::run::in_flight::InFlight;
 use crate::store::erased::SharedStore;
 use crate::store::{Store, StoreError, TransactionalStore};
 use crate::{IdempotencyKey, Scope};
@@ -104,6 +98,10 @@ pub enum Outcome<T> {
     KeyReused,
     /// It ran before and failed, and failures are recorded ([`OnFailure::Record`]).
     Failed,
+    /// It ran before, and its record has expired: only its tombstone is left
+    /// (the store's [`tombstone`](crate::store::Timings::tombstone) window), so
+    /// it is not run again and its value is gone.
+    Expired,
 }
 
 /// Why a call has no [`Outcome`].
@@ -170,7 +168,7 @@ impl Engine {
     /// of `store` that also records its result, so the operation's writes and
     /// the record commit together or not at all (the "inbox" pattern). With
     /// `PostgresStore` the operation finds a `PostgresTransaction` with
-    /// [`Context::get`].
+    /// [`RunContext::get`].
     pub fn transactional(store: impl TransactionalStore) -> Self {
         Self::with_store(SharedStore::transactional(store))
     }
@@ -205,7 +203,7 @@ impl Engine {
         self
     }
 
-    /// Derives each operation's [`Context::downstream_keys`] with
+    /// Derives each operation's [`RunContext::downstream_keys`] with
     /// HMAC-SHA-256 keyed by `secret` (default: SHA-256, no secret), as
     /// [`IdempotencyLayer::with_downstream_secret`](crate::IdempotencyLayer::with_downstream_secret)
     /// does: give both the same secret for their keys to agree.
@@ -240,7 +238,7 @@ impl Engine {
         operation: F,
     ) -> Result<Outcome<Bytes>, EngineError<E>>
     where
-        F: FnOnce(Context) -> Fut + Send + 'static,
+        F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Result<Bytes, E>> + Send + 'static,
         E: Send + 'static,
     {
@@ -260,7 +258,7 @@ impl Engine {
     ) -> Result<Outcome<T>, EngineError<E>>
     where
         T: serde::Serialize + serde::de::DeserializeOwned + Send + 'static,
-        F: FnOnce(Context) -> Fut + Send + 'static,
+        F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, E>> + Send + 'static,
         E: Send + 'static,
     {

@@ -1,15 +1,12 @@
-//! One call of the engine: decide, then run a claimed operation to
-//! completion under its keep-alive (or inside its transaction), record its
-//! result, and answer.
+//! One call of the engine: decide, then hand the core the operation to run
+//! once claimed, and answer.
 
-use super::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
-use super::decide::{decide, Decision};
 use super::{Attempt, Engine, EngineError, Identity, OnFailure, Outcome};
 use crate::downstream::DownstreamKeys;
-use crate::engine::keep_alive::kept_alive;
-use crate::engine::record::Recorder;
-use crate::store::erased::{ErasedTransaction, ErasedTransactionalStore};
-use crate::store::{Claim, Completion, FencingToken, RecordKey, StoreError, StoredResponse};
+use crate::run::claim::run_to_completion;
+use crate::run::claimed::{Claimed, Finish, NotRun, Recorded, Work};
+use crate::run::decide::{decide, Decision};
+use crate::store::{FencingToken, RecordKey, StoreError, StoredResponse};
 use crate::{
     fingerprint::{Fingerprint, RequestFingerprint},
     IdempotencyKey, Scope,
@@ -21,13 +18,13 @@ use std::panic::AssertUnwindSafe;
 
 /// What a running operation knows about its run.
 #[derive(Debug)]
-pub struct Context {
+pub struct RunContext {
     attempt: Attempt,
     extensions: http::Extensions,
     downstream_keys: DownstreamKeys,
 }
 
-impl Context {
+impl RunContext {
     /// The claim's fencing token: higher than any earlier owner's, so writes
     /// elsewhere can be fenced with it.
     pub fn token(&self) -> FencingToken {
@@ -56,9 +53,9 @@ impl Context {
 }
 
 impl Engine {
-    fn context(&self, record: &RecordKey, claimed: Claim) -> Context {
-        Context {
-            attempt: claimed.into(),
+    fn context(&self, record: &RecordKey, attempt: Attempt) -> RunContext {
+        RunContext {
+            attempt,
             extensions: http::Extensions::new(),
             downstream_keys: DownstreamKeys::derived(
                 record.scope(),
@@ -110,7 +107,7 @@ impl Engine {
     ) -> Result<Outcome<V>, EngineError<E>>
     where
         V: Send + 'static,
-        F: FnOnce(Context) -> Fut + Send + 'static,
+        F: FnOnce(RunContext) -> Fut + Send + 'static,
         Fut: Future<Output = Result<V, E>> + Send + 'static,
         E: Send + 'static,
     {
@@ -137,145 +134,91 @@ impl Engine {
             self.wait_timeout,
         )
         .await;
-        let (claim, opened) = match decided {
-            Decision::Claimed(claim, opened) => (claim, opened),
+        let claimed = match decided {
+            Decision::Claimed(claim, opened) => Claimed::new(record, claim, opened),
             Decision::Replay(stored) => {
                 return decode(&stored.body)
                     .map(Outcome::Replayed)
                     .map_err(EngineError::Value)
             }
-            Decision::Mismatch => return Ok(Outcome::KeyReused),
+            Decision::KeyReused => return Ok(Outcome::KeyReused),
             Decision::Unavailable => return Ok(Outcome::Failed),
+            Decision::Expired => return Ok(Outcome::Expired),
             Decision::InProgress => return Ok(Outcome::InProgress),
             Decision::QuotaExceeded => return Err(EngineError::Store(StoreError::QuotaExceeded)),
             Decision::StoreFailed(error) => return Err(EngineError::Store(error)),
         };
-        let running = self.in_flight.enter();
-        let claimed = {
-            let engine = self.clone();
-            async move {
-                let answer = match engine.store.transactions() {
-                    Some(transactions) => {
-                        engine
-                            .in_transaction(&**transactions, record, claim, opened, operation)
-                            .await
-                    }
-                    None => {
-                        let (store, heartbeat_key) = (engine.store.store().clone(), record.clone());
-                        let plain = engine.plain(record, claim, operation);
-                        kept_alive(plain, store, heartbeat_key, claim.token).await
-                    }
-                };
-                drop(running);
-                answer
-            }
+        let work = Operation {
+            context: self.context(claimed.record(), claimed.attempt()),
+            on_failure: self.on_failure,
+            operation,
         };
+        let claimed = claimed.run(&self.store, self.in_flight.enter(), work);
         // Run to completion whether or not the caller waits for the answer.
-        run_to_completion(Box::pin(claimed))
+        run_to_completion(claimed)
             .await
             .unwrap_or(Err(EngineError::Panicked))
     }
+}
 
-    async fn plain<V, F, Fut, E>(
-        &self,
-        record: RecordKey,
-        claimed: Claim,
-        operation: F,
-    ) -> Result<Outcome<V>, EngineError<E>>
-    where
-        F: FnOnce(Context) -> Fut,
-        Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
-    {
-        let context = self.context(&record, claimed);
-        let claim = ClaimGuard::new(self.store.store().clone(), record, claimed.token);
-        match operation(context).await {
-            Ok((bytes, value)) => {
-                let (record, token) = claim.keep();
-                let recorder = recorder(self, record, token);
-                // A failed recording is logged; the effect happened either way.
-                recorder.complete(bytes).await;
-                Ok(Outcome::Executed(value))
-            }
-            Err(failure) => Err(self.failed(claim, failure).await),
-        }
-    }
+/// A claimed operation, to run as [`Work`] of the core.
+struct Operation<F> {
+    context: RunContext,
+    on_failure: OnFailure,
+    operation: F,
+}
 
-    async fn in_transaction<V, F, Fut, E>(
-        &self,
-        transactions: &dyn ErasedTransactionalStore,
-        record: RecordKey,
-        claimed: Claim,
-        opened: Option<Box<dyn ErasedTransaction>>,
-        operation: F,
-    ) -> Result<Outcome<V>, EngineError<E>>
-    where
-        F: FnOnce(Context) -> Fut,
-        Fut: Future<Output = Result<Encoded<V>, Failure<E>>>,
-    {
-        let token = claimed.token;
-        let mut context = self.context(&record, claimed);
-        let claim = ClaimGuard::new(self.store.store().clone(), record, token);
-        let (claim, transaction) = match open_transaction(transactions, claim, token, opened).await
-        {
-            Ok(opened) => opened,
-            // Taken over before the operation ran: the new owner runs it.
-            Err(NotOpened::TakenOver) => return Ok(Outcome::InProgress),
-            Err(NotOpened::Failed(error)) => return Err(EngineError::Store(error)),
-        };
-        transaction.share(&mut context.extensions);
-        // Until the commit nothing the operation wrote exists for anyone else:
-        // a failure, a panic or a dropped future rolls it back and frees the key.
-        match operation(context).await {
-            Ok((bytes, value)) => {
-                let stored = StoredResponse {
-                    status: StatusCode::OK,
-                    headers: Vec::new(),
-                    body: bytes,
-                };
-                match transaction.commit(Completion::Response(stored)).await {
-                    Ok(()) => {
-                        let _ = claim.keep();
-                        Ok(Outcome::Executed(value))
-                    }
-                    Err(error) => {
-                        claim.release().await;
-                        Err(EngineError::OutcomeUnknown(error))
+impl<V, F, Fut, E> Work for Operation<F>
+where
+    V: Send + 'static,
+    F: FnOnce(RunContext) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<Encoded<V>, Failure<E>>> + Send + 'static,
+    E: Send + 'static,
+{
+    type Output = Result<Outcome<V>, EngineError<E>>;
+
+    fn start(self, finish: Finish) -> impl Future<Output = Self::Output> + Send + 'static {
+        let Self {
+            mut context,
+            on_failure,
+            operation,
+        } = self;
+        finish.share(&mut context.extensions);
+        async move {
+            match operation(context).await {
+                Ok((body, value)) => {
+                    let stored = StoredResponse {
+                        status: StatusCode::OK,
+                        headers: Vec::new(),
+                        body,
+                    };
+                    match finish.record(stored).await {
+                        // A failed recording (plain mode) is logged; the
+                        // effect happened either way.
+                        Recorded::Yes | Recorded::Failed => Ok(Outcome::Executed(value)),
+                        Recorded::Unknown(error) => Err(EngineError::OutcomeUnknown(error)),
                     }
                 }
-            }
-            Err(failure) => {
-                transaction.rollback().await;
-                Err(self.failed(claim, failure).await)
+                Err(failure) => {
+                    // Failures recorded, or a value that could not be
+                    // encoded (the operation ran): the key is kept.
+                    let keep = matches!(
+                        (on_failure, &failure),
+                        (OnFailure::Record, _) | (_, Failure::Encode(_))
+                    );
+                    finish.failed(keep, "the operation failed").await;
+                    Err(failure.into())
+                }
             }
         }
     }
-}
 
-impl Engine {
-    /// Frees the key of a failed operation, or completes it without a value
-    /// (failures recorded, or a value that could not be encoded: the
-    /// operation ran).
-    async fn failed<E>(&self, claim: ClaimGuard, failure: Failure<E>) -> EngineError<E> {
-        match (self.on_failure, &failure) {
-            (OnFailure::Record, Failure::Operation(_)) | (_, Failure::Encode(_)) => {
-                let (record, token) = claim.keep();
-                recorder(self, record, token)
-                    .unavailable("the operation failed")
-                    .await;
-            }
-            (OnFailure::Release, _) => claim.release().await,
+    fn not_run(self, why: NotRun) -> Self::Output {
+        match why {
+            // The new owner runs it.
+            NotRun::TakenOver => Ok(Outcome::InProgress),
+            NotRun::Failed(error) => Err(EngineError::Store(error)),
         }
-        failure.into()
-    }
-}
-
-fn recorder(engine: &Engine, record: RecordKey, token: FencingToken) -> Recorder {
-    Recorder {
-        store: engine.store.store().clone(),
-        record,
-        token,
-        status: StatusCode::OK,
-        headers: Vec::new(),
     }
 }
 

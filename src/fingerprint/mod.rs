@@ -40,7 +40,6 @@ mod tests;
 
 use self::fast::*;
 use self::number::*;
-pub(crate) use self::request::random_key;
 pub use self::request::{ExactDigest, LocalDigest, RequestFingerprint};
 use self::serde_path::*;
 
@@ -71,9 +70,14 @@ use self::serde_path::*;
 /// assert_ne!(a, other_scope);
 /// ```
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Fingerprint(pub [u8; 32]);
+pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
+    /// A fingerprint a store kept, from its 32 bytes.
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
     /// Computes the fingerprint of a request.
     ///
     /// JSON bodies (`application/json`, `application/*+json`) are canonicalised per
@@ -102,8 +106,8 @@ impl Fingerprint {
         Self(hasher.finalize().into())
     }
 
-    /// The digest bytes.
-    pub fn as_bytes(&self) -> &[u8; 32] {
+    /// Its 32 bytes (a SHA-256 digest), as a store keeps them.
+    pub const fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
 }

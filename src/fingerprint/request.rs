@@ -303,14 +303,9 @@ struct Keys {
 fn keys() -> &'static Keys {
     static KEYS: OnceLock<Keys> = OnceLock::new();
     KEYS.get_or_init(|| Keys {
-        exact: random_key(),
-        local: random_key(),
+        exact: crate::random::hash_key(),
+        local: crate::random::hash_key(),
     })
-}
-
-/// A random HighwayHash key: 256 bits from the operating system.
-pub(crate) fn random_key() -> Key {
-    Key(crate::random::lanes())
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use http::header::{CONTENT_ENCODING, CONTENT_LANGUAGE, CONTENT_RANGE, CONTENT_TY
 use http::{HeaderName, HeaderValue, Response};
 
 /// A response of the layer: the inner service's body, or one it built.
-pub(crate) type Answer<B> = Response<ResponseBody<B>>;
+pub(crate) type Reply<B> = Response<ResponseBody<B>>;
 
 /// The headers that describe the body's bytes themselves: recorded with them
 /// whatever the allow-list says, since bytes replayed without them cannot be
@@ -67,7 +67,7 @@ pub(crate) fn mark_not_recorded(parts: &mut http::response::Parts) {
     }
 }
 
-pub(crate) fn replay<B>(stored: &StoredResponse, retention: Option<&HeaderValue>) -> Answer<B> {
+pub(crate) fn replay<B>(stored: &StoredResponse, retention: Option<&HeaderValue>) -> Reply<B> {
     let mut response = Response::new(ResponseBody::full(stored.body.clone()));
     *response.status_mut() = stored.status;
     let headers = response.headers_mut();

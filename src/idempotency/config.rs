@@ -2,14 +2,12 @@
 //! headers it reads and writes.
 
 use crate::downstream::DownstreamSecret;
-use crate::engine::in_flight::InFlight;
 use crate::options::Options;
+use crate::run::in_flight::InFlight;
 use crate::store::erased::SharedStore;
 use http::{HeaderName, HeaderValue};
 use std::num::NonZeroUsize;
 use std::time::Duration;
-
-use super::warn_once::WarnOnce;
 
 /// The `Idempotency-Key` header name.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
@@ -54,8 +52,6 @@ pub(crate) struct Settings {
     pub(crate) cancel_on_drop: bool,
     pub(crate) in_flight: InFlight,
     pub(crate) max_in_flight: Option<NonZeroUsize>,
-    /// The setup mistakes already warned about, per route.
-    pub(crate) warned: WarnOnce,
     /// Keys the derivation of each claimed request's `DownstreamKeys`.
     pub(crate) downstream_secret: Option<DownstreamSecret>,
 }

@@ -1,13 +1,12 @@
 use super::answer::REPRESENTATION_HEADERS;
 use super::config::{Config, Settings, IDEMPOTENCY_KEY};
 use super::service::IdempotencyService;
-use super::warn_once::WarnOnce;
 use crate::downstream::DownstreamSecret;
-use crate::engine::in_flight::InFlight;
 use crate::limits;
 use crate::options::Options;
 use crate::policy::{RecordCreated, RecordPolicy};
 use crate::response::{ErrorFormat, KeyCodes, KeyReuseStatus, RefusalResponse};
+use crate::run::in_flight::InFlight;
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::erased::{ErasedStore, SharedStore};
 use crate::store::{Store, TransactionalStore};
@@ -72,7 +71,6 @@ impl IdempotencyLayer {
                     cancel_on_drop: false,
                     in_flight: InFlight::new(),
                     max_in_flight: None,
-                    warned: WarnOnce::default(),
                     downstream_secret: None,
                 },
             }),

@@ -71,12 +71,13 @@ pub mod contract {}
 mod answer;
 mod config;
 pub(crate) mod layer;
+mod record;
 mod run_claimed;
 mod service;
-mod warn_once;
 
 pub use config::{
     IDEMPOTENCY_KEY, IDEMPOTENCY_KEY_RETENTION, IDEMPOTENCY_STATUS, IDEMPOTENT_REPLAYED,
 };
 pub use future::ResponseFuture;
+pub use layer::IdempotencyLayer;
 pub use service::IdempotencyService;

@@ -1,4 +1,6 @@
-//! The claimed handler of plain mode, written out as a future.
+//! The HTTP door's claimed work: the inner service called, its response
+//! recorded (plain mode: as it streams to the caller; transactional mode:
+//! read whole, then committed), written out as a future.
 //!
 //! An `async fn` keeps every argument and every value that lives across two
 //! awaits in a slot of its own for its whole life; for this one (the request's
@@ -8,15 +10,16 @@
 //! and only what follows the response (recording it, or releasing the claim)
 //! is boxed on its own, both small.
 
-use super::answer::{advertise_retention, mark_not_recorded, recorded_headers, Answer};
+use super::answer::{advertise_retention, mark_not_recorded, recorded_headers, Reply};
 use super::config::Config;
-use super::warn_once;
+use super::record::{self, OneOrMany, Read, RecordCopy, Recording, Rest};
 use crate::body::{BoxError, ResponseBody};
-use crate::engine::claim::ClaimGuard;
-use crate::engine::in_flight::Running;
-use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Recorder, Rest};
 use crate::policy::RecordPolicy;
+use crate::response::Refusal;
+use crate::run::claimed::{Finish, NotRun, Recorded, Work};
+use crate::store::StoredResponse;
 use crate::telemetry::Outcome;
+use crate::warn_once;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response};
 use http_body::Body;
@@ -28,21 +31,69 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tower_service::Service;
 
-type Answered<B, Error> = (Result<Answer<B>, Error>, Outcome);
+type Answered<B, Error> = (Result<Reply<B>, Error>, Outcome);
 type Boxed<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
+/// A claimed request, to run as [`Work`] of the core.
+pub(crate) struct Handler<S, ReqBody, E, P> {
+    pub(crate) config: Arc<Config<E, P>>,
+    pub(crate) inner: S,
+    pub(crate) parts: http::request::Parts,
+    pub(crate) bytes: Bytes,
+    pub(crate) body: PhantomData<fn() -> ReqBody>,
+}
+
+impl<S, E, P, ReqBody, ResBody> Work for Handler<S, ReqBody, E, P>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    E: Send + Sync + 'static,
+    P: RecordPolicy,
+    ReqBody: From<Bytes> + Send + 'static,
+    ResBody: Body + Send + 'static,
+    ResBody::Data: Into<Bytes> + Send,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Answered<ResBody, S::Error>;
+
+    fn start(self, finish: Finish) -> impl Future<Output = Self::Output> + Send + 'static {
+        let Self {
+            config,
+            inner,
+            mut parts,
+            bytes,
+            ..
+        } = self;
+        finish.share(&mut parts.extensions);
+        RunClaimed::new(config, inner, (parts, bytes), finish)
+    }
+
+    fn not_run(self, why: NotRun) -> Self::Output {
+        let refusal = match why {
+            // The new owner runs it.
+            NotRun::TakenOver => Refusal::InProgress,
+            NotRun::Failed(_) => Refusal::StoreUnavailable,
+        };
+        refuse(&self.config, refusal)
+    }
+}
+
+fn refuse<B, Error, E, P>(config: &Config<E, P>, refusal: Refusal) -> Answered<B, Error> {
+    (Ok(config.options.responder.refuse(refusal)), refusal.into())
+}
+
 pin_project! {
-    /// Runs the inner service for a claimed key and records its response,
-    /// counted as running until it completes. Dropped before the response
-    /// (cancel-on-drop, a runtime shutting down), its claim guard releases
-    /// the key; dropped after it, the claim is kept until its lock expires.
+    /// Runs the inner service for a claimed key and records its response.
+    /// Dropped before the response (cancel-on-drop, a runtime shutting
+    /// down), its unspent [`Finish`] releases the key; dropped after it, the
+    /// claim is kept until its lock expires.
     pub(crate) struct RunClaimed<S, ReqBody, F, Out, E, P> {
         #[pin]
         stage: Stage<S, ReqBody, F, Out>,
         config: Arc<Config<E, P>>,
-        // Holds the record key until the response says whether to keep it.
-        claim: Option<ClaimGuard>,
-        _running: Running,
+        // Holds the claim until the response says what becomes of it.
+        claim: Option<Finish>,
     }
 }
 
@@ -72,8 +123,7 @@ where
         config: Arc<Config<E, P>>,
         inner: S,
         request: (http::request::Parts, Bytes),
-        claim: ClaimGuard,
-        running: Running,
+        claim: Finish,
     ) -> Self {
         Self {
             stage: Stage::NotCalled {
@@ -83,7 +133,6 @@ where
             },
             config,
             claim: Some(claim),
-            _running: running,
         }
     }
 }
@@ -93,6 +142,7 @@ impl<S, ReqBody, ResBody, E, P> Future
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     S::Error: Send + 'static,
+    E: Send + Sync + 'static,
     P: RecordPolicy,
     ReqBody: From<Bytes>,
     ResBody: Body + Send + 'static,
@@ -116,7 +166,7 @@ where
                     let result = ready!(call.poll(cx));
                     let claim = this.claim.take().expect("held until the response");
                     match after_response(this.config, claim, result, uri.path(), cx) {
-                        Next::Answer(answer) => {
+                        Next::Reply(answer) => {
                             this.stage.set(Stage::Done);
                             return Poll::Ready(answer);
                         }
@@ -135,22 +185,23 @@ where
 }
 
 enum Next<T> {
-    Answer(T),
+    Reply(T),
     Finish(Boxed<T>),
 }
 
 /// What the handler's response leads to: released (an error, a status the
 /// policy does not record), recorded whole, or streamed to the caller with
-/// the record following.
+/// the record following (plain mode).
 fn after_response<ResBody, Error, E, P>(
-    config: &Config<E, P>,
-    claim: ClaimGuard,
+    config: &Arc<Config<E, P>>,
+    claim: Finish,
     result: Result<Response<ResBody>, Error>,
     path: &str,
     cx: &mut Context<'_>,
 ) -> Next<Answered<ResBody, Error>>
 where
     Error: Send + 'static,
+    E: Send + Sync + 'static,
     P: RecordPolicy,
     ResBody: Body + Send + 'static,
     ResBody::Data: Into<Bytes> + Send,
@@ -167,14 +218,15 @@ where
     };
     let (mut res_parts, res_body) = response.into_parts();
     // The handler answered: its effects happened. A policy that panics
-    // decides nothing, so the key is kept as "response unavailable", as for
-    // a body that fails; releasing it would let a retry run them again.
+    // decides nothing, so its body is taken as failed: the key is kept as
+    // "response unavailable" (plain mode), as releasing it would let a retry
+    // run the effects again, or the writes roll back (transactional mode).
     let policy = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         config.policy.should_record(&res_parts)
     }));
     let policy_panicked = policy.is_err();
     if !policy.unwrap_or(true) {
-        warn_once::not_recorded(&config.warned, res_parts.status, path);
+        warn_once::not_recorded(&config.options.warned, res_parts.status, path);
         mark_not_recorded(&mut res_parts);
         let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
         return Next::Finish(Box::pin(async move {
@@ -182,21 +234,29 @@ where
             (Ok(response), Outcome::Released)
         }));
     }
+    let headers = recorded_headers(&config.replayed_headers, &res_parts);
+    let body = record::pinned(res_body);
+    let recorder = match claim.hand_over() {
+        Ok(recorder) => recorder,
+        Err(claim) => {
+            let config = config.clone();
+            let committed =
+                read_then_commit(config, claim, res_parts, headers, body, policy_panicked);
+            return Next::Finish(committed);
+        }
+    };
     // The handler's effects have happened: from here on a dropped future keeps
     // the claim until its lock expires rather than letting a retry run them again.
-    let (record, token) = claim.keep();
-    let recorder = Recorder {
-        store: config.store.store().clone(),
-        record,
-        token,
+    let recording = Recording {
+        recorder,
         status: res_parts.status,
-        headers: recorded_headers(&config.replayed_headers, &res_parts),
+        headers,
     };
     // Added after the record's headers were taken, once the key is known to be kept.
     let retention = config.retention_header.clone();
     // What the body has ready now: most bodies are whole at once and are
     // recorded before the answer, as they are replayed.
-    let mut body = record::pinned(res_body);
+    let mut body = body;
     let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
     let read = match policy_panicked {
         true => Read::Failed("the record policy panicked".into()),
@@ -204,7 +264,7 @@ where
     };
     match read {
         end @ (Read::Ended | Read::Failed(_)) => {
-            let concluded = record::conclude(end, copy, frames, Some(recorder));
+            let concluded = record::conclude(end, copy, frames, Some(recording));
             Next::Finish(Box::pin(async move {
                 let (body, outcome) = concluded.await;
                 kept(&mut res_parts, retention.as_ref(), &outcome);
@@ -218,7 +278,7 @@ where
                 body,
                 copy,
                 read: frames,
-                recorder: Some(recorder),
+                recorder: Some(recording),
             };
             let handed_over = match config.cancel_on_drop {
                 // Cut with the caller's future: read here, as the handler ran.
@@ -230,7 +290,7 @@ where
                     // Its head goes now: the recording that follows keeps the key.
                     advertise_retention(&mut res_parts, retention.as_ref());
                     let response = Response::from_parts(res_parts, ResponseBody::streamed(frames));
-                    Next::Answer((Ok(response), Outcome::Claimed))
+                    Next::Reply((Ok(response), Outcome::Claimed))
                 }
                 Err(rest) => Next::Finish(Box::pin(async move {
                     let (body, outcome) = record::finish_here(*rest).await;
@@ -240,6 +300,92 @@ where
             }
         }
     }
+}
+
+/// Transactional mode: nothing the handler wrote is visible before the
+/// commit, so the body is read whole (up to the record limit) first, then
+/// committed with its record, or rolled back if it failed.
+fn read_then_commit<B, Error, E, P>(
+    config: Arc<Config<E, P>>,
+    claim: Finish,
+    mut res_parts: http::response::Parts,
+    headers: Vec<(http::HeaderName, HeaderValue)>,
+    mut body: record::Pinned<B>,
+    policy_panicked: bool,
+) -> Boxed<Answered<B, Error>>
+where
+    Error: Send + 'static,
+    E: Send + Sync + 'static,
+    P: RecordPolicy,
+    B: Body + Send + 'static,
+    B::Data: Into<Bytes> + Send,
+    B::Error: Into<BoxError>,
+{
+    Box::pin(async move {
+        let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
+        let read = match policy_panicked {
+            true => Read::Failed("the record policy panicked".into()),
+            false => record::read_to_end(&mut body, &mut copy, &mut frames).await,
+        };
+        let retention = config.retention_header.as_ref();
+        match read {
+            Read::Failed(error) => {
+                claim.release().await;
+                let response = Response::from_parts(res_parts, ResponseBody::failed(error));
+                (Ok(response), Outcome::Released)
+            }
+            Read::Ended if !copy.has_trailers() => {
+                let body = copy.into_bytes();
+                let stored = StoredResponse {
+                    status: res_parts.status,
+                    headers,
+                    body: body.clone(),
+                };
+                match claim.record(stored).await {
+                    Recorded::Yes => {
+                        advertise_retention(&mut res_parts, retention);
+                        let response = Response::from_parts(res_parts, ResponseBody::full(body));
+                        (Ok(response), Outcome::Claimed)
+                    }
+                    // The handler ran either way: never "not processed".
+                    Recorded::Failed | Recorded::Unknown(_) => {
+                        refuse(&config, Refusal::OutcomeUnknown)
+                    }
+                }
+            }
+            // Too large to record, or ended with trailers (which a record
+            // cannot carry): the writes commit, marked as not replayable,
+            // and the body goes on to the caller, trailers and all.
+            end => {
+                let why = match copy.is_over() {
+                    true => record::OVER,
+                    false => record::TRAILERS,
+                };
+                if !matches!(claim.unavailable(why).await, Recorded::Yes) {
+                    return refuse(&config, Refusal::OutcomeUnknown);
+                }
+                // The key is kept as long as a recorded one (retries get `410`).
+                advertise_retention(&mut res_parts, retention);
+                let rest = Rest {
+                    body,
+                    copy,
+                    read: frames,
+                    recorder: None,
+                };
+                let body = match end {
+                    Read::Ended => record::answer(rest.read),
+                    _ => match record::spawn_rest(rest, config.in_flight.enter()) {
+                        Ok(frames) => ResponseBody::streamed(frames),
+                        Err(rest) => record::finish_here(*rest).await.0,
+                    },
+                };
+                (
+                    Ok(Response::from_parts(res_parts, body)),
+                    Outcome::Unavailable,
+                )
+            }
+        }
+    })
 }
 
 /// Advertises the retention on an answer whose key was completed (recorded,

@@ -1,30 +1,25 @@
-use super::answer::{advertise_retention, mark_not_recorded, recorded_headers, replay, Answer};
+use super::answer::{replay, Reply};
 use super::config::Config;
 use super::future::ResponseFuture;
-use super::run_claimed::RunClaimed;
-use super::warn_once;
+use super::run_claimed::Handler;
 use crate::body::{BoxError, ResponseBody};
 use crate::buffer::buffer_body;
 use crate::downstream::DownstreamKeys;
-use crate::engine::claim::{open_transaction, run_to_completion, ClaimGuard, NotOpened};
-use crate::engine::decide::{decide, Decision};
-use crate::engine::in_flight::Running;
-use crate::engine::keep_alive::kept_alive;
-use crate::engine::record::{self, OneOrMany, Read, RecordCopy, Rest};
-use crate::engine::Attempt;
 use crate::policy::RecordPolicy;
 use crate::response::Refusal;
+use crate::run::claim::run_to_completion;
+use crate::run::claimed::Claimed;
+use crate::run::decide::{decide, Decision};
 use crate::scope::ScopeExtractor;
-use crate::store::erased::{ErasedTransaction, ErasedTransactionalStore};
-use crate::store::{Completion, FencingToken, RecordKey, StoredResponse};
+use crate::store::RecordKey;
 use crate::telemetry::{self, Outcome};
+use crate::warn_once;
 use crate::{fingerprint::RequestFingerprint, IdempotencyKey};
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
 use http::{Request, Response};
 use http_body::Body;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_service::Service;
@@ -132,7 +127,7 @@ fn handle<S, E, P, ReqBody, ResBody>(
     inner: S,
     mut parts: http::request::Parts,
     body: ReqBody,
-) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
+) -> impl Future<Output = (Result<Reply<ResBody>, S::Error>, Outcome)>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
     S::Future: Send + 'static,
@@ -151,7 +146,7 @@ where
 
         // Authentication comes first, so an anonymous caller learns nothing about keys.
         let Some(scope) = config.scope.extract(&parts) else {
-            warn_once::no_scope(&config.warned, parts.uri.path());
+            warn_once::no_scope(&config.options.warned, "idempotency", parts.uri.path());
             return refuse(Refusal::Unauthorized);
         };
         let key = match IdempotencyKey::from_headers(parts.headers.get_all(&config.header)) {
@@ -184,7 +179,7 @@ where
         telemetry::identify(record.scope().as_str(), record.key().as_str());
         let store = config.store.store();
 
-        let (claim, opened) = match decide(
+        let claimed = match decide(
             store,
             config.store.transactions(),
             &record,
@@ -198,45 +193,42 @@ where
                 let answer = replay(&stored, config.retention_header.as_ref());
                 return (Ok(answer), Outcome::Replayed);
             }
-            Decision::Mismatch => return refuse(Refusal::KeyReuse),
+            Decision::KeyReused => return refuse(Refusal::KeyReused),
             Decision::Unavailable => return refuse(Refusal::ResponseUnavailable),
+            Decision::Expired => return refuse(Refusal::KeyExpired),
             Decision::InProgress => return refuse(Refusal::InProgress),
             Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),
             Decision::StoreFailed(_) => return refuse(Refusal::StoreUnavailable),
         };
 
         drop(fingerprint); // it borrows `parts`
-        let token = claim.token;
+        let claimed = Claimed::new(record, claimed.0, claimed.1);
         let admitted = match config.max_in_flight {
             None => Some(config.in_flight.enter()),
             Some(max) => config.in_flight.try_enter(max.get()),
         };
         let Some(running) = admitted else {
             // Shed before the handler: its claim (and transaction) go back at once.
-            if let Some(transaction) = opened {
-                transaction.rollback().await;
-            }
-            ClaimGuard::new(store.clone(), record, token)
-                .release()
-                .await;
+            claimed.shed(&config.store).await;
             return refuse(Refusal::Overloaded);
         };
         // The same in plain and transactional mode, on every attempt of the key.
+        let record = claimed.record();
         parts.extensions.insert(DownstreamKeys::derived(
             record.scope(),
             record.key(),
             config.downstream_secret.as_ref(),
         ));
         // Whether this run took over one that never finished, and whose.
-        parts.extensions.insert(Attempt::from(claim));
-        let claimed = claimed_handler(
-            config.clone(),
+        parts.extensions.insert(claimed.attempt());
+        let handler = Handler {
+            config: config.clone(),
             inner,
             parts,
             bytes,
-            (record, token, opened),
-            running,
-        );
+            body: std::marker::PhantomData,
+        };
+        let claimed = claimed.run(&config.store, running, handler);
         if config.cancel_on_drop {
             return claimed.await;
         }
@@ -247,177 +239,6 @@ where
             // It panicked (its claim guard released the key while unwinding), or the
             // runtime is shutting down.
             Err(_) => refuse(Refusal::HandlerFailed),
-        }
-    }
-}
-
-/// The claimed handler, its recording and (plain mode) its heartbeat, on the
-/// heap: built by a plain function, so that neither its state nor a copy of
-/// it sizes the decision's future, and ready to move into a task. Each mode is
-/// its own box, so the plain mode's ([`RunClaimed`]) stays small enough for
-/// the allocator's fast path.
-#[allow(clippy::type_complexity)]
-fn claimed_handler<S, E, P, ReqBody, ResBody>(
-    config: Arc<Config<E, P>>,
-    inner: S,
-    parts: http::request::Parts,
-    bytes: Bytes,
-    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn ErasedTransaction>>),
-    running: Running,
-) -> Pin<Box<dyn Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)> + Send>>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Send + 'static,
-    S::Future: Send + 'static,
-    S::Error: Send + 'static,
-    E: ScopeExtractor,
-    P: RecordPolicy,
-    ReqBody: From<Bytes> + Send + 'static,
-    ResBody: Body + Send + 'static,
-    ResBody::Data: Into<Bytes> + Send,
-    ResBody::Error: Into<BoxError>,
-{
-    let span = tracing::Span::current();
-    match config.store.transactions().cloned() {
-        // The transaction's row lock keeps the claim: no heartbeat.
-        Some(transactions) => {
-            let claim = (record, token, opened);
-            let claimed =
-                run_in_transaction(config, transactions, inner, parts, bytes, claim, running);
-            Box::pin(claimed.instrument(span))
-        }
-        None => {
-            let (store, heartbeat_key) = (config.store.store().clone(), record.clone());
-            // The guard holds the record key until the claim is kept or released.
-            let claim = ClaimGuard::new(store.clone(), record, token);
-            let claimed = RunClaimed::new(config, inner, (parts, bytes), claim, running);
-            Box::pin(kept_alive(claimed, store, heartbeat_key, token).instrument(span))
-        }
-    }
-}
-
-/// Runs the inner service for a claimed key inside the store's transaction,
-/// and records its response in the same transaction; counted as running
-/// until it returns. Not an `async fn`, for the reason given at [`handle`].
-#[allow(clippy::manual_async_fn)]
-fn run_in_transaction<S, E, P, ReqBody, ResBody>(
-    config: Arc<Config<E, P>>,
-    transactions: Arc<dyn ErasedTransactionalStore>,
-    mut inner: S,
-    mut parts: http::request::Parts,
-    bytes: Bytes,
-    (record, token, opened): (RecordKey, FencingToken, Option<Box<dyn ErasedTransaction>>),
-    running: Running,
-) -> impl Future<Output = (Result<Answer<ResBody>, S::Error>, Outcome)>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    P: RecordPolicy,
-    ReqBody: From<Bytes>,
-    ResBody: Body + Send + 'static,
-    ResBody::Data: Into<Bytes> + Send,
-    ResBody::Error: Into<BoxError>,
-{
-    async move {
-        // Moved in, so that it is counted until this future completes.
-        let _running = running;
-        let refuse =
-            |refusal: Refusal| (Ok(config.options.responder.refuse(refusal)), refusal.into());
-        let claim = ClaimGuard::new(config.store.store().clone(), record, token);
-        let (claim, transaction) =
-            match open_transaction(&*transactions, claim, token, opened).await {
-                Ok(opened) => opened,
-                // Taken over before the handler ran: the new owner runs it.
-                Err(NotOpened::TakenOver) => return refuse(Refusal::InProgress),
-                Err(NotOpened::Failed(_)) => return refuse(Refusal::StoreUnavailable),
-            };
-        transaction.share(&mut parts.extensions);
-        let uri = parts.uri.clone();
-        // Until the commit, nothing the handler wrote exists for anyone else: every
-        // path that does not record rolls it back and frees the key, and so does a
-        // panic or a dropped future (the transaction and the guard are dropped).
-        let response = match inner
-            .call(Request::from_parts(parts, ReqBody::from(bytes)))
-            .await
-        {
-            Ok(response) => response,
-            Err(error) => {
-                transaction.rollback().await;
-                claim.release().await;
-                return (Err(error), Outcome::Released);
-            }
-        };
-        let (mut res_parts, res_body) = response.into_parts();
-        if !config.policy.should_record(&res_parts) {
-            warn_once::not_recorded(&config.warned, res_parts.status, uri.path());
-            mark_not_recorded(&mut res_parts);
-            transaction.rollback().await;
-            claim.release().await;
-            let response = Response::from_parts(res_parts, ResponseBody::inner(res_body));
-            return (Ok(response), Outcome::Released);
-        }
-        // Read whole before the commit (nothing the handler wrote is visible
-        // before it), up to the record limit.
-        let mut body = record::pinned(res_body);
-        let (mut copy, mut frames) = (RecordCopy::new(config.record_limit), OneOrMany::default());
-        match record::read_to_end(&mut body, &mut copy, &mut frames).await {
-            Read::Failed(error) => {
-                transaction.rollback().await;
-                claim.release().await;
-                let response = Response::from_parts(res_parts, ResponseBody::failed(error));
-                return (Ok(response), Outcome::Released);
-            }
-            Read::Ended if !copy.has_trailers() => {}
-            // Too large to record, or ended with trailers (which a record cannot
-            // carry): the writes commit, marked as not replayable, and the body
-            // goes on to the caller, trailers and all.
-            end => {
-                if let Err(error) = transaction.commit(Completion::Unavailable).await {
-                    tracing::warn!(%error, "the handler's transaction did not commit");
-                    claim.release().await;
-                    return refuse(Refusal::OutcomeUnknown);
-                }
-                let _ = claim.keep();
-                // The key is kept as long as a recorded one (retries get `410`).
-                advertise_retention(&mut res_parts, config.retention_header.as_ref());
-                let rest = Rest {
-                    body,
-                    copy,
-                    read: frames,
-                    recorder: None,
-                };
-                let body = match end {
-                    Read::Ended => record::answer(rest.read),
-                    _ => match record::spawn_rest(rest, config.in_flight.enter()) {
-                        Ok(frames) => ResponseBody::streamed(frames),
-                        Err(rest) => record::finish_here(*rest).await.0,
-                    },
-                };
-                return (
-                    Ok(Response::from_parts(res_parts, body)),
-                    Outcome::Unavailable,
-                );
-            }
-        }
-        let body = copy.into_bytes();
-        let stored = StoredResponse {
-            status: res_parts.status,
-            headers: recorded_headers(&config.replayed_headers, &res_parts),
-            body: body.clone(),
-        };
-        match transaction.commit(Completion::Response(stored)).await {
-            Ok(()) => {
-                let _ = claim.keep();
-                advertise_retention(&mut res_parts, config.retention_header.as_ref());
-                let response = Response::from_parts(res_parts, ResponseBody::full(body));
-                (Ok(response), Outcome::Claimed)
-            }
-            // Rolled back (or, if the connection died during COMMIT, unknown: then
-            // the record committed with the writes, and the release is refused).
-            // The handler ran either way: never "not processed".
-            Err(error) => {
-                tracing::warn!(%error, "the handler's transaction did not commit");
-                claim.release().await;
-                refuse(Refusal::OutcomeUnknown)
-            }
         }
     }
 }

@@ -1,6 +1,6 @@
-use crate::engine::keep_alive::Schedule;
 use crate::lease::store::erased::ErasedJobStore;
 use crate::lease::store::{Appended, JobStore, LeaseError, LeaseGrant};
+use crate::run::keep_alive::Schedule;
 use crate::store::FencingToken;
 use bytes::Bytes;
 use std::future::Future;

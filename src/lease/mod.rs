@@ -65,6 +65,8 @@ pub mod store;
 
 pub use config::StartedStatus;
 pub use future::ResponseFuture;
+pub use handle::Lease;
 pub use key::{JobCost, JobKeyExtractor, JobKeyRejection, JsonJobKey};
 pub use kind::JobKind;
+pub use layer::LeaseLayer;
 pub use service::LeaseService;

@@ -10,6 +10,7 @@ use crate::lease::store::{Job, StartJob, StartOutcome};
 use crate::response::{json_response, Refusal, Responder};
 use crate::scope::ScopeExtractor;
 use crate::telemetry;
+use crate::warn_once;
 use bytes::Bytes;
 use http::header::{HeaderValue, LOCATION};
 use http::{Request, Response, StatusCode};
@@ -105,13 +106,13 @@ where
     }
 }
 
-type Answer<B> = Response<ResponseBody<B>>;
+type Reply<B> = Response<ResponseBody<B>>;
 
 async fn start<S, K, E, ReqBody, ResBody>(
     config: Arc<LeaseConfig<K, E>>,
     mut inner: S,
     req: Request<ReqBody>,
-) -> (Result<Answer<ResBody>, S::Error>, JobOutcome)
+) -> (Result<Reply<ResBody>, S::Error>, JobOutcome)
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     K: JobKeyExtractor,
@@ -122,7 +123,7 @@ where
     let refuse = |refusal: Refusal| (Ok(config.options.responder.refuse(refusal)), refusal.into());
     let (mut parts, body) = req.into_parts();
     let Some(scope) = config.scope.extract(&parts) else {
-        telemetry::no_scope("lease");
+        warn_once::no_scope(&config.settings.options.warned, "lease", parts.uri.path());
         return refuse(Refusal::Unauthorized);
     };
     let bytes = match buffer_body(

@@ -17,6 +17,7 @@
 //!         MemoryStore::builder()
 //!             .with_lock_timeout(d.lock)
 //!             .with_retention(d.retention)
+//!             .with_tombstone(d.tombstone)
 //!             .build(),
 //!     )
 //! }
@@ -39,6 +40,7 @@
 #[doc(inline)]
 pub use crate::store_conformance_tests;
 
+use crate::store::inspect::{Inspect, KeyState, Release};
 use crate::store::{Claim, Completion, Maintenance};
 use crate::{
     fingerprint::{Fingerprint, RequestFingerprint},
@@ -57,18 +59,37 @@ pub struct Durations {
     pub lock: Duration,
     /// The store's retention.
     pub retention: Duration,
+    /// The store's tombstone window (`Duration::ZERO`: no tombstones).
+    pub tombstone: Duration,
 }
 
 /// Long enough that nothing expires during a test.
 pub const LONG: Durations = Durations {
     lock: Duration::from_secs(60),
     retention: Duration::from_secs(3600),
+    tombstone: Duration::from_secs(3600),
 };
 
-/// Short enough to watch locks and records expire.
+/// Short enough to watch locks and records expire; no tombstones, so an
+/// expired key is free at once.
 pub const SHORT: Durations = Durations {
     lock: Duration::from_millis(400),
     retention: Duration::from_millis(800),
+    tombstone: Duration::ZERO,
+};
+
+/// A lock long enough to tell a release from the lock running out, for
+/// an operator's release of a claim whose owner is dead.
+pub const RELEASABLE: Durations = Durations {
+    lock: Duration::from_secs(6),
+    ..LONG
+};
+
+/// [`SHORT`], with tombstones that outlive the retention by 2 s: long
+/// enough to check them on a busy machine, short enough to watch them go.
+pub const TOMBSTONED: Durations = Durations {
+    tombstone: Duration::from_secs(2),
+    ..SHORT
 };
 
 /// Helper: record.
@@ -143,7 +164,7 @@ pub async fn fresh_key_is_claimed_then_in_progress<S: Store>(store: S) {
     ));
     assert!(matches!(
         store.begin(&key, &fingerprint("b")).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 
@@ -161,7 +182,7 @@ pub async fn completed_record_replays_exact_bytes_status_and_headers<S: Store>(s
     }
     assert!(matches!(
         store.begin(&key, &fingerprint("b")).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 
@@ -501,7 +522,7 @@ pub async fn a_completion_without_a_response_is_never_claimed_again<S: Store>(st
     }
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
     assert!(matches!(
         store.complete(&key, token, recorded(b"late")).await,
@@ -548,6 +569,100 @@ async fn expired_records_are_reusable<S: Store + Maintenance>(store: S, purged_a
     claim(&store, &other, &fingerprint("b")).await;
 }
 
+/// Needs a store built with [`TOMBSTONED`] durations. A completed record
+/// past its retention leaves a tombstone until its window passes: the same
+/// request is told it ran and expired (never run again, with a response or
+/// without one), another request under the key is a mismatch, a purge keeps
+/// the tombstone (and deletes it once expired: at least `purged_at_least`
+/// records), and after the window the key is free for a first claim.
+async fn tombstones_answer_until_their_window_passes<S: Store + Maintenance>(
+    store: S,
+    purged_at_least: u64,
+) {
+    let d = TOMBSTONED;
+    let (fp, other) = (fingerprint("a"), fingerprint("b"));
+    let (answered, unavailable) = (
+        record(&unique("scope"), "key-tomb-0001"),
+        record(&unique("scope"), "key-tomb-0002"),
+    );
+    let token = claim(&store, &answered, &fp).await;
+    store
+        .complete(&answered, token, recorded(b"charged"))
+        .await
+        .unwrap();
+    let token = claim(&store, &unavailable, &fp).await;
+    store
+        .complete(&unavailable, token, Completion::Unavailable)
+        .await
+        .unwrap();
+    let completed = tokio::time::Instant::now();
+    tokio::time::sleep(d.retention + Duration::from_millis(200)).await;
+
+    for key in [&answered, &unavailable] {
+        for _ in 0..2 {
+            let begun = store.begin(key, &fp).await.unwrap();
+            assert!(matches!(begun, Begin::Expired), "got {begun:?}");
+        }
+        let begun = store.begin(key, &other).await.unwrap();
+        assert!(matches!(begun, Begin::KeyReused), "got {begun:?}");
+    }
+    // A purge reduces records to tombstones; it never frees their keys.
+    store.purge_expired().await.unwrap();
+    let begun = store.begin(&answered, &fp).await.unwrap();
+    assert!(matches!(begun, Begin::Expired), "got {begun:?}");
+    let begun = store.begin(&unavailable, &other).await.unwrap();
+    assert!(matches!(begun, Begin::KeyReused), "got {begun:?}");
+    assert!(
+        completed.elapsed() < d.retention + d.tombstone,
+        "the checks ran within the window"
+    );
+
+    let window_end = completed + d.retention + d.tombstone + Duration::from_millis(300);
+    tokio::time::sleep_until(window_end).await;
+    assert!(store.purge_expired().await.unwrap() >= purged_at_least);
+    let first = claimed(&store, &answered, &fp).await;
+    assert_eq!(first.attempt(), 1);
+    claimed(&store, &unavailable, &other).await;
+}
+
+/// Needs a store built with [`TOMBSTONED`] durations: see
+/// `tombstones_answer_until_their_window_passes`; `purge_expired` deletes
+/// both tombstones once their window has passed.
+#[doc(hidden)]
+pub async fn tombstones_answer_until_their_window_passes_and_are_purged<S: Store + Maintenance>(
+    store: S,
+) {
+    tombstones_answer_until_their_window_passes(store, 2).await;
+}
+
+/// For a store whose backend deletes expired tombstones by itself (key TTLs):
+/// [`tombstones_answer_until_their_window_passes_and_are_purged`] without a
+/// count. Needs a store built with [`TOMBSTONED`] durations.
+#[doc(hidden)]
+pub async fn tombstones_answer_until_their_window_passes_and_expire_by_themselves<
+    S: Store + Maintenance,
+>(
+    store: S,
+) {
+    tombstones_answer_until_their_window_passes(store, 0).await;
+}
+
+/// Needs a store built with [`SHORT`] durations (no tombstones): the same
+/// request, past the retention, is claimed and runs again.
+#[doc(hidden)]
+pub async fn without_tombstones_an_expired_key_runs_again<S: Store + Maintenance>(store: S) {
+    let key = record(&unique("scope"), "key-untomb-01");
+    let fp = fingerprint("a");
+    let token = claim(&store, &key, &fp).await;
+    store
+        .complete(&key, token, recorded(b"once"))
+        .await
+        .unwrap();
+    tokio::time::sleep(SHORT.retention + Duration::from_millis(300)).await;
+    store.purge_expired().await.unwrap();
+    assert_eq!(claimed(&store, &key, &fp).await.attempt(), 1);
+}
+
 /// Requests as the layer hands them over: fingerprints computed lazily from the
 /// parts. The same bytes, and canonically equal JSON in other bytes, match the
 /// record (in progress, then completed); other content never does, whichever
@@ -580,7 +695,7 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
     }
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
     store
         .complete(&key, token, recorded(b"created"))
@@ -594,7 +709,7 @@ pub async fn lazily_fingerprinted_requests_match_by_canonical_json<S: Store>(sto
     }
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 
@@ -634,7 +749,7 @@ pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
     ));
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
     store
         .complete(&key, token, recorded(b"created"))
@@ -646,7 +761,7 @@ pub async fn a_precomputed_fingerprint_matches_the_request_it_was_computed_from<
     ));
     assert!(matches!(
         store.begin(&key, &other).await.unwrap(),
-        Begin::Mismatch
+        Begin::KeyReused
     ));
 }
 
@@ -661,6 +776,9 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_purged,
         );
+        $crate::store_conformance_tests!(@tests $factory, TOMBSTONED:
+            tombstones_answer_until_their_window_passes_and_are_purged,
+        );
     };
     // A store whose backend deletes expired records itself.
     ($factory:path, expires_by_itself) => {
@@ -669,6 +787,9 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_expire_by_themselves,
         );
+        $crate::store_conformance_tests!(@tests $factory, TOMBSTONED:
+            tombstones_answer_until_their_window_passes_and_expire_by_themselves,
+        );
     };
     // A store whose records never leave the process: it may compare
     // `RequestFingerprint::local` rather than the SHA-256 fingerprint.
@@ -676,6 +797,9 @@ macro_rules! store_conformance_tests {
         $crate::store_conformance_tests!(@common $factory);
         $crate::store_conformance_tests!(@tests $factory, SHORT:
             expired_records_are_reusable_and_purged,
+        );
+        $crate::store_conformance_tests!(@tests $factory, TOMBSTONED:
+            tombstones_answer_until_their_window_passes_and_are_purged,
         );
     };
     // What only a store comparing the SHA-256 fingerprint guarantees.
@@ -704,6 +828,23 @@ macro_rules! store_conformance_tests {
             an_extended_claim_outlives_its_lock_and_only_its_token_extends,
             a_completion_without_a_response_is_never_claimed_again,
             a_late_extend_or_complete_without_a_takeover_succeeds,
+            without_tombstones_an_expired_key_runs_again,
+        );
+    };
+    // Operators' inspection and release (`store::inspect::Inspect`), for a
+    // store that implements it.
+    (inspect: $factory:path) => {
+        $crate::store_conformance_tests!(@tests $factory, LONG:
+            inspect_shows_every_state_within_its_scope_only,
+        );
+        $crate::store_conformance_tests!(@tests $factory, RELEASABLE:
+            a_released_key_is_claimable_again_and_its_old_owner_fenced,
+        );
+        $crate::store_conformance_tests!(@tests $factory, SHORT:
+            release_stuck_is_fenced_by_the_token_it_was_given,
+        );
+        $crate::store_conformance_tests!(@tests $factory, TOMBSTONED:
+            inspect_shows_a_tombstone_until_its_window_passes,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {
@@ -775,4 +916,244 @@ pub async fn a_late_extend_or_complete_without_a_takeover_succeeds<S: Store>(sto
         store.begin(&unavailable, &fp).await.unwrap(),
         Begin::ResponseUnavailable
     ));
+}
+
+// ---- Inspection and operator release -------------------------------------
+
+/// The claim `inspect` shows for `key`, which must be in progress.
+async fn in_progress<S: Inspect>(store: &S, key: &RecordKey) -> crate::store::inspect::InProgress {
+    match store.inspect(key).await.expect("inspect") {
+        KeyState::InProgress(claim) => claim,
+        other => panic!("expected a claim in progress, got {other:?}"),
+    }
+}
+
+/// Needs a store built with [`LONG`] durations. `inspect` shows a key
+/// absent, then in progress (its token, attempt, start and lock expiry),
+/// then completed (status, body size, expiry) or unavailable; the same key
+/// string in another scope is absent, and so is a released key.
+#[doc(hidden)]
+pub async fn inspect_shows_every_state_within_its_scope_only<S: Store + Inspect>(store: S) {
+    let scope = unique("scope");
+    let key = record(&scope, "key-inspect-01");
+    let fp = fingerprint("a");
+    assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
+
+    let made = claimed(&store, &key, &fp).await;
+    let shown = in_progress(&store, &key).await;
+    assert_eq!((shown.token, shown.attempt), (made.token, 1));
+    let lock = shown
+        .lock_expires
+        .duration_since(shown.since)
+        .expect("the lock expires after the claim began");
+    let slack = Duration::from_secs(2);
+    assert!(
+        lock + slack >= LONG.lock && lock <= LONG.lock + slack,
+        "lock {lock:?}"
+    );
+    // Another tenant's view of the same key string: nothing.
+    let other = record(&unique("other"), "key-inspect-01");
+    assert_eq!(store.inspect(&other).await.unwrap(), KeyState::Absent);
+
+    let body: &'static [u8] = b"twelve bytes";
+    store
+        .complete(&key, made.token, recorded(body))
+        .await
+        .unwrap();
+    match store.inspect(&key).await.unwrap() {
+        KeyState::Completed {
+            status,
+            body_bytes,
+            expires,
+        } => {
+            assert_eq!(
+                (status, body_bytes),
+                (StatusCode::CREATED, body.len() as u64)
+            );
+            let kept = expires.duration_since(shown.since).expect("expires later");
+            assert!(
+                kept + slack >= LONG.retention && kept <= LONG.retention + Duration::from_secs(60)
+            );
+        }
+        other => panic!("expected a completed record, got {other:?}"),
+    }
+    assert_eq!(store.inspect(&other).await.unwrap(), KeyState::Absent);
+
+    let unavailable = record(&scope, "key-inspect-02");
+    let token = claim(&store, &unavailable, &fp).await;
+    store
+        .complete(&unavailable, token, Completion::Unavailable)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.inspect(&unavailable).await.unwrap(),
+        KeyState::Unavailable { .. }
+    ));
+
+    let released = record(&scope, "key-inspect-03");
+    let token = claim(&store, &released, &fp).await;
+    store.release(&released, token).await.unwrap();
+    assert_eq!(store.inspect(&released).await.unwrap(), KeyState::Absent);
+}
+
+/// Needs a store built with [`TOMBSTONED`] durations. A completed record
+/// past its retention is shown as its tombstone, expiring at the window's
+/// end (never to another scope), and then as absent.
+#[doc(hidden)]
+pub async fn inspect_shows_a_tombstone_until_its_window_passes<S: Store + Inspect>(store: S) {
+    let d = TOMBSTONED;
+    let key = record(&unique("scope"), "key-inspect-tomb");
+    let fp = fingerprint("a");
+    let token = claim(&store, &key, &fp).await;
+    store
+        .complete(&key, token, recorded(b"kept"))
+        .await
+        .unwrap();
+    let completed = std::time::SystemTime::now();
+    let started = tokio::time::Instant::now();
+    tokio::time::sleep(d.retention + Duration::from_millis(200)).await;
+
+    match store.inspect(&key).await.unwrap() {
+        KeyState::Tombstone { expires } => {
+            let window = expires.duration_since(completed).expect("expires later");
+            let slack = Duration::from_secs(1);
+            assert!(
+                window + slack >= d.retention + d.tombstone
+                    && window <= d.retention + d.tombstone + slack,
+                "tombstone expires {window:?} after completion"
+            );
+        }
+        other => panic!("expected a tombstone, got {other:?}"),
+    }
+    let other = record(&unique("other"), "key-inspect-tomb");
+    assert_eq!(store.inspect(&other).await.unwrap(), KeyState::Absent);
+    assert!(
+        started.elapsed() < d.retention + d.tombstone,
+        "checked within the window"
+    );
+
+    tokio::time::sleep_until(started + d.retention + d.tombstone + Duration::from_millis(300))
+        .await;
+    assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
+}
+
+/// Needs a store built with [`SHORT`] durations. `release_stuck` frees a
+/// claim only for the token that owns it: a forged token, the token of a
+/// claim taken over since (whose new owner then completes as usual), and
+/// the token of a completed record are refused and change nothing; a key
+/// with no record is absent.
+#[doc(hidden)]
+pub async fn release_stuck_is_fenced_by_the_token_it_was_given<S: Store + Inspect>(store: S) {
+    let key = record(&unique("scope"), "key-release-01");
+    let fp = fingerprint("a");
+    let actor = "conformance";
+    assert_eq!(
+        store
+            .release_stuck(&key, FencingToken(1), actor)
+            .await
+            .unwrap(),
+        Release::Absent
+    );
+    let first = claim(&store, &key, &fp).await;
+    let seen = in_progress(&store, &key).await;
+    assert_eq!(seen.token, first);
+    let forged = FencingToken(first.0 + 1_000_000);
+    assert_eq!(
+        store.release_stuck(&key, forged, actor).await.unwrap(),
+        Release::NotOwner
+    );
+    // The owner's token, but its lock is fresh (just claimed, or extended
+    // by a keep-alive): the owner is alive and keeps its claim.
+    assert_eq!(
+        store.release_stuck(&key, first, actor).await.unwrap(),
+        Release::OwnerAlive
+    );
+    assert_eq!(in_progress(&store, &key).await.token, first);
+
+    // The inspected owner's lock runs out and a new request takes the key
+    // over: the operator's release with the inspected token must not cut
+    // the new, live owner off.
+    tokio::time::sleep(SHORT.lock + Duration::from_millis(200)).await;
+    let second = claimed(&store, &key, &fp).await;
+    assert_eq!(second.takeover.map(|t| t.previous_token), Some(first));
+    assert_eq!(
+        store.release_stuck(&key, seen.token, actor).await.unwrap(),
+        Release::NotOwner
+    );
+    assert_eq!(in_progress(&store, &key).await.token, second.token);
+    store
+        .complete(&key, second.token, recorded(b"live owner"))
+        .await
+        .expect("the live owner was not cut off");
+
+    // A completed record is nobody's to release.
+    assert_eq!(
+        store
+            .release_stuck(&key, second.token, actor)
+            .await
+            .unwrap(),
+        Release::NotOwner
+    );
+    match store.begin(&key, &fp).await.unwrap() {
+        Begin::Replay(stored) => assert_eq!(stored.body, Bytes::from_static(b"live owner")),
+        other => panic!("expected a replay, got {other:?}"),
+    }
+}
+
+/// Needs a store built with [`RELEASABLE`] durations. A claim released by
+/// an operator with its token, once its lock ran half down unextended (its
+/// owner dead), frees the key at once, well before the lock runs out: a
+/// waiter is woken, the next request (even with another body) claims it,
+/// and the dead owner's late completion is refused.
+#[doc(hidden)]
+pub async fn a_released_key_is_claimable_again_and_its_old_owner_fenced<S: Store + Inspect>(
+    store: S,
+) {
+    let store = Arc::new(store);
+    let key = record(&unique("scope"), "key-release-02");
+    let stuck = claim(&*store, &key, &fingerprint("a")).await;
+    let lock_ends = tokio::time::Instant::now() + RELEASABLE.lock;
+    let waiter = {
+        let (store, key) = (store.clone(), key.clone());
+        tokio::spawn(async move { store.wait(&key, Duration::from_secs(30)).await })
+    };
+    let token = in_progress(&*store, &key).await.token;
+    assert_eq!(
+        store
+            .release_stuck(&key, token, "conformance")
+            .await
+            .unwrap(),
+        Release::OwnerAlive
+    );
+    tokio::time::sleep(RELEASABLE.lock / 2 + Duration::from_millis(300)).await;
+    assert_eq!(
+        store
+            .release_stuck(&key, token, "conformance")
+            .await
+            .unwrap(),
+        Release::Released
+    );
+    tokio::time::timeout_at(lock_ends, waiter)
+        .await
+        .expect("the waiter was woken by the release, before the lock ran out")
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
+    let next = claimed(&*store, &key, &fingerprint("b")).await;
+    assert_ne!(next.token, stuck);
+    assert!(matches!(
+        store.complete(&key, stuck, recorded(b"late")).await,
+        Err(StoreError::ClaimLost)
+    ));
+    assert_eq!(
+        store
+            .release_stuck(&key, stuck, "conformance")
+            .await
+            .unwrap(),
+        Release::NotOwner
+    );
+    store
+        .complete(&key, next.token, recorded(b"next"))
+        .await
+        .unwrap();
 }

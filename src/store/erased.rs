@@ -34,12 +34,25 @@ fn caught<'a, T: 'a>(
 }
 
 /// `call` with its panics caught, unboxed (for a call inside another future).
+/// With feature `metrics`, its duration is recorded by operation when it ends.
 fn catch<F>(method: &'static str, call: F) -> Caught<F> {
     Caught {
         call,
         method,
         done: false,
+        started: started(),
     }
+}
+
+/// When a call began, for its duration: only read when `metrics` records it.
+#[cfg(feature = "metrics")]
+type Started = std::time::Instant;
+#[cfg(not(feature = "metrics"))]
+type Started = ();
+
+fn started() -> Started {
+    #[cfg(feature = "metrics")]
+    return std::time::Instant::now();
 }
 
 pin_project_lite::pin_project! {
@@ -49,6 +62,7 @@ pin_project_lite::pin_project! {
         call: F,
         method: &'static str,
         done: bool,
+        started: Started,
     }
 }
 
@@ -65,11 +79,16 @@ impl<T, F: Future<Output = Result<T, StoreError>>> Future for Caught<F> {
         }
         let call = this.call;
         let polled = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| call.poll(cx)));
-        polled.unwrap_or_else(|_| {
+        let polled = polled.unwrap_or_else(|_| {
             // The call is not polled again: its state is unknown.
             *this.done = true;
             std::task::Poll::Ready(Err(panicked(this.method)))
-        })
+        });
+        #[cfg(feature = "metrics")]
+        if polled.is_ready() {
+            crate::telemetry::gauges::store_call(this.method, this.started.elapsed());
+        }
+        polled
     }
 }
 
@@ -156,11 +175,33 @@ impl<S: Store> ErasedStore for S {
         key: &'a RecordKey,
         timeout: Duration,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
-        caught("wait", Store::wait(self, key, timeout))
+        let call = Store::wait(self, key, timeout);
+        Box::pin(async move {
+            // Counted while it waits, however the wait ends (a drop included).
+            let _waiting = Waiting::new();
+            catch("wait", call).await
+        })
     }
 
     fn timings(&self) -> Timings {
         Store::timings(self)
+    }
+}
+
+/// A duplicate waiting for a request in progress, counted by the
+/// `tower_idempotency_waiting_duplicates` gauge until dropped.
+struct Waiting;
+
+impl Waiting {
+    fn new() -> Self {
+        crate::telemetry::gauges::waiting_duplicates(1.0);
+        Self
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        crate::telemetry::gauges::waiting_duplicates(-1.0);
     }
 }
 

@@ -5,6 +5,7 @@ mod record;
 
 pub use builder::MemoryStoreBuilder;
 
+use super::inspect::{self, InProgress, Inspect, KeyState, Release};
 use super::settings::Settings;
 use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, Timings};
 use crate::{fingerprint::RequestFingerprint, Scope};
@@ -42,7 +43,10 @@ thread_local! {
 /// [`with_capacity`](MemoryStoreBuilder::with_capacity): when the store is
 /// full of unexpired records, `begin` fails with [`MemoryStoreError::Full`]
 /// (inside [`StoreError::Backend`]) and the layer answers `503`, rather than
-/// forgetting a record it promised to keep.
+/// forgetting a record it promised to keep. A completed record past its
+/// retention leaves a tombstone (its identity and digest, packed without the
+/// response) for [`with_tombstone`](MemoryStoreBuilder::with_tombstone), which
+/// counts against the capacity too.
 ///
 /// One tenant cannot lock the others out: with
 /// [`with_scope_quota`](MemoryStoreBuilder::with_scope_quota) a scope that
@@ -99,6 +103,9 @@ struct Shared {
     // request, and queueing each one would hold memory for released claims
     // until their lock expired. Abandoned claims are swept when the store is full.
     retention_deadlines: Mutex<VecDeque<Deadline>>,
+    /// Tombstones' deadlines, in order too: the window is fixed per store,
+    /// and records become tombstones in the order their retention ends.
+    tombstone_deadlines: Mutex<VecDeque<Deadline>>,
     /// When the store last swept the whole map for expired records.
     last_full_sweep: Mutex<Option<Instant>>,
 }
@@ -131,6 +138,7 @@ impl std::fmt::Debug for MemoryStore {
         f.debug_struct("MemoryStore")
             .field("records", &self.len())
             .field("retention", &s.settings.retention())
+            .field("tombstone", &s.settings.tombstone())
             .field("lock_timeout", &s.settings.lock_timeout())
             .field("capacity", &s.capacity)
             .field(
@@ -166,6 +174,7 @@ impl MemoryStore {
                 capacity: builder.capacity.get(),
                 scope_quota: builder.scope_quota.map(ScopeQuota::new),
                 retention_deadlines: Mutex::new(VecDeque::new()),
+                tombstone_deadlines: Mutex::new(VecDeque::new()),
                 last_full_sweep: Mutex::new(None),
             }),
         }
@@ -291,10 +300,10 @@ impl MemoryStore {
 
     /// Removes every record `remove` selects, waking the waiters of removed
     /// claims; returns how many were removed.
-    fn remove_all(&self, mut remove: impl FnMut(&Record) -> bool) -> usize {
+    fn remove_all(&self, mut remove: impl FnMut(&Id, &mut Record) -> bool) -> usize {
         let mut removed = 0;
-        self.shared.records.retain(|_, r| {
-            let keep = !remove(r);
+        self.shared.records.retain(|id, r| {
+            let keep = !remove(id, r);
             if !keep {
                 removed += 1;
                 self.forget_scope(r);
@@ -317,12 +326,71 @@ impl MemoryStore {
             *last = Some(now);
         }
         let now = self.shared.clock.at(now);
-        self.remove_all(|r| r.deadline <= now);
+        self.expire_all(now);
     }
 
-    /// Evicts up to `budget` expired completed records, oldest first.
+    /// Removes every expired record, and turns completed ones past their
+    /// retention into tombstones; returns how many it removed or turned.
+    fn expire_all(&self, now: Nanos) -> usize {
+        let mut entombed = Vec::new();
+        let removed = self.remove_all(|&id, r| {
+            if r.deadline > now {
+                return false;
+            }
+            match self.entomb(r, now) {
+                Some(at) => {
+                    entombed.push(Deadline { at, id });
+                    false
+                }
+                None => true,
+            }
+        });
+        entombed.sort_unstable_by_key(|d| d.at);
+        let turned = entombed.len();
+        lock(&self.shared.tombstone_deadlines).extend(entombed);
+        removed + turned
+    }
+
+    /// Turns `record`, past its deadline, into its tombstone if it is a
+    /// completed record whose tombstone window has not passed too; returns the
+    /// tombstone's deadline (to queue once the shard lock is released).
+    fn entomb(&self, record: &mut Record, now: Nanos) -> Option<Nanos> {
+        let window = self.shared.settings.tombstone();
+        if window.is_zero() {
+            return None;
+        }
+        // The window counts from the retention's end, whenever this runs.
+        let until = record.deadline.saturating_add(record::saturate(window));
+        if until <= now {
+            return None;
+        }
+        record.state = State::Packed(record.tombstone()?);
+        record.deadline = until;
+        Some(until)
+    }
+
+    /// How `inspect` shows a completed `record` past its retention that no
+    /// one has turned into its tombstone yet: as the tombstone it would be.
+    fn tombstone_state(&self, record: &Record, now: Nanos) -> KeyState {
+        let window = self.shared.settings.tombstone();
+        let until = record.deadline.saturating_add(record::saturate(window));
+        match !window.is_zero() && until > now {
+            true => KeyState::Tombstone {
+                expires: self.shared.clock.wall(until),
+            },
+            false => KeyState::Absent,
+        }
+    }
+
+    /// Evicts up to `budget` expired completed records and as many expired
+    /// tombstones, oldest first; a completed record within its tombstone
+    /// window becomes its tombstone.
     fn evict(&self, now: Nanos, budget: usize) {
-        let queue = &self.shared.retention_deadlines;
+        self.evict_from(&self.shared.retention_deadlines, now, budget);
+        self.evict_from(&self.shared.tombstone_deadlines, now, budget);
+    }
+
+    fn evict_from(&self, queue: &Mutex<VecDeque<Deadline>>, now: Nanos, budget: usize) {
         for _ in 0..budget {
             let due = {
                 let mut q = lock(queue);
@@ -339,6 +407,14 @@ impl MemoryStore {
                 due
             };
             let Some(due) = due else { break };
+            let entombed = match self.shared.records.get_mut(&due.id) {
+                Some(mut r) if r.deadline <= now => self.entomb(&mut r, now),
+                _ => None,
+            };
+            if let Some(at) = entombed {
+                lock(&self.shared.tombstone_deadlines).push_back(Deadline { at, id: due.id });
+                continue;
+            }
             // Only once expired: a record of the same key completed later is kept.
             let removed = self
                 .shared
@@ -394,6 +470,8 @@ fn begin_of(answer: Answer) -> Begin {
         Answer::Replay(response) => Begin::Replay(response),
         Answer::InProgress => Begin::InProgress,
         Answer::Unavailable => Begin::ResponseUnavailable,
+        Answer::Expired => Begin::Expired,
+        Answer::KeyReused => Begin::KeyReused,
     }
 }
 
@@ -474,7 +552,7 @@ impl Store for MemoryStore {
             return Ok(if same {
                 begin_of(answer)
             } else {
-                Begin::Mismatch
+                Begin::KeyReused
             });
         }
         // A claim keeps the local digest: computed before taking the write lock,
@@ -500,6 +578,11 @@ impl Store for MemoryStore {
             }
             Entry::Occupied(mut occupied) => {
                 let record = occupied.get_mut();
+                // A completed record past its retention leaves its tombstone,
+                // decided below as a live record.
+                let entombed = (record.deadline <= now)
+                    .then(|| self.entomb(record, now))
+                    .flatten();
                 if record.deadline <= now {
                     // Expired: a completed record past retention, or a dead claim
                     // (of this key, or of another key with its id: both are free).
@@ -521,14 +604,18 @@ impl Store for MemoryStore {
                     self.remember_claim(claim.token, id);
                     return Ok(Begin::Claimed(claim));
                 }
-                if !record.is_record_of(key) {
-                    return Err(id_collision());
-                }
-                if record.exact == exact || record.local() == local {
-                    record.answer()
+                let answer = if !record.is_record_of(key) {
+                    Err(id_collision())
+                } else if record.exact == exact || record.local() == local {
+                    Ok(record.answer())
                 } else {
-                    return Ok(Begin::Mismatch);
+                    Ok(Answer::KeyReused)
+                };
+                drop(occupied);
+                if let Some(at) = entombed {
+                    lock(&self.shared.tombstone_deadlines).push_back(Deadline { at, id });
                 }
+                answer?
             }
         };
         Ok(begin_of(answer))
@@ -614,12 +701,97 @@ impl Store for MemoryStore {
 
 impl Maintenance for MemoryStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
-        let now = self.now();
-        Ok(self.remove_all(|r| r.deadline <= now) as u64)
+        Ok(self.expire_all(self.now()) as u64)
     }
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
-        Ok(self.remove_all(|r| r.is_in_scope(scope)) as u64)
+        Ok(self.remove_all(|_, r| r.is_in_scope(scope)) as u64)
+    }
+}
+
+impl Inspect for MemoryStore {
+    async fn inspect(&self, key: &RecordKey) -> Result<KeyState, StoreError> {
+        let now = self.now();
+        let id = self.shared.ids.of(key);
+        let Some(record) = self.shared.records.get(&id) else {
+            return Ok(KeyState::Absent);
+        };
+        // Another identity with this id is not this key's record.
+        if !record.is_record_of(key) {
+            return Ok(KeyState::Absent);
+        }
+        let clock = &self.shared.clock;
+        let expires = clock.wall(record.deadline);
+        // A claim past its lock is still shown: it is what blocks the key
+        // until the next request takes it over.
+        let state = match &record.state {
+            State::Cold(cold) => match &**cold {
+                Cold::Claim(claim) => KeyState::InProgress(InProgress::new(
+                    record.token,
+                    claim.attempt,
+                    clock.wall(claim.began),
+                    expires,
+                )),
+                _ if record.deadline <= now => self.tombstone_state(&record, now),
+                Cold::Large(large) => KeyState::Completed {
+                    status: large.response().status,
+                    body_bytes: large.response().body.len() as u64,
+                    expires,
+                },
+                Cold::Unavailable(..) => KeyState::Unavailable { expires },
+            },
+            State::Packed(packed) if packed::is_tombstone(packed) => match record.deadline > now {
+                true => KeyState::Tombstone { expires },
+                false => KeyState::Absent,
+            },
+            State::Packed(_) if record.deadline <= now => self.tombstone_state(&record, now),
+            State::Packed(packed) => {
+                let response = packed::unpack(packed);
+                KeyState::Completed {
+                    status: response.status,
+                    body_bytes: response.body.len() as u64,
+                    expires,
+                }
+            }
+        };
+        Ok(state)
+    }
+
+    async fn release_stuck(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        actor: &str,
+    ) -> Result<Release, StoreError> {
+        let now = self.now();
+        let id = self.shared.ids.of(key);
+        // Decided and removed under the shard's lock: no claim slips in between.
+        let outcome = match self.shared.records.entry(id) {
+            Entry::Vacant(_) => Release::Absent,
+            Entry::Occupied(occupied) => {
+                let record = occupied.get();
+                if !record.is_record_of(key) {
+                    Release::Absent
+                } else if record.token == token
+                    && record.in_progress().is_some()
+                    && record.deadline.saturating_sub(now)
+                        > record::saturate(self.shared.settings.lock_timeout() / 2)
+                {
+                    Release::OwnerAlive
+                } else if record.token == token && record.in_progress().is_some() {
+                    let (_, record) = occupied.remove_entry();
+                    self.removed(&record);
+                    Release::Released
+                } else if record.in_progress().is_some() || record.deadline > now {
+                    Release::NotOwner
+                } else {
+                    Release::Absent
+                }
+            }
+        };
+        let outcome = Ok(outcome);
+        inspect::audit(actor, key, token, &outcome);
+        outcome
     }
 }
 
@@ -648,9 +820,10 @@ mod tests {
         let retention = std::time::Duration::from_secs(60);
         let store = MemoryStore::builder()
             .with_retention(retention)
+            .with_tombstone(std::time::Duration::ZERO)
             .with_scope_quota(std::num::NonZeroUsize::new(2).unwrap())
             .build();
-        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([9; 32]));
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint::from_bytes([9; 32]));
         let quota = || store.shared.scope_quota.as_ref().unwrap();
         for round in 0..10 {
             for i in 0..10_000 {
@@ -680,13 +853,59 @@ mod tests {
         }
     }
 
+    /// What a tombstone costs: its map slot, one buffer of its digest and
+    /// identity (the response is freed), and its deadline in the queue.
+    /// Printed for `docs/benchmarks.md` (`--nocapture`).
+    #[tokio::test(start_paused = true)]
+    async fn a_tombstone_keeps_its_slot_and_a_buffer_of_its_identity_only() {
+        let day = std::time::Duration::from_secs(24 * 3600);
+        let store = MemoryStore::builder()
+            .with_retention(day)
+            .with_tombstone(7 * day)
+            .build();
+        // A key as clients send them (a UUID).
+        let key = RecordKey::for_test("tenant-0001", "0b7c8f3e-7d2a-4c1e-9f65-2a1d3c4b5e6f");
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint::from_bytes([3; 32]));
+        let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&key, &fp).await else {
+            panic!("claim");
+        };
+        let mut big = response();
+        big.body = Bytes::from(vec![b'x'; 900]);
+        store
+            .complete(&key, token, Completion::Response(big))
+            .await
+            .unwrap();
+        tokio::time::advance(day + std::time::Duration::from_secs(1)).await;
+        assert_eq!(store.purge_expired().await.unwrap(), 1);
+        let id = store.shared.ids.of(&key);
+        let buffer = match &store.shared.records.get(&id).unwrap().state {
+            State::Packed(packed) if packed::is_tombstone(packed) => packed.len(),
+            _ => panic!("a tombstone"),
+        };
+        assert_eq!(buffer, 16 + 1 + "tenant-0001".len() + 1 + 36);
+        assert_eq!(lock(&store.shared.tombstone_deadlines).len(), 1);
+        // An `Arc<[u8]>`'s allocation: two counts, then the bytes.
+        let bytes = std::mem::size_of::<(Id, Record)>()
+            + 2 * std::mem::size_of::<usize>()
+            + buffer
+            + std::mem::size_of::<Deadline>();
+        println!(
+            "MemoryStore: {bytes} bytes per tombstone (slot {}, buffer {}, queue entry {})",
+            std::mem::size_of::<(Id, Record)>(),
+            2 * std::mem::size_of::<usize>() + buffer,
+            std::mem::size_of::<Deadline>()
+        );
+        assert!(bytes < 200, "{bytes} bytes");
+        assert!(matches!(store.begin(&key, &fp).await, Ok(Begin::Expired)));
+    }
+
     /// The id a thread remembers from its last claim is only a shortcut: a
     /// completion of another claim, of another store, or of a store that
     /// reuses a dropped one's address (and so its remembered token), is found
     /// by its key; a remembered token never completes another key's record.
     #[tokio::test]
     async fn a_remembered_claim_never_stands_in_for_another() {
-        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([7; 32]));
+        let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint::from_bytes([7; 32]));
         let (x, y) = (
             RecordKey::for_test("s", "key-x-0001"),
             RecordKey::for_test("s", "key-y-0001"),
@@ -709,7 +928,8 @@ mod tests {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let fp = RequestFingerprint::from(crate::fingerprint::Fingerprint([7; 32]));
+                let fp =
+                    RequestFingerprint::from(crate::fingerprint::Fingerprint::from_bytes([7; 32]));
                 let y = RecordKey::for_test("s", "key-y-0001");
                 match other.begin(&y, &fp).await {
                     Ok(Begin::Claimed(claim)) => claim.token,
@@ -799,7 +1019,7 @@ mod tests {
         let other = request(br#"{"b":3,"a":1}"#);
         assert!(matches!(
             store.begin(&record, &other).await,
-            Ok(Begin::Mismatch)
+            Ok(Begin::KeyReused)
         ));
         for request in [&first, &retry, &reordered, &other] {
             assert!(!request.fingerprint_computed());

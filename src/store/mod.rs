@@ -11,6 +11,7 @@ pub mod conformance;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod encoding;
 pub(crate) mod erased;
+pub mod inspect;
 pub(crate) mod memory;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;
@@ -25,6 +26,7 @@ mod shared;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod waiters;
 
+pub use inspect::{Inspect, KeyState, Release};
 pub use memory::{MemoryStoreBuilder, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
@@ -85,7 +87,19 @@ impl RecordKey {
 /// lock expired has a higher token than the one it replaced, and the old
 /// owner's late completion is refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct FencingToken(pub i64);
+pub struct FencingToken(i64);
+
+impl FencingToken {
+    /// The token of this value (a store's own counter).
+    pub const fn new(value: i64) -> Self {
+        Self(value)
+    }
+
+    /// Its value, to compare with a fenced write's or to store it.
+    pub const fn get(self) -> i64 {
+        self.0
+    }
+}
 
 /// A recorded response, replayed byte for byte.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -102,20 +116,21 @@ pub struct StoredResponse {
 /// earlier claim of the key whose owner died or stalled.
 ///
 /// A store returns [`Claim::first`] for a key that was free (never claimed,
-/// released, or completed and past its retention), and a [`Takeover`] for a
+/// released, or completed and past its retention and tombstone window), and a
+/// [`Takeover`] for a
 /// key whose last claim was still in progress when its lock ran out.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime};
 /// use tower_idempotency::store::{Claim, FencingToken, Takeover};
 ///
-/// let first = Claim::first(FencingToken(7));
+/// let first = Claim::first(FencingToken::new(7));
 /// assert_eq!(first.attempt(), 1);
 ///
 /// let began = SystemTime::now() - Duration::from_secs(30);
-/// let second = Claim::takeover(FencingToken(9), 2, FencingToken(7), began);
+/// let second = Claim::takeover(FencingToken::new(9), 2, FencingToken::new(7), began);
 /// assert_eq!(second.attempt(), 2);
-/// assert_eq!(second.takeover.unwrap().previous_token, FencingToken(7));
+/// assert_eq!(second.takeover.unwrap().previous_token, FencingToken::new(7));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Claim {
@@ -181,13 +196,19 @@ pub enum Begin {
     /// The same request completed earlier: replay this response.
     Replay(Arc<StoredResponse>),
     /// The key is held or was completed by a request with another fingerprint.
-    Mismatch,
+    KeyReused,
     /// The same request is still running under an unexpired lock.
     InProgress,
     /// The same request ran (its effects happened) but its response could not
     /// be recorded: its body failed, or was larger than the record limit. It is
     /// not run again while the record is retained.
     ResponseUnavailable,
+    /// The same request completed (or ran without a recordable response)
+    /// earlier, and its record has expired: only its tombstone is left (scope,
+    /// key and fingerprint, for [`Timings::tombstone`] past the retention). It
+    /// is not run again, and there is nothing to replay. Another fingerprint
+    /// under the key answers [`KeyReused`](Self::KeyReused).
+    Expired,
 }
 
 /// A store failure. The layer never runs the request: it answers `503`, or `429`
@@ -227,7 +248,8 @@ pub enum Completion {
     /// The request ran (its effects happened) but its response cannot be
     /// replayed: its body failed, or was larger than the record limit. Until
     /// the retention expires, `begin` answers [`Begin::ResponseUnavailable`]
-    /// to the same request and [`Begin::Mismatch`] to another.
+    /// to the same request and [`Begin::KeyReused`] to another (then
+    /// [`Begin::Expired`] and [`Begin::KeyReused`] while its tombstone lasts).
     Unavailable,
 }
 
@@ -252,6 +274,12 @@ pub struct Timings {
     /// (`Idempotency-Key-Retention`) on the answers it records and replays;
     /// `None` (for stores that do not say) advertises nothing.
     pub retention: Option<Duration>,
+    /// How long a completed record's tombstone (its scope, key and
+    /// fingerprint, without the response) outlives its retention: for that
+    /// long a retry of the same request is answered [`Begin::Expired`] (the
+    /// layer's `410 idempotency_key_expired`) instead of running again.
+    /// `None`: no tombstones (or a store that does not say).
+    pub tombstone: Option<Duration>,
 }
 
 impl Timings {
@@ -260,12 +288,19 @@ impl Timings {
         Self {
             lock_timeout,
             retention: None,
+            tombstone: None,
         }
     }
 
     /// Completed records kept for `retention`.
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.retention = Some(retention);
+        self
+    }
+
+    /// Tombstones kept for `tombstone` past the retention.
+    pub fn with_tombstone(mut self, tombstone: Duration) -> Self {
+        self.tombstone = Some(tombstone);
         self
     }
 }
@@ -375,6 +410,11 @@ pub trait Store: Send + Sync + 'static {
     /// [`Claim::first`]: a release ends the count, as the owner ran to an
     /// answer the application chose not to record. The attempt and the
     /// claim's start time must be kept with the claim for this.
+    ///
+    /// A completed record past its retention leaves a tombstone for the
+    /// store's [`tombstone`](Timings::tombstone) window: the same request is
+    /// answered [`Begin::Expired`], another [`Begin::KeyReused`], and the key
+    /// is free (a [`Claim::first`]) only once the window has passed too.
     fn begin(
         &self,
         key: &RecordKey,
@@ -426,7 +466,9 @@ pub trait Store: Send + Sync + 'static {
 /// request) rather than by the layer; after tower-sessions' `ExpiredDeletion`.
 /// Implemented with `async fn`s, as [`Store`] is.
 pub trait Maintenance: Send + Sync + 'static {
-    /// Deletes expired records; returns how many were deleted.
+    /// Deletes expired records, and reduces completed ones past their
+    /// retention to tombstones (see [`Timings::tombstone`]), which it deletes
+    /// once they expire in turn; returns how many it deleted or reduced.
     fn purge_expired(&self) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Deletes one batch of expired records, at most `limit` where the store

@@ -11,6 +11,7 @@
 //! tell their other instances through the wake-up channel they already run.
 
 use super::{Begin, FencingToken, RecordKey, StoredResponse};
+use crate::telemetry::gauges;
 use crate::Scope;
 use dashmap::DashMap;
 use std::collections::VecDeque;
@@ -166,6 +167,14 @@ fn queue_bound(live: usize) -> usize {
 /// hot entries do not compact the queue on every insert.
 const QUEUE_SLACK: usize = 64;
 
+/// A dropped store's entries leave the process's gauges.
+impl Drop for Cache {
+    fn drop(&mut self) {
+        let (bytes, live) = (*self.bytes.get_mut(), *self.live.get_mut());
+        gauges::near_cache(-(live as f64), -(bytes as f64));
+    }
+}
+
 impl Cache {
     pub(crate) fn new(config: NearCache) -> Option<Self> {
         config.is_enabled().then(|| Self {
@@ -187,15 +196,20 @@ impl Cache {
     /// The recorded answer for `key` and a request with `fingerprint`, if an
     /// unexpired entry has it.
     pub(crate) fn get(&self, key: &RecordKey, fingerprint: &[u8; 32]) -> Option<Begin> {
-        let entry = self.entries.get(key)?;
+        let Some(entry) = self.entries.get(key) else {
+            gauges::near_cache_lookup(false);
+            return None;
+        };
         if entry.expires <= Instant::now() {
             drop(entry);
             self.remove_if(key, |entry| entry.expires <= Instant::now());
+            gauges::near_cache_lookup(false);
             return None;
         }
+        gauges::near_cache_lookup(true);
         Some(
             match (&entry.fingerprint == fingerprint, &entry.completed) {
-                (false, _) => Begin::Mismatch,
+                (false, _) => Begin::KeyReused,
                 (true, Completed::Response(stored)) => Begin::Replay(stored.clone()),
                 (true, Completed::Unavailable) => Begin::ResponseUnavailable,
             },
@@ -243,9 +257,11 @@ impl Cache {
         // subtracts what was already added, so the counts never go below zero.
         self.bytes.fetch_add(bytes, Ordering::AcqRel);
         self.live.fetch_add(1, Ordering::AcqRel);
+        gauges::near_cache(1.0, bytes as f64);
         if let Some(old) = self.entries.insert(key.clone(), entry) {
             self.bytes.fetch_sub(old.bytes, Ordering::AcqRel);
             self.live.fetch_sub(1, Ordering::AcqRel);
+            gauges::near_cache(-1.0, -(old.bytes as f64));
         }
         // A purge that began meanwhile may have missed this entry: drop it.
         if self.epoch() != epoch {
@@ -288,6 +304,7 @@ impl Cache {
         });
         self.bytes.fetch_sub(freed, Ordering::AcqRel);
         self.live.fetch_sub(removed, Ordering::AcqRel);
+        gauges::near_cache(-(removed as f64), -(freed as f64));
     }
 
     /// Drops every entry: a purge whose scope is unknown here.
@@ -301,12 +318,14 @@ impl Cache {
         });
         self.bytes.fetch_sub(freed, Ordering::AcqRel);
         self.live.fetch_sub(removed, Ordering::AcqRel);
+        gauges::near_cache(-(removed as f64), -(freed as f64));
     }
 
     fn remove_if(&self, key: &RecordKey, condition: impl FnOnce(&Entry) -> bool) {
         if let Some((_, entry)) = self.entries.remove_if(key, |_, entry| condition(entry)) {
             self.bytes.fetch_sub(entry.bytes, Ordering::AcqRel);
             self.live.fetch_sub(1, Ordering::AcqRel);
+            gauges::near_cache(-1.0, -(entry.bytes as f64));
         }
     }
 
@@ -347,7 +366,7 @@ mod tests {
         let other = RecordKey::for_test("globex", "order-0001");
         cache.insert(&key, [1; 32], response("{}"), later(), 0);
         assert!(matches!(cache.get(&key, &[1; 32]), Some(Begin::Replay(_))));
-        assert!(matches!(cache.get(&key, &[2; 32]), Some(Begin::Mismatch)));
+        assert!(matches!(cache.get(&key, &[2; 32]), Some(Begin::KeyReused)));
         assert!(cache.get(&other, &[1; 32]).is_none(), "never across scopes");
         tokio::time::advance(Duration::from_secs(5)).await;
         assert!(cache.get(&key, &[1; 32]).is_none(), "the TTL bounds it");

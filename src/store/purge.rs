@@ -244,15 +244,17 @@ mod tests {
     use tokio::sync::Semaphore;
     use tokio::time::{sleep, Instant};
 
-    /// A store whose records expire one second after their completion.
+    /// A store whose records expire one second after their completion,
+    /// leaving no tombstones: a purge deletes them.
     fn store() -> MemoryStore {
         MemoryStore::builder()
             .with_retention(Duration::from_secs(1))
+            .with_tombstone(Duration::ZERO)
             .build()
     }
 
     async fn record(store: &MemoryStore, key: &str) {
-        let fp = RequestFingerprint::from(Fingerprint([7; 32]));
+        let fp = RequestFingerprint::from(Fingerprint::from_bytes([7; 32]));
         let key = RecordKey::for_test("s", key);
         let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&key, &fp).await else {
             panic!("claim");

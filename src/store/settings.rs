@@ -10,6 +10,12 @@ use crate::limits;
 use std::future::Future;
 use std::time::Duration;
 
+/// The default tombstone window: a week past the retention. Clients retry
+/// for days (queues drained after an outage, weekend batch jobs, retry
+/// schedules of up to three days), and a tombstone costs a few dozen bytes,
+/// so a week covers them with room to spare (`docs/idempotency.md`).
+pub(crate) const DEFAULT_TOMBSTONE: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// A store's durations, each clamped as it is set ([`limits`]).
 ///
 /// The job stores take the lock timeout as their lease and have no
@@ -17,14 +23,18 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Settings {
     retention: Duration,
+    /// How long a tombstone outlives the retention; zero: none.
+    tombstone: Duration,
     lock_timeout: Duration,
     operation_timeout: Duration,
 }
 
 impl Settings {
-    /// The record stores' defaults: 24 h retention, 10 s locks, 5 s operations.
+    /// The record stores' defaults: 24 h retention, 7 days of tombstones
+    /// after it, 10 s locks, 5 s operations.
     pub(crate) const RECORDS: Self = Self {
         retention: Duration::from_secs(24 * 3600),
+        tombstone: DEFAULT_TOMBSTONE,
         lock_timeout: Duration::from_secs(10),
         operation_timeout: Duration::from_secs(5),
     };
@@ -39,6 +49,12 @@ impl Settings {
     /// How long a completed record is kept: between 100 ms and 100 years.
     pub(crate) fn set_retention(&mut self, retention: Duration) {
         self.retention = limits::clamp(retention, limits::SHORTEST_RETENTION);
+    }
+
+    /// How long a tombstone outlives the retention: zero (no tombstones) to
+    /// 100 years.
+    pub(crate) fn set_tombstone(&mut self, tombstone: Duration) {
+        self.tombstone = limits::clamp(tombstone, Duration::ZERO);
     }
 
     /// How long a claim (or a job's lease) holds without an extension: between
@@ -57,6 +73,10 @@ impl Settings {
         self.retention
     }
 
+    pub(crate) fn tombstone(&self) -> Duration {
+        self.tombstone
+    }
+
     pub(crate) fn lock_timeout(&self) -> Duration {
         self.lock_timeout
     }
@@ -68,7 +88,11 @@ impl Settings {
 
     /// What a record store tells the layer ([`Store::timings`](super::Store::timings)).
     pub(crate) fn timings(&self) -> Timings {
-        Timings::new(self.lock_timeout).with_retention(self.retention)
+        let timings = Timings::new(self.lock_timeout).with_retention(self.retention);
+        match self.tombstone.is_zero() {
+            true => timings,
+            false => timings.with_tombstone(self.tombstone),
+        }
     }
 
     /// Runs `op` within the operation timeout, so that a hung backend fails
@@ -113,6 +137,10 @@ mod tests {
         settings.set_retention(Duration::ZERO);
         settings.set_lock_timeout(Duration::ZERO);
         settings.set_operation_timeout(Duration::MAX);
+        settings.set_tombstone(Duration::MAX);
+        assert_eq!(settings.tombstone(), limits::FOREVER);
+        settings.set_tombstone(Duration::ZERO);
+        assert_eq!(settings.timings().tombstone, None);
         assert_eq!(settings.retention(), limits::SHORTEST_RETENTION);
         assert_eq!(settings.lock_timeout(), limits::SHORTEST_LOCK);
         assert_eq!(settings.operation_timeout(), limits::FOREVER);

@@ -116,6 +116,7 @@ impl Shared {
         f: &'c mut fmt::DebugStruct<'a, 'b>,
     ) -> &'c mut fmt::DebugStruct<'a, 'b> {
         f.field("retention", &settings.retention())
+            .field("tombstone", &settings.tombstone())
             .field("lock_timeout", &settings.lock_timeout())
             .field("operation_timeout", &settings.operation_timeout())
     }
@@ -288,6 +289,20 @@ macro_rules! shared_setters {
         /// "forever": 100 years).
         pub fn with_retention(mut self, retention: ::std::time::Duration) -> Self {
             self.settings.set_retention(retention);
+            self
+        }
+
+        /// How long a completed key's tombstone outlives its retention (default
+        #[doc = concat!("7 days), on ", $clock, " clock: its scope, key and")]
+        /// fingerprint, without the response. Until it expires, a retry of the
+        /// same request is refused (`410 idempotency_key_expired`) instead of
+        /// running again, and another request under the key is key reuse.
+        /// `Duration::ZERO` keeps no tombstones: the key is free once the
+        /// retention has passed.
+        ///
+        /// At most 100 years.
+        pub fn with_tombstone(mut self, tombstone: ::std::time::Duration) -> Self {
+            self.settings.set_tombstone(tombstone);
             self
         }
 

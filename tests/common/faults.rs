@@ -630,7 +630,7 @@ async fn settle(what: &str, in_flight: &tower_idempotency::InFlight) {
 /// An engine operation's effect for a key, given its run's context (where a
 /// transactional engine put its transaction).
 pub type EngineEffect = Arc<
-    dyn Fn(&tower_idempotency::engine::Context, String) -> BoxFuture<'static, ()> + Send + Sync,
+    dyn Fn(&tower_idempotency::engine::RunContext, String) -> BoxFuture<'static, ()> + Send + Sync,
 >;
 
 /// One faulty `Engine::run_bytes` on a plain engine over `Faulty(inner)`,

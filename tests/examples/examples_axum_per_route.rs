@@ -145,6 +145,23 @@ async fn the_binary_traces_each_decision_with_scope_and_key_hash_never_the_key()
         ] {
             assert!(value(series) >= 1.0, "{series} in\n{text}");
         }
+        // The gauges, at zero once the requests ended (registered at start:
+        // the near cache's too, though this example's store has none).
+        for gauge in [
+            "tower_idempotency_claims_in_flight",
+            "tower_idempotency_waiting_duplicates",
+            "tower_idempotency_near_cache_entries",
+            "tower_idempotency_near_cache_bytes",
+            "tower_idempotency_near_cache_hit_ratio",
+        ] {
+            assert_eq!(value(gauge), 0.0, "{gauge} in\n{text}");
+        }
+        for operation in ["begin", "complete"] {
+            let series = format!(
+                r#"tower_idempotency_store_call_duration_seconds_count{{operation="{operation}"}}"#
+            );
+            assert!(value(&series) >= 1.0, "{series} in\n{text}");
+        }
         // A real histogram: cumulative buckets up to +Inf.
         assert!(
             text.contains(r#"tower_idempotency_request_duration_seconds_bucket{layer="idempotency",outcome="replayed",le="+Inf"}"#),
@@ -194,7 +211,13 @@ async fn the_served_openapi_document_describes_the_layer_on_each_guarded_route()
                 ],
             ),
             ("401", &["unauthorized"]),
-            ("410", &["idempotency_response_unavailable"]),
+            (
+                "410",
+                &[
+                    "idempotency_response_unavailable",
+                    "idempotency_key_expired",
+                ],
+            ),
             ("413", &["payload_too_large"]),
             ("408", &["request_timeout"]),
             ("429", &["idempotency_quota_exceeded"]),

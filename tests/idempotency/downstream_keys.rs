@@ -100,7 +100,7 @@ async fn another_store_and_the_engine_derive_the_same_keys() {
     assert_eq!(from_a, send(&b, "acme", "order-0002").await.1);
     let engine = Engine::new(MemoryStore::new());
     let key = IdempotencyKey::parse(b"order-0002").unwrap();
-    let run = |context: tower_idempotency::engine::Context| async move {
+    let run = |context: tower_idempotency::engine::RunContext| async move {
         Ok::<_, std::convert::Infallible>(Bytes::from(
             context.downstream_keys().key_for(NAME).to_string(),
         ))
@@ -121,7 +121,7 @@ async fn a_secret_keys_them_alike_on_the_layer_and_the_engine() {
     assert!(keyed.starts_with("dk1h-"), "{keyed}");
     let engine = Engine::new(MemoryStore::new()).with_downstream_secret(secret());
     let key = IdempotencyKey::parse(b"order-0003").unwrap();
-    let run = |context: tower_idempotency::engine::Context| async move {
+    let run = |context: tower_idempotency::engine::RunContext| async move {
         Ok::<_, std::convert::Infallible>(Bytes::from(
             context.downstream_keys().key_for(NAME).to_string(),
         ))

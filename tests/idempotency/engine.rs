@@ -154,7 +154,7 @@ async fn a_dead_owners_key_is_taken_over_with_a_higher_token_and_the_owner_is_fe
     let seen = Arc::new(std::sync::Mutex::new(None));
     let operation = {
         let seen = seen.clone();
-        move |context: tower_idempotency::engine::Context| async move {
+        move |context: tower_idempotency::engine::RunContext| async move {
             *seen.lock().unwrap() = Some((context.token(), context.attempt()));
             Ok::<_, std::io::Error>(Bytes::from_static(b"taken over"))
         }
@@ -300,4 +300,55 @@ async fn an_operation_and_an_http_request_never_share_a_fingerprint() {
         body,
     );
     assert_ne!(http, run);
+}
+
+/// A message redelivered after its record's retention: the engine reports
+/// `Outcome::Expired` (the tombstone) and does not run the operation again;
+/// another message under the key is still `KeyReused`.
+#[tokio::test(start_paused = true)]
+async fn a_redelivery_past_the_retention_is_expired_and_never_runs_again() {
+    let day = Duration::from_secs(24 * 3600);
+    let store = MemoryStore::builder()
+        .with_retention(day)
+        .with_tombstone(7 * day)
+        .build();
+    let engine = Engine::new(store);
+    let scope = Scope::new("payments");
+    let runs = Arc::new(AtomicUsize::new(0));
+    let charge = |runs: Arc<AtomicUsize>| {
+        move |_| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(Bytes::from_static(b"charged"))
+        }
+    };
+    let k = key("msg-late-0001");
+    let first = engine
+        .run_bytes(
+            &scope,
+            &k,
+            Identity::Bytes(b"order 42"),
+            charge(runs.clone()),
+        )
+        .await;
+    assert!(matches!(first, Ok(Outcome::Executed(_))));
+    tokio::time::advance(2 * day).await;
+    let late = engine
+        .run_bytes(
+            &scope,
+            &k,
+            Identity::Bytes(b"order 42"),
+            charge(runs.clone()),
+        )
+        .await;
+    assert!(matches!(late, Ok(Outcome::Expired)), "{late:?}");
+    let other = engine
+        .run_bytes(
+            &scope,
+            &k,
+            Identity::Bytes(b"order 43"),
+            charge(runs.clone()),
+        )
+        .await;
+    assert!(matches!(other, Ok(Outcome::KeyReused)), "{other:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
 }

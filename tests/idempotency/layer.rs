@@ -719,7 +719,7 @@ async fn refusals_are_typed_in_extensions_and_shaped_by_one_hook() {
         [
             (unscoped(post(Some(KEY), ORDER)), Refusal::Unauthorized),
             (post(None, ORDER), Refusal::KeyRequired),
-            (post(Some(KEY), "{}"), Refusal::KeyReuse),
+            (post(Some(KEY), "{}"), Refusal::KeyReused),
         ]
     };
     // The default answer: JSON, with the typed refusal beside it.

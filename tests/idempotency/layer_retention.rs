@@ -179,3 +179,61 @@ async fn a_streamed_recorded_answer_carries_it_in_its_head() {
     assert_eq!(retention(&replay), Some("7200"), "{replay:?}");
     assert_eq!(runs.get(), 1);
 }
+
+/// A retry two days late, past the retention (24 h): the record is gone, its
+/// tombstone is not, so the same request is refused with `410
+/// idempotency_key_expired` (its own problem type) and the handler does not
+/// run a second time; another body under the key is key reuse. Once the
+/// tombstone window has passed too, the key is free; with tombstones off, the
+/// late retry runs again.
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_the_retention_is_refused_as_expired_and_never_runs_again() {
+    let day = Duration::from_secs(24 * 3600);
+    let store = MemoryStore::builder()
+        .with_retention(day)
+        .with_tombstone(7 * day)
+        .build();
+    let layer =
+        IdempotencyLayer::new(store).with_error_format(tower_idempotency::ErrorFormat::Problem);
+    let runs = Runs::default();
+    let svc = layer.layer(handler(&runs, order));
+    send(&svc, post(KEY, r#"{"cents":4200}"#))
+        .await
+        .assert_order(1, false);
+
+    tokio::time::advance(2 * day).await;
+    for _ in 0..2 {
+        let late = send(&svc, post(KEY, r#"{"cents":4200}"#)).await;
+        assert_eq!(late.status, StatusCode::GONE, "{late:?}");
+        let body = late.json();
+        assert_eq!(body["code"], "idempotency_key_expired");
+        assert_eq!(
+            body["type"],
+            tower_idempotency::Refusal::KeyExpired.problem_type()
+        );
+        assert_ne!(
+            body["type"],
+            tower_idempotency::Refusal::ResponseUnavailable.problem_type()
+        );
+        assert!(late.headers.get(http::header::RETRY_AFTER).is_none());
+    }
+    let other = send(&svc, post(KEY, r#"{"cents":9900}"#)).await;
+    assert_eq!(other.json()["code"], "idempotency_key_reuse", "{other:?}");
+    assert_eq!(runs.get(), 1, "the handler ran once");
+
+    tokio::time::advance(6 * day).await;
+    send(&svc, post(KEY, r#"{"cents":4200}"#))
+        .await
+        .assert_order(2, false);
+
+    // Tombstones off: the same late retry runs again.
+    let off = MemoryStore::builder()
+        .with_retention(day)
+        .with_tombstone(Duration::ZERO)
+        .build();
+    let runs = Runs::default();
+    let svc = IdempotencyLayer::new(off).layer(handler(&runs, order));
+    send(&svc, post(KEY, "{}")).await.assert_order(1, false);
+    tokio::time::advance(2 * day).await;
+    send(&svc, post(KEY, "{}")).await.assert_order(2, false);
+}

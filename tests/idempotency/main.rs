@@ -8,6 +8,8 @@
 // The helpers they share are the tests package's library
 // (`tower_idempotency_tests`, in tests/common/).
 
+#[cfg(feature = "admin")]
+mod admin_router;
 mod axum_routing;
 mod downstream_keys;
 mod engine;

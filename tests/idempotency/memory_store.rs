@@ -17,12 +17,14 @@ async fn memory_store(d: Durations) -> Option<MemoryStore> {
         MemoryStore::builder()
             .with_lock_timeout(d.lock)
             .with_retention(d.retention)
+            .with_tombstone(d.tombstone)
             .build(),
     )
 }
 
 // Records never leave the process: compared by their local digests.
 tower_idempotency::store_conformance_tests!(memory_store, in_process);
+tower_idempotency::store_conformance_tests!(inspect: memory_store);
 tower_idempotency::engine_conformance_tests!(memory_store);
 
 #[tokio::test]
@@ -57,6 +59,7 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_secs(10))
+        .with_tombstone(Duration::ZERO)
         .with_capacity(NonZeroUsize::new(1_000).unwrap())
         .build();
     let fp = conformance::fingerprint("a");
@@ -91,6 +94,68 @@ async fn expired_records_are_evicted_in_bounded_steps_without_a_sweep() {
         "old records were evicted: {}",
         store.len()
     );
+}
+
+/// Completed records past their retention become tombstones, which count
+/// against the capacity like records (a store full of them refuses new keys
+/// rather than forgetting that those keys ran), answer their own requests
+/// `Expired`, and are evicted in bounded steps once their window passes.
+#[tokio::test(start_paused = true)]
+async fn tombstones_count_against_the_capacity_and_are_evicted_after_their_window() {
+    let store = MemoryStore::builder()
+        .with_lock_timeout(Duration::from_secs(1))
+        .with_retention(Duration::from_secs(10))
+        .with_tombstone(Duration::from_secs(20))
+        .with_capacity(NonZeroUsize::new(1_000).unwrap())
+        .build();
+    let fp = conformance::fingerprint("a");
+    let key = |i: usize| conformance::record("s", &format!("key-{i:08}"));
+    for i in 0..1_000 {
+        let Ok(Begin::Claimed(Claim { token, .. })) = store.begin(&key(i), &fp).await else {
+            panic!("claim");
+        };
+        let response = Completion::Response(conformance::response(b"x"));
+        store.complete(&key(i), token, response).await.unwrap();
+    }
+    tokio::time::advance(Duration::from_secs(11)).await;
+    let fresh = conformance::record("s", "key-fresh-01");
+    assert!(matches!(
+        store.begin(&fresh, &fp).await,
+        Err(StoreError::Backend(e)) if e.downcast_ref::<tower_idempotency::store::MemoryStoreError>().is_some()
+    ));
+    assert_eq!(store.len(), 1_000, "every record left its tombstone");
+    for i in [0, 500, 999] {
+        assert!(matches!(
+            store.begin(&key(i), &fp).await,
+            Ok(Begin::Expired)
+        ));
+        let other = conformance::fingerprint("b");
+        assert!(matches!(
+            store.begin(&key(i), &other).await,
+            Ok(Begin::KeyReused)
+        ));
+    }
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert!(matches!(
+        store.begin(&fresh, &fp).await,
+        Ok(Begin::Claimed(_))
+    ));
+    assert!(store.len() < 1_000);
+    for i in 0..200 {
+        store
+            .begin(&conformance::record("t", &format!("key-{i:08}")), &fp)
+            .await
+            .unwrap();
+    }
+    assert!(
+        store.len() <= 201,
+        "tombstones were evicted: {}",
+        store.len()
+    );
+    assert!(matches!(
+        store.begin(&key(999), &fp).await,
+        Ok(Begin::Claimed(_))
+    ));
 }
 
 #[tokio::test(start_paused = true)]

@@ -50,6 +50,7 @@ async fn panic_store(d: Durations) -> Option<Faulty<MemoryStore>> {
     let store = MemoryStore::builder()
         .with_lock_timeout(d.lock)
         .with_retention(d.retention)
+        .with_tombstone(d.tombstone)
         .build();
     Some(Faulty {
         inner: store,

@@ -294,7 +294,7 @@ async fn child_worker(store: PostgresJobStore) {
     else {
         panic!("expected a new job");
     };
-    println!("{MARK}job {} token {}", job.id, grant.token.0);
+    println!("{MARK}job {} token {}", job.id, grant.token.get());
     let lease = Lease::new(std::sync::Arc::new(store), grant);
     let worker = lease.spawn_worker(|lease| async move {
         for seq in 0.. {
@@ -414,11 +414,11 @@ async fn a_killed_worker_process_job_is_stolen_after_expiry_and_finished_once() 
         panic!("expected a steal after expiry");
     };
     assert_eq!(stolen.id, job_id);
-    assert!(grant.token.0 > dead_token);
+    assert!(grant.token.get() > dead_token);
     let dead = tower_idempotency::lease::store::LeaseGrant {
         job_id: job_id.clone(),
         owner: "doomed-worker".into(),
-        token: tower_idempotency::store::FencingToken(dead_token),
+        token: tower_idempotency::store::FencingToken::new(dead_token),
     };
     assert!(matches!(
         store.append(&dead, 99, Bytes::from_static(b"x")).await,
@@ -620,7 +620,8 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
             ("jobs".into(), 4),
             ("records".into(), 1),
             ("records".into(), 2),
-            ("records".into(), 3)
+            ("records".into(), 3),
+            ("records".into(), 4)
         ]
     );
     // Both work in the new schema.

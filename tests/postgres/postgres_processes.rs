@@ -382,14 +382,14 @@ async fn killed_owner_blocks_until_its_lock_expires_then_runs_once_and_is_fenced
         store
             .complete(
                 &record,
-                FencingToken(dead_token),
+                FencingToken::new(dead_token),
                 Completion::Response(late)
             )
             .await,
         Err(StoreError::ClaimLost)
     ));
     store
-        .release(&record, FencingToken(dead_token))
+        .release(&record, FencingToken::new(dead_token))
         .await
         .unwrap();
     let after = post_order(&client, survivor.addr, key, None).await.unwrap();

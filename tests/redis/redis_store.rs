@@ -29,13 +29,16 @@ mod standalone {
         let url = r::url("redis_store conformance")?;
         Some(
             r::standalone(&url, |s| {
-                s.with_lock_timeout(d.lock).with_retention(d.retention)
+                s.with_lock_timeout(d.lock)
+                    .with_retention(d.retention)
+                    .with_tombstone(d.tombstone)
             })
             .await,
         )
     }
 
     tower_idempotency::store_conformance_tests!(redis_store, expires_by_itself);
+    tower_idempotency::store_conformance_tests!(inspect: redis_store);
     tower_idempotency::engine_conformance_tests!(redis_store);
 }
 
@@ -46,13 +49,16 @@ mod cluster {
         let nodes = r::cluster("redis_cluster_store conformance")?;
         Some(
             r::on_cluster(&nodes, |s| {
-                s.with_lock_timeout(d.lock).with_retention(d.retention)
+                s.with_lock_timeout(d.lock)
+                    .with_retention(d.retention)
+                    .with_tombstone(d.tombstone)
             })
             .await,
         )
     }
 
     tower_idempotency::store_conformance_tests!(redis_cluster_store, expires_by_itself);
+    tower_idempotency::store_conformance_tests!(inspect: redis_cluster_store);
     tower_idempotency::engine_conformance_tests!(redis_cluster_store);
 }
 
@@ -536,4 +542,84 @@ async fn a_gzip_answer_replays_with_its_content_encoding_whatever_the_allow_list
     let store = r::standalone(&url, |s| s).await;
     tower_idempotency_tests::representation::a_gzip_answer_replays_with_its_content_encoding(store)
         .await;
+}
+
+/// A completed record leaves a tombstone key beside it (the fingerprint and
+/// the scope in a short string with its own TTL): `MEMORY USAGE` of it is
+/// printed for `docs/benchmarks.md` (`--nocapture`). Past the retention it
+/// answers `Expired` while the record (and its response) is gone, and
+/// `purge_scope` erases it with the scope's records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tombstone_is_a_small_key_of_its_own_and_is_erased_with_its_scope() {
+    let Some(url) = r::url("tombstone key") else {
+        return;
+    };
+    let prefix = r::unique_prefix("tomb");
+    let store = RedisStore::builder()
+        .with_prefix(prefix.parse().unwrap())
+        .with_retention(Duration::from_millis(500))
+        .with_tombstone(Duration::from_secs(3600))
+        .connect(&url)
+        .await
+        .unwrap();
+    // A key as clients send them (a UUID) and a response of a kilobyte.
+    let key = record("tenant-0001", "0b7c8f3e-7d2a-4c1e-9f65-2a1d3c4b5e6f");
+    let fp = fingerprint("charge 42");
+    let Begin::Claimed(Claim { token, .. }) = store.begin(&key, &fp).await.unwrap() else {
+        panic!("fresh key");
+    };
+    let mut stored = response(b"");
+    stored.body = Bytes::from(vec![b'x'; 1024]);
+    store
+        .complete(&key, token, Completion::Response(stored))
+        .await
+        .unwrap();
+    let mut conn = r::connection(&url).await;
+    let names: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{prefix}:*"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let named = |part: &str| names.iter().find(|n| n.contains(part)).cloned().unwrap();
+    let (record_name, tombstone_name) = (named(":r:"), named(":x:"));
+    let usage = |name: String| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(name)
+                .query_async::<i64>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let record_bytes = usage(record_name).await;
+    let tombstone_bytes = usage(tombstone_name.clone()).await;
+    println!(
+        "Redis: {tombstone_bytes} bytes per tombstone key of {} bytes (MEMORY USAGE; the \
+         record beside it, with a 1 KiB response: {record_bytes} bytes)",
+        tombstone_name.len()
+    );
+    // Beyond its name: the fingerprint, the scope, and Redis's own overhead.
+    let overhead = tombstone_bytes - tombstone_name.len() as i64;
+    assert!(overhead < 128, "{overhead} bytes beside the name");
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&tombstone_name)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        ttl > 3_500_000,
+        "kept for the retention and the window: {ttl} ms"
+    );
+
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(matches!(store.begin(&key, &fp).await, Ok(Begin::Expired)));
+    let scope = tower_idempotency::Scope::new("tenant-0001");
+    let purged = tower_idempotency::store::Maintenance::purge_scope(&store, &scope).await;
+    assert_eq!(purged.unwrap(), 1);
+    assert!(matches!(
+        store.begin(&key, &fp).await,
+        Ok(Begin::Claimed(_))
+    ));
 }

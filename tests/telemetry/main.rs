@@ -50,6 +50,9 @@ impl<S: Subscriber + for<'a> LookupSpan<'a>> tracing_subscriber::Layer<S> for Ca
     fn on_event(&self, event: &Event<'_>, ctx: Context<'_, S>) {
         let mut fields = HashMap::new();
         event.record(&mut Fields(&mut fields));
+        let meta = event.metadata();
+        fields.insert("@level".to_owned(), meta.level().to_string());
+        fields.insert("@target".to_owned(), meta.target().to_owned());
         if let Some(span) = ctx.event_span(event) {
             if let Some(span_fields) = self.spans.lock().unwrap().get(&span.id().into_u64()) {
                 for (k, v) in span_fields {
@@ -119,7 +122,7 @@ async fn every_decision_is_traced_with_scope_key_hash_and_outcome_never_the_key(
         .collect();
     assert_eq!(
         outcomes,
-        ["claimed", "replayed", "reused", "released", "rejected"]
+        ["claimed", "replayed", "key_reused", "released", "rejected"]
     );
     let first = &events[0];
     assert_eq!(first["span.scope"], "merchant_7");
@@ -234,4 +237,82 @@ async fn a_2xx_the_policy_does_not_record_is_warned_once_per_route() {
         message.contains(".with_record_policy(RecordSuccess)"),
         "{message}"
     );
+}
+
+/// An operator's release is audited at `WARN`: who asked, the scope, the
+/// key's keyed hash (the one the request spans carry, never the key) and
+/// the outcome; a refused release (a stale token) is audited too.
+#[tokio::test]
+async fn an_operator_release_is_audited_at_warn_with_actor_scope_and_key_hash_never_the_key() {
+    use tower_idempotency::fingerprint::Fingerprint;
+    use tower_idempotency::store::{Begin, Inspect, RecordKey, Release, Store};
+    use tower_idempotency::IdempotencyKey;
+
+    let capture = Capture::default();
+    let subscriber = tracing_subscriber::registry().with(capture.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    // A short lock: the stuck claim below becomes releasable (its owner
+    // missed half a lock of keep-alive beats) within the test.
+    let lock = std::time::Duration::from_millis(200);
+    let store = MemoryStore::builder().with_lock_timeout(lock).build();
+    let secret_key = "stuck-key-0123456789";
+    // A request through the layer, for the key hash its span carries.
+    let svc = IdempotencyLayer::new(store.clone()).layer(service_fn(
+        |_req: Request<Full<Bytes>>| async move {
+            Ok::<_, Infallible>(Response::new(Full::new(Bytes::new())))
+        },
+    ));
+    svc.oneshot(request(secret_key, "{}")).await.unwrap();
+    let span_hash = capture.events.lock().unwrap()[0]["span.key_hash"].clone();
+
+    let key = RecordKey::new(
+        Scope::new("merchant_8"),
+        IdempotencyKey::parse(secret_key.as_bytes()).unwrap(),
+    );
+    let Ok(Begin::Claimed(claim)) = store
+        .begin(&key, &Fingerprint::from_bytes([3; 32]).into())
+        .await
+    else {
+        panic!("claim");
+    };
+    capture.events.lock().unwrap().clear();
+    let stale = tower_idempotency::store::FencingToken::new(claim.token.get() + 1);
+    assert_eq!(
+        store.release_stuck(&key, stale, "bob@ops").await.unwrap(),
+        Release::NotOwner
+    );
+    tokio::time::sleep(lock / 2 + lock / 4).await;
+    assert_eq!(
+        store
+            .release_stuck(&key, claim.token, "alice@ops")
+            .await
+            .unwrap(),
+        Release::Released
+    );
+
+    let events = capture.events.lock().unwrap().clone();
+    let audits: Vec<_> = events
+        .iter()
+        .filter(|e| e["@target"] == "tower_idempotency::audit")
+        .collect();
+    assert_eq!(audits.len(), 2, "{events:?}");
+    for (audit, (actor, outcome)) in audits
+        .iter()
+        .zip([("bob@ops", "not_owner"), ("alice@ops", "released")])
+    {
+        assert_eq!(audit["@level"], "WARN");
+        assert_eq!(audit["actor"], actor);
+        assert_eq!(audit["outcome"], outcome);
+        assert_eq!(audit["scope"], "merchant_8");
+        assert_eq!(audit["key_hash"], span_hash, "the spans' keyed hash");
+    }
+    for event in &events {
+        for value in event.values() {
+            assert!(
+                !value.contains(secret_key),
+                "the key is never logged: {event:?}"
+            );
+        }
+    }
 }

@@ -1,5 +1,5 @@
 //! Per-route opt-in with axum, behind a tower-http auth layer that sets the
-//! scope, with tracing output, (feature `metrics`) counters and (feature
+//! scope, with tracing output, (feature `metrics`) counters and gauges and (feature
 //! `utoipa`) its OpenAPI document.
 //!
 //! Three ways to put `IdempotencyLayer` on some routes only:
@@ -40,6 +40,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use tower_http::validate_request::ValidateRequestHeaderLayer;
+use tower_idempotency::store::purge::PurgeTask;
 use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 /// How many times each handler ran (the tests check "once").
@@ -250,8 +251,9 @@ pub fn openapi(layer: &IdempotencyLayer) -> utoipa::openapi::OpenApi {
     api
 }
 
-/// The process's Prometheus recorder (installed once): the layer's counters,
-/// and its latency histogram with buckets from 50 µs to 1 s.
+/// The process's Prometheus recorder (installed once): the layer's counters
+/// and gauges, its latency histogram and the store calls' (buckets from
+/// 50 µs to 1 s).
 #[cfg(feature = "metrics")]
 pub fn prometheus() -> &'static metrics_exporter_prometheus::PrometheusHandle {
     use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
@@ -259,16 +261,27 @@ pub fn prometheus() -> &'static metrics_exporter_prometheus::PrometheusHandle {
 
     static HANDLE: OnceLock<metrics_exporter_prometheus::PrometheusHandle> = OnceLock::new();
     HANDLE.get_or_init(|| {
-        PrometheusBuilder::new()
+        let buckets = [
+            0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
+        ];
+        let handle = PrometheusBuilder::new()
             .set_buckets_for_metric(
                 Matcher::Full("tower_idempotency_request_duration_seconds".into()),
-                &[
-                    0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0,
-                ],
+                &buckets,
             )
+            .and_then(|b| {
+                b.set_buckets_for_metric(
+                    Matcher::Full("tower_idempotency_store_call_duration_seconds".into()),
+                    &buckets,
+                )
+            })
             .expect("the buckets are not empty")
             .install_recorder()
-            .expect("no other metrics recorder is installed")
+            .expect("no other metrics recorder is installed");
+        // The gauges (claims in flight, waiting duplicates, near cache) show
+        // at zero before the first request moves them.
+        tower_idempotency::telemetry::describe_metrics();
+        handle
     })
 }
 
@@ -279,8 +292,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     prometheus();
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3002".into());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
-    let app = app(MemoryStore::new(), Arc::default());
+    let store = MemoryStore::new();
+    // Expired records leave memory in the background, not only when a claim
+    // happens by; stopped at shutdown.
+    let purge = PurgeTask::new(store.clone()).spawn()?;
+    let app = app(store, Arc::default());
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    purge.shutdown().await;
     Ok(())
 }

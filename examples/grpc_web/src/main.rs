@@ -60,6 +60,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use tonic::{Request, Status};
 use tower::{Service, ServiceBuilder};
+use tower_idempotency::store::purge::PurgeTask;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Refusal, Refused, Scope};
 
 /// `orders.v1.CreateOrderRequest`.
@@ -150,9 +151,14 @@ fn grpc_success(parts: &http::response::Parts) -> bool {
 
 /// The whole stack as an axum router; `created` counts the orders created.
 pub fn app(created: Arc<AtomicU64>) -> Router {
+    app_with_store(MemoryStore::new(), created)
+}
+
+/// [`app`] on `store`, which the caller keeps (for its purge task).
+pub fn app_with_store(store: MemoryStore, created: Arc<AtomicU64>) -> Router {
     let grpc_web = ServiceBuilder::new()
         .layer(
-            IdempotencyLayer::new(MemoryStore::new())
+            IdempotencyLayer::new(store)
                 .with_scope(tenant_from_metadata)
                 .with_record_policy(grpc_success)
                 .with_refusal_response(refusal_as_grpc_status),
@@ -171,7 +177,9 @@ fn refusal_as_grpc_status(refused: &Refused, _json: Response<Bytes>) -> Response
         Refusal::PayloadTooLarge | Refusal::QuotaExceeded => tonic::Code::ResourceExhausted,
         Refusal::BodyTimeout => tonic::Code::DeadlineExceeded,
         Refusal::InProgress => tonic::Code::Aborted,
-        Refusal::KeyReuse | Refusal::ResponseUnavailable => tonic::Code::FailedPrecondition,
+        Refusal::KeyReused | Refusal::ResponseUnavailable | Refusal::KeyExpired => {
+            tonic::Code::FailedPrecondition
+        }
         Refusal::StoreUnavailable | Refusal::Overloaded => tonic::Code::Unavailable,
         Refusal::HandlerFailed => tonic::Code::Internal,
         _ => tonic::Code::Unknown,
@@ -232,6 +240,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bind = std::env::var("BIND").unwrap_or_else(|_| "127.0.0.1:3004".into());
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, app(Arc::default())).await?;
+    let store = MemoryStore::new();
+    // Expired records leave memory in the background, not only when a claim
+    // happens by; stopped at shutdown.
+    let purge = PurgeTask::new(store.clone()).spawn()?;
+    axum::serve(listener, app_with_store(store, Arc::default()))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
+    purge.shutdown().await;
     Ok(())
 }

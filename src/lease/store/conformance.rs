@@ -486,7 +486,7 @@ pub async fn a_foreign_worker_cannot_write<S: FullJobStore>(store: S) {
         Err(LeaseError::NotOwner)
     ));
     let forged = LeaseGrant {
-        token: crate::store::FencingToken(grant.token.0 + 1_000),
+        token: crate::store::FencingToken::new(grant.token.get() + 1_000),
         ..grant.clone()
     };
     assert!(matches!(

@@ -174,7 +174,7 @@ impl MemoryJobStoreBuilder {
 
 impl State {
     fn grant(&mut self, entry_id: &str, owner: &str, expires: Instant) -> LeaseGrant {
-        let token = FencingToken(self.next_token);
+        let token = FencingToken::new(self.next_token);
         self.next_token += 1;
         let entry = self
             .jobs
@@ -367,7 +367,7 @@ impl JobStore for MemoryJobStore {
             id.clone(),
             Entry {
                 job,
-                token: FencingToken(0),
+                token: FencingToken::new(0),
                 lease_expires: expires,
                 period_start: today,
                 chunks: Vec::new(),

@@ -223,7 +223,7 @@ fn decode_grant(row: &Row, job: &Job) -> Result<LeaseGrant, JobStoreError> {
     Ok(LeaseGrant {
         job_id: job.id.clone(),
         owner: job.lease_owner.clone().unwrap_or_default(),
-        token: FencingToken(row.try_get("lease_token").map_err(backend)?),
+        token: FencingToken::new(row.try_get("lease_token").map_err(backend)?),
     })
 }
 
@@ -395,7 +395,7 @@ impl JobStore for PostgresJobStore {
                     .query_one(&sql.acquire, &[&job_id, &owner, &takeover, &expired])
                     .await
                     .map_err(backend)?;
-                let token = FencingToken(row.try_get("lease_token").map_err(backend)?);
+                let token = FencingToken::new(row.try_get("lease_token").map_err(backend)?);
                 tx.commit().await.map_err(backend)?;
                 Ok(Some(LeaseGrant {
                     job_id: job_id.to_owned(),
@@ -411,7 +411,7 @@ impl JobStore for PostgresJobStore {
             .settings
             .timed(OPERATION, async {
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 3] =
-                    [&lease.job_id, &lease.owner, &lease.token.0];
+                    [&lease.job_id, &lease.owner, &lease.token.get()];
                 if self
                     .query(&self.inner.sql.heartbeat, &params)
                     .await?
@@ -437,7 +437,7 @@ impl JobStore for PostgresJobStore {
                     i64::try_from(seq).map_err(|_| LeaseError::SequenceGap { expected: 0 })?;
                 let data: &[u8] = &chunk;
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
-                    [&lease.job_id, &lease.owner, &lease.token.0, &seq, &data];
+                    [&lease.job_id, &lease.owner, &lease.token.get(), &seq, &data];
                 let rows = self.query(&self.inner.sql.append, &params).await?;
                 let Some(row) = rows.first() else {
                     return Err(self.refusal(lease, LeaseError::LeaseLost).await);
@@ -465,7 +465,7 @@ impl JobStore for PostgresJobStore {
             .timed(OPERATION, async {
                 let data: &[u8] = &artifact;
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                    [&lease.job_id, &lease.owner, &lease.token.0, &data];
+                    [&lease.job_id, &lease.owner, &lease.token.get(), &data];
                 let rows = self.query(&self.inner.sql.finalize, &params).await?;
                 match rows.first() {
                     Some(row) => Ok(row.try_get("artifact_id").map_err(backend)?),
@@ -480,7 +480,7 @@ impl JobStore for PostgresJobStore {
             .settings
             .timed(OPERATION, async {
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                    [&lease.job_id, &lease.owner, &lease.token.0, &code];
+                    [&lease.job_id, &lease.owner, &lease.token.get(), &code];
                 if self.query(&self.inner.sql.fail, &params).await?.is_empty() {
                     return Err(self.refusal(lease, LeaseError::NotOwner).await);
                 }

@@ -50,6 +50,7 @@ impl std::fmt::Debug for MemoryStoreBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MemoryStoreBuilder")
             .field("retention", &self.settings.retention())
+            .field("tombstone", &self.settings.tombstone())
             .field("lock_timeout", &self.settings.lock_timeout())
             .field("capacity", &self.capacity)
             .field("scope_quota", &self.scope_quota)
@@ -62,6 +63,20 @@ impl MemoryStoreBuilder {
     /// between 100 ms and 100 years (`Duration::MAX` means "forever": 100 years).
     pub fn with_retention(mut self, retention: Duration) -> Self {
         self.settings.set_retention(retention);
+        self
+    }
+
+    /// How long a completed key's tombstone outlives its retention (default
+    /// 7 days): its scope, key and local digest, packed without the response
+    /// (about a hundred bytes with its map slot). Until it expires, a retry of
+    /// the same request is refused (`410 idempotency_key_expired`) instead of
+    /// running again, and another request under the key is key reuse.
+    /// `Duration::ZERO` keeps no tombstones: the key is free once the retention
+    /// has passed. Tombstones count against the
+    /// [capacity](Self::with_capacity) and the [scope quota](Self::with_scope_quota)
+    /// like records. At most 100 years.
+    pub fn with_tombstone(mut self, tombstone: Duration) -> Self {
+        self.settings.set_tombstone(tombstone);
         self
     }
 

@@ -20,6 +20,12 @@
 //!                        varint value length, value
 //! body                   the rest
 //! ```
+//!
+//! A tombstone (a completed record past its retention, see
+//! [`MemoryStoreBuilder::with_tombstone`](super::MemoryStoreBuilder::with_tombstone))
+//! is the same buffer cut after the key: the digest and the identity, no
+//! status, no response. A response always has its status after the key, so
+//! the two never read alike.
 
 use crate::fingerprint::LocalDigest;
 use crate::store::{RecordKey, StoredResponse};
@@ -88,6 +94,44 @@ pub(super) fn pack(
     w.put(&response.body);
     debug_assert_eq!(w.pos, len);
     Ok(packed)
+}
+
+/// The tombstone of `key`'s record claimed by `local`: its digest and
+/// identity only.
+pub(super) fn tombstone(key: &RecordKey, local: LocalDigest) -> Arc<[u8]> {
+    let (scope, id) = (
+        key.scope().as_str().as_bytes(),
+        key.key().as_str().as_bytes(),
+    );
+    let len = DIGEST_LEN
+        + varint_len(scope.len() as u64)
+        + scope.len()
+        + varint_len(id.len() as u64)
+        + id.len();
+    let mut packed: Arc<[u8]> = std::iter::repeat_n(0, len).collect();
+    let buf = Arc::get_mut(&mut packed).expect("a new Arc is unique");
+    let mut w = Writer { buf, pos: 0 };
+    w.put(&local.to_bytes());
+    w.put_bytes(scope);
+    w.put_bytes(id);
+    debug_assert_eq!(w.pos, len);
+    packed
+}
+
+/// The tombstone of the completed record `packed`: its first part, copied.
+pub(super) fn tombstone_of(packed: &[u8]) -> Arc<[u8]> {
+    let mut r = Reader::after_digest(packed);
+    r.bytes();
+    r.bytes();
+    Arc::from(&packed[..r.pos])
+}
+
+/// Whether `packed` is a tombstone: nothing after the identity.
+pub(super) fn is_tombstone(packed: &[u8]) -> bool {
+    let mut r = Reader::after_digest(packed);
+    r.bytes();
+    r.bytes();
+    r.pos == packed.len()
 }
 
 /// Whether `HeaderValue::from_bytes` accepts `value` (visible ASCII, obs-text
@@ -389,6 +433,29 @@ mod tests {
         };
         let back = pack(&record("s", "12345678"), ZERO, response.clone());
         assert_eq!(back.unwrap_err(), response);
+    }
+
+    #[test]
+    fn a_tombstone_keeps_the_identity_and_digest_only() {
+        let key = record("acme", "order-0001");
+        let local = LocalDigest::from_bytes([7; 16]);
+        let response = StoredResponse {
+            status: StatusCode::CREATED,
+            headers: Vec::new(),
+            body: Bytes::from_static(b"done"),
+        };
+        let packed = pack(&key, local, response).unwrap();
+        assert!(!is_tombstone(&packed));
+        let tomb = tombstone_of(&packed);
+        assert_eq!(tomb, tombstone(&key, local));
+        assert!(is_tombstone(&tomb));
+        assert!(is_record_of(&tomb, &key) && !is_record_of(&tomb, &record("acme", "order-0002")));
+        assert_eq!(
+            (super::local(&tomb), scope_of(&tomb)),
+            (local, &b"acme"[..])
+        );
+        // The digest, two lengths, the scope and the key: nothing else.
+        assert_eq!(tomb.len(), 16 + 1 + 4 + 1 + 10);
     }
 
     #[test]

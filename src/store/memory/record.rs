@@ -64,7 +64,7 @@ pub(super) struct Ids(Key);
 
 impl Ids {
     pub(super) fn new() -> Self {
-        Self(crate::fingerprint::random_key())
+        Self(crate::random::hash_key())
     }
 
     pub(super) fn of(&self, key: &RecordKey) -> Id {
@@ -186,6 +186,10 @@ pub(super) enum Answer {
     Replay(Arc<StoredResponse>),
     InProgress,
     Unavailable,
+    /// A tombstone: ran before, its record expired.
+    Expired,
+    /// Another request's record.
+    KeyReused,
 }
 
 impl Claim {
@@ -256,6 +260,7 @@ impl Record {
     /// The answer to a request with this record's digest.
     pub(super) fn answer(&self) -> Answer {
         match &self.state {
+            State::Packed(packed) if packed::is_tombstone(packed) => Answer::Expired,
             State::Packed(packed) => Answer::Packed(packed.clone()),
             State::Cold(cold) => match &**cold {
                 Cold::Claim(_) => Answer::InProgress,
@@ -265,11 +270,31 @@ impl Record {
         }
     }
 
+    /// The tombstone this completed record leaves once its retention has
+    /// passed: `None` for a claim, and for a tombstone already.
+    pub(super) fn tombstone(&self) -> Option<Arc<[u8]>> {
+        match &self.state {
+            State::Packed(packed) if packed::is_tombstone(packed) => None,
+            State::Packed(packed) => Some(packed::tombstone_of(packed)),
+            State::Cold(cold) => match &**cold {
+                Cold::Claim(_) => None,
+                Cold::Large(large) => Some(packed::tombstone(&large.key, large.local)),
+                Cold::Unavailable(key, local) => Some(packed::tombstone(key, *local)),
+            },
+        }
+    }
+
     /// Wakes the waiters of a claim that is gone (removed or replaced).
     pub(super) fn notify_if_claim(&self) {
         if let Some(cold) = self.in_progress() {
             cold.notify();
         }
+    }
+}
+
+impl Large {
+    pub(super) fn response(&self) -> &StoredResponse {
+        &self.response
     }
 }
 

@@ -63,6 +63,7 @@ impl PostgresStoreBuilder {
                 table: "idempotency_records".to_owned(),
                 listener: None,
                 near_cache: NearCache::default(),
+                colliding_key_locks: false,
             },
         }
     }
@@ -109,6 +110,14 @@ impl PostgresStoreBuilder {
         <T::TlsConnect as TlsConnect<Socket>>::Future: Send,
     {
         self.config.listener = Some(listener_connect(config, tls));
+        self
+    }
+
+    /// Tests only: every key of a scope shares one advisory lock, as if all
+    /// their hashes collided (a collision must only make a key wait).
+    #[doc(hidden)]
+    pub fn with_colliding_key_locks(mut self) -> Self {
+        self.config.colliding_key_locks = true;
         self
     }
 

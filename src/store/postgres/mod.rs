@@ -157,12 +157,17 @@ struct Config {
     table: String,
     listener: Option<ListenerConnect>,
     near_cache: NearCache,
+    /// Tests only: every key of a scope shares one advisory lock.
+    colliding_key_locks: bool,
 }
 
 /// The counters of PostgreSQL's own steps (the shared ones are in [`Shared`]).
 #[derive(Default)]
 struct Stats {
     begin_retries: AtomicU64,
+    /// A transactional claim found its transaction not READ COMMITTED: its
+    /// claims are rows written in the transaction from then on.
+    row_claims: std::sync::atomic::AtomicBool,
     begins_followed: AtomicU64,
     begins_shared: AtomicU64,
 }
@@ -277,6 +282,8 @@ impl PostgresStore {
             &channel,
             settings.lock_timeout(),
             settings.retention(),
+            config.colliding_key_locks,
+            settings.tombstone(),
         );
         Self {
             inner: Arc::new(Inner {
@@ -371,9 +378,10 @@ fn decode_begin(row: &Row) -> Result<Begin, StoreError> {
                 body: Bytes::from(body),
             }))
         }
-        "mismatch" => Begin::Mismatch,
+        "mismatch" => Begin::KeyReused,
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
+        "expired" => Begin::Expired,
         other => return Err(backend(format!("unexpected begin outcome {other:?}"))),
     })
 }
@@ -438,6 +446,21 @@ impl Inner {
         let statement = self.prepare(client, sql).await?;
         self.count_round_trips(1);
         client.execute(&statement, params).await.map_err(backend)
+    }
+
+    /// Runs `sql`, whose one row is a count (a purge's rows changed).
+    async fn count(
+        &self,
+        client: &Object,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let rows = self.query(client, sql, params).await?;
+        let count: i64 = match rows.first() {
+            Some(row) => row.try_get(0).map_err(backend)?,
+            None => 0,
+        };
+        Ok(count.max(0) as u64)
     }
 
     /// Runs `begin`'s statement; a flight's `leader` stops taking followers just

@@ -6,6 +6,7 @@ use super::transaction::Guarded;
 use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::encoding::{encode_headers, key_id};
+use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::near_cache::Completed;
 use crate::store::shared;
 use crate::store::{
@@ -127,11 +128,12 @@ impl Maintenance for PostgresStore {
         let inner = &self.inner;
         let client = inner.settings.timed(OPERATION, inner.client()).await?;
         let mut purged = 0;
-        // Bounded batches: each statement deletes at most `PURGE_BATCH` rows.
+        // Bounded batches: each statement deletes (or reduces to tombstones)
+        // at most `PURGE_BATCH` rows.
         loop {
             let deleted = inner
                 .settings
-                .timed(OPERATION, inner.execute(&client, &inner.sql.purge, &[]))
+                .timed(OPERATION, inner.count(&client, &inner.sql.purge, &[]))
                 .await?;
             purged += deleted;
             if deleted < PURGE_BATCH {
@@ -148,7 +150,7 @@ impl Maintenance for PostgresStore {
             .timed(OPERATION, async {
                 let client = inner.client().await?;
                 inner
-                    .execute(&client, &inner.sql.purge_batch, &[&limit])
+                    .count(&client, &inner.sql.purge_batch, &[&limit])
                     .await
             })
             .await
@@ -216,6 +218,86 @@ impl Maintenance for PostgresStore {
         connection.ended();
         Ok(purged)
     }
+}
+
+impl Inspect for PostgresStore {
+    async fn inspect(&self, key: &RecordKey) -> Result<KeyState, StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let rows = inner
+            .settings
+            .timed(OPERATION, async {
+                let client = inner.client().await?;
+                inner
+                    .query(&client, &inner.sql.inspect, &[&scope, &k])
+                    .await
+            })
+            .await?;
+        let Some(row) = rows.first() else {
+            return Ok(KeyState::Absent);
+        };
+        let get = |e: tokio_postgres::Error| backend(e);
+        let state: &str = row.try_get("state").map_err(get)?;
+        let expires = unix_ms(row.try_get("expires_ms").map_err(get)?);
+        Ok(match state {
+            "in_progress" => KeyState::InProgress(InProgress::new(
+                FencingToken(row.try_get("token").map_err(get)?),
+                row.try_get::<_, i32>("attempt").map_err(get)?.max(1) as u32,
+                unix_ms(row.try_get("since_ms").map_err(get)?),
+                expires,
+            )),
+            "completed" => {
+                let status: i16 = row.try_get("status").map_err(get)?;
+                KeyState::Completed {
+                    status: http::StatusCode::from_u16(status as u16).map_err(backend)?,
+                    body_bytes: row.try_get::<_, i64>("body_bytes").map_err(get)?.max(0) as u64,
+                    expires,
+                }
+            }
+            "expired" => KeyState::Tombstone { expires },
+            _ => KeyState::Unavailable { expires },
+        })
+    }
+
+    async fn release_stuck(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        actor: &str,
+    ) -> Result<Release, StoreError> {
+        let inner = &self.inner;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let id = key_id(key);
+        let outcome = inner
+            .settings
+            .timed(OPERATION, async {
+                let client = inner.client().await?;
+                let params: [&(dyn ToSql + Sync); 3] = [&scope, &k, &token.0];
+                let sql = &inner.sql.release_stuck;
+                let rows = inner.query_then_notify(&client, sql, &params, &id).await?;
+                let row = rows.first().ok_or_else(|| backend("no row"))?;
+                let released: bool = row.try_get("released").map_err(backend)?;
+                let alive: bool = row.try_get("alive").map_err(backend)?;
+                let present: bool = row.try_get("present").map_err(backend)?;
+                Ok(match (released, alive, present) {
+                    (true, _, _) => Release::Released,
+                    (false, true, _) => Release::OwnerAlive,
+                    (false, false, true) => Release::NotOwner,
+                    (false, false, false) => Release::Absent,
+                })
+            })
+            .await;
+        if matches!(outcome, Ok(Release::Released)) {
+            inner.claims.forget(key, token);
+        }
+        inspect::audit(actor, key, token, &outcome);
+        outcome
+    }
+}
+
+/// Milliseconds since the Unix epoch, as a time (saturating at the epoch).
+fn unix_ms(ms: i64) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64)
 }
 
 impl PostgresStore {

@@ -16,7 +16,7 @@
 //!   the call, e.g. "in progress" for a record that completed just before it.)
 //!   Later calls start a new flight, which takes followers while it waits for a
 //!   pooled connection: exactly when the pool is the bottleneck.
-//! - **Shared**: `Replay`, `Mismatch` and `InProgress` answers. Never a claim: one
+//! - **Shared**: `Replay`, `KeyReused` and `InProgress` answers. Never a claim: one
 //!   token has one owner, so followers of a leader that claimed coalesce again
 //!   (their next answer is `InProgress` for all of them).
 //! - **Not shared**: errors, and nothing at all when the leader's future is

@@ -44,13 +44,28 @@ pub(super) struct Sql {
     pub(super) migrations: Vec<String>,
     pub(super) begin: String,
     /// `begin` in transactional mode: also takes the scope's lock, shared,
-    /// for the transaction's life, and returns the transaction's id.
+    /// for the transaction's life, and returns the transaction's id. Writes
+    /// the claim row: used when the transaction is not READ COMMITTED.
     pub(super) begin_locked: String,
+    /// Transactional mode, READ COMMITTED: takes the scope's lock (shared)
+    /// and the key's for the transaction's life, without writing anything.
+    pub(super) lock_key: String,
+    /// Transactional mode, after `lock_key` (a snapshot taken after the
+    /// lock): what `begin` answers for the key, its claim written nowhere.
+    pub(super) read_key: String,
+    /// The completion of a claim `read_key` made: the record's only write.
+    pub(super) record_locked: String,
+    pub(super) record_locked_unavailable: String,
     pub(super) complete: String,
     pub(super) extend: String,
     pub(super) complete_unavailable: String,
     pub(super) complete_locked_unavailable: String,
     pub(super) release: String,
+    /// A key's state for an operator (see `Inspect`).
+    pub(super) inspect: String,
+    /// An operator's release: `release`, answering whether it released and
+    /// whether the key has a record at all.
+    pub(super) release_stuck: String,
     pub(super) lock_remaining: String,
     pub(super) lock_claim: String,
     pub(super) complete_locked: String,
@@ -83,6 +98,8 @@ impl Sql {
         channel: &str,
         lock: Duration,
         retention: Duration,
+        colliding_key_locks: bool,
+        tombstone: Duration,
     ) -> Self {
         // Names were validated as `[a-z_][a-z0-9_]*`; quoting also keeps reserved words usable.
         let t = format!(r#""{schema}"."{table}""#);
@@ -93,6 +110,19 @@ impl Sql {
         let response_check = derived_name(table, "response_check");
         let lock_ms = millis(lock);
         let retention_ms = millis(retention);
+        let tombstone_ms = millis(tombstone);
+        // Until when a row holds its key: a completed row for its tombstone
+        // window past its retention (`expires_at`), any other row until its
+        // `expires_at` (a tombstone's is its window's end). Every expiry is
+        // the database's clock; with no window it is `expires_at` itself.
+        let until = |r: &str| {
+            format!(
+                "(CASE WHEN {r}state IN ('completed', 'unavailable') \
+                 THEN {r}expires_at + interval '{tombstone_ms} milliseconds' \
+                 ELSE {r}expires_at END)"
+            )
+        };
+        let (until_row, until_r) = (until(""), until("r."));
         let held_recheck_ms = crate::store::waiters::RECHECK_FIRST.as_millis();
         // The key's advisory lock (seeded per table, scope and key hashed as
         // separate fields). Every claim takes it; a transactional claim holds
@@ -101,9 +131,13 @@ impl Sql {
         // keys' hashes only makes one wait for the other.
         let lock_seed =
             i64::from_str_radix(&super::hex_sha256(t.as_bytes())[..15], 16).expect("hex digits");
-        let try_lock = format!(
-            "pg_try_advisory_xact_lock(hashtextextended($2, hashtextextended($1, {lock_seed})))"
-        );
+        let key_hash = match colliding_key_locks {
+            // Tests only: every key of a scope shares one lock, a collision
+            // (`$2` kept, typed, and ignored).
+            true => format!("hashtextextended($1 || left($2, 0), {lock_seed})"),
+            false => format!("hashtextextended($2, hashtextextended($1, {lock_seed}))"),
+        };
+        let try_lock = format!("pg_try_advisory_xact_lock({key_hash})");
         // The scope's lock (seeded apart from the keys'). A transactional
         // claim holds it shared until its transaction ends, since its row is
         // invisible to anyone else until then; `purge_scope` takes it
@@ -166,6 +200,14 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     ADD COLUMN IF NOT EXISTS previous_token      bigint,
     ADD COLUMN IF NOT EXISTS previous_created_at timestamptz;"#
             ),
+            // 4: tombstones. A completed row past its retention may be reduced
+            // to its identity and fingerprint (state 'expired', no response),
+            // its `expires_at` moved to its tombstone window's end.
+            format!(
+                r#"ALTER TABLE {t} DROP CONSTRAINT "{state_check}";
+ALTER TABLE {t} ADD CONSTRAINT "{state_check}"
+    CHECK (state IN ('in_progress', 'completed', 'unavailable', 'expired'));"#
+            ),
         ];
 
         // One statement in every case. `live` is the unexpired row in the statement's
@@ -179,7 +221,10 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         // needs the key's advisory lock (`held`: someone else's claim is being made or
         // runs in its transaction). Transactional mode runs this same statement inside
         // the handler's transaction, so its claim row and lock last until that ends and
-        // one commit records both. Zero rows come back only when a concurrent
+        // one commit records both. A completed row past its retention is a tombstone
+        // until its window's end (`until`): `live` still, answering 'expired' to
+        // its fingerprint (in place, whether or not a purge has dropped its
+        // response yet). Zero rows come back only when a concurrent
         // transaction committed a live row after this statement's snapshot; the caller
         // then runs the statement again (in a new transaction, in transactional mode).
         let begin_statement = |locked: bool| {
@@ -192,14 +237,15 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
     SELECT NOT ({held}) AS held
 ), live AS (
     SELECT fingerprint = $3 AS same, state = 'completed' AS done,
-           state = 'unavailable' AS unavailable, status, headers, body,
+           state = 'unavailable' AS unavailable,
+           state = 'expired' OR expires_at <= now() AS tomb, status, headers, body,
            ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
     FROM {t}
-    WHERE scope = $1 AND key = $2 AND expires_at > now()
+    WHERE scope = $1 AND key = $2 AND {until_row} > now()
 ), expired AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
 ), free AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND expires_at <= now()
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at)
@@ -215,7 +261,7 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
         attempt = CASE WHEN r.state = 'in_progress' THEN r.attempt + 1 ELSE 1 END,
         previous_token = CASE WHEN r.state = 'in_progress' THEN r.token END,
         previous_created_at = CASE WHEN r.state = 'in_progress' THEN r.created_at END
-    WHERE r.expires_at <= now()
+    WHERE {until_r} <= now()
     RETURNING r.token, r.attempt, r.previous_token, r.previous_created_at
 )
 SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
@@ -223,13 +269,13 @@ SELECT 'claimed'::text AS outcome, token, NULL::smallint AS status,
        attempt, previous_token, previous_created_at, {xact} AS xact
 FROM claimed
 UNION ALL
-SELECT CASE WHEN NOT same THEN 'mismatch' WHEN done THEN 'replay'
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN tomb THEN 'expired' WHEN done THEN 'replay'
             WHEN unavailable THEN 'unavailable' ELSE 'in_progress' END,
        NULL::bigint,
-       CASE WHEN same AND done THEN status END,
-       CASE WHEN same AND done THEN headers END,
-       CASE WHEN same AND done THEN body END,
-       CASE WHEN same AND (done OR unavailable) THEN remaining END,
+       CASE WHEN same AND done AND NOT tomb THEN status END,
+       CASE WHEN same AND done AND NOT tomb THEN headers END,
+       CASE WHEN same AND done AND NOT tomb THEN body END,
+       CASE WHEN same AND (done OR unavailable) AND NOT tomb THEN remaining END,
        NULL::integer, NULL::bigint, NULL::timestamptz, NULL::bigint
 FROM live
 UNION ALL
@@ -241,6 +287,100 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         };
         let begin = begin_statement(false);
         let begin_locked = begin_statement(true);
+
+        // Transactional mode writes the record once, at completion: no one
+        // else can see an uncommitted claim, so the claim is the key's
+        // advisory lock alone, held by the handler's transaction (rivals on
+        // every instance try it and answer "in progress" without waiting; a
+        // dead owner's lock goes with its session). The lock is taken by a
+        // statement of its own so that the read after it, with a snapshot of
+        // its own (READ COMMITTED), sees every record committed under that
+        // lock before it was released: a commit becomes visible before its
+        // transaction's locks are let go. A hash collision of two keys only
+        // makes one answer "in progress": the record is read and written by
+        // scope and key. The idle timeout is switched off here too (see OPEN).
+        let lock_key = format!(
+            "SELECT {try_scope} AND {try_lock}, \
+             current_setting('transaction_isolation') = 'read committed', \
+             set_config('idle_in_transaction_session_timeout', '0', true)"
+        );
+        // One row: the live record's answer, or a claim. The claim re-tries
+        // the locks, which succeeds at once when `lock_key` holds them (and
+        // when it did not, the caller answers "in progress" anyway): no token,
+        // transaction id or row lock is spent on a key someone else holds.
+        // An expired row is
+        // taken over only if no transaction holds it (`free` locks it, so a
+        // late completion by the claim it replaces waits for this transaction
+        // and then finds its token gone); a row left `in_progress` was a dead
+        // claim: the attempt goes on from it.
+        let read_key = format!(
+            r#"WITH r AS (
+    SELECT fingerprint = $3 AS same, state, status, headers, body, token, attempt, created_at,
+           {until_row} > now() AS live,
+           state = 'expired' OR expires_at <= now() AS tomb,
+           ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
+    FROM {t}
+    WHERE scope = $1 AND key = $2
+), free AS (
+    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
+    FOR UPDATE SKIP LOCKED
+)
+SELECT CASE WHEN NOT same THEN 'mismatch' WHEN tomb THEN 'expired'
+            WHEN state = 'completed' THEN 'replay'
+            WHEN state = 'unavailable' THEN 'unavailable' ELSE 'in_progress' END AS outcome,
+       NULL::bigint AS token,
+       CASE WHEN same AND NOT tomb AND state = 'completed' THEN status END AS status,
+       CASE WHEN same AND NOT tomb AND state = 'completed' THEN headers END AS headers,
+       CASE WHEN same AND NOT tomb AND state = 'completed' THEN body END AS body,
+       CASE WHEN same AND NOT tomb AND state IN ('completed', 'unavailable')
+            THEN remaining END AS remaining,
+       NULL::integer AS attempt, NULL::bigint AS previous_token,
+       NULL::timestamptz AS previous_created_at, NULL::bigint AS xact
+FROM r WHERE live
+UNION ALL
+SELECT CASE WHEN claim THEN 'claimed' ELSE 'in_progress' END,
+       CASE WHEN claim THEN nextval('{seq}') END, NULL, NULL, NULL, NULL,
+       CASE WHEN claim AND state = 'in_progress' THEN attempt + 1 WHEN claim THEN 1 END,
+       CASE WHEN claim AND state = 'in_progress' THEN token END,
+       CASE WHEN claim AND state = 'in_progress' THEN created_at END,
+       CASE WHEN claim THEN txid_current() END
+FROM (
+    SELECT r.state, r.token, r.attempt, r.created_at,
+           {try_scope} AND {try_lock}
+           AND (r.token IS NULL OR EXISTS (SELECT 1 FROM free)) AS claim
+    FROM (SELECT 1) AS one LEFT JOIN r ON true
+) AS c
+WHERE NOT EXISTS (SELECT 1 FROM r WHERE live)"#
+        );
+        // The record, written once, in the transaction that claimed (`$4`,
+        // its id): over an expired row only (the one `read_key` locked). It
+        // fails otherwise (a division by zero), so that the COMMIT pipelined
+        // after it rolls back instead: the handler's writes never commit
+        // unrecorded. `$5..` are the response, when there is one.
+        let record = |state: &str, response: &str, values: &str| {
+            format!(
+                r#"WITH done AS (
+    INSERT INTO {t} AS r (scope, key, fingerprint, token, state, created_at, expires_at{response})
+    SELECT $1::text, $2::text, $3::bytea, $4::bigint, '{state}', now(),
+           now() + interval '{retention_ms} milliseconds'{values}
+    WHERE txid_current() = $5::bigint
+    ON CONFLICT (scope, key) DO UPDATE
+    SET fingerprint = excluded.fingerprint, token = excluded.token, state = excluded.state,
+        created_at = excluded.created_at, expires_at = excluded.expires_at,
+        status = excluded.status, headers = excluded.headers, body = excluded.body,
+        attempt = 1, previous_token = NULL, previous_created_at = NULL
+    WHERE {until_r} <= now()
+    RETURNING 1
+)
+SELECT 1 / (SELECT count(*)::int FROM done)"#
+            )
+        };
+        let record_locked = record(
+            "completed",
+            ", status, headers, body",
+            ", $6::smallint, $7::bytea, $8::bytea",
+        );
+        let record_locked_unavailable = record("unavailable", "", "");
 
         // A completion, fenced by the claim's token. In the handler's
         // transaction (`locked`) it also fails unless it completed the claim (a
@@ -287,6 +427,46 @@ RETURNING 1"#
 WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'"#
         );
 
+        // Times as milliseconds on the database's clock. A claim past its
+        // lock is still shown; a completed record past its retention is not.
+        // A completed row past its retention (or one a purge reduced) is
+        // shown as its tombstone, until its window's end.
+        let inspect = format!(
+            r#"SELECT CASE WHEN state <> 'in_progress' AND expires_at <= now() THEN 'expired'
+            ELSE state END AS state,
+       token, attempt, status,
+       octet_length(body)::bigint AS body_bytes,
+       (extract(epoch FROM created_at) * 1000)::bigint AS since_ms,
+       (extract(epoch FROM {until_row}) * 1000)::bigint AS expires_ms
+FROM {t}
+WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR {until_row} > now())"#
+        );
+
+        // A row a transaction holds (a handler running in transactional
+        // mode: its owner is alive) is skipped, never waited for, and so not
+        // released; so is a claim extended within the last half of its lock
+        // (`alive`). `present` reads the snapshot before the delete.
+        let half_lock_ms = lock_ms / 2;
+        let release_stuck = format!(
+            r#"WITH target AS (
+    SELECT scope, key FROM {t}
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+      AND expires_at <= now() + interval '{half_lock_ms} milliseconds'
+    FOR UPDATE SKIP LOCKED
+), gone AS (
+    DELETE FROM {t} AS r USING target
+    WHERE r.scope = target.scope AND r.key = target.key
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM gone) AS released,
+       EXISTS (SELECT 1 FROM {t}
+               WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+                 AND expires_at > now() + interval '{half_lock_ms} milliseconds') AS alive,
+       EXISTS (SELECT 1 FROM {t}
+               WHERE scope = $1 AND key = $2
+                 AND (state = 'in_progress' OR expires_at > now())) AS present"#
+        );
+
         // A claim past its lock whose row a transaction still holds is in progress
         // too, and so is a key whose advisory lock a transaction holds (its claim
         // is not committed yet); their waiters re-check on their backoff (or are
@@ -319,32 +499,43 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
 
-        let purge = format!(
-            r#"WITH doomed AS (
-    SELECT scope, key FROM {t}
+        // One batch of the oldest rows past their `expires_at`: a completed
+        // row within its tombstone window is reduced to its tombstone (its
+        // response dropped, its `expires_at` moved to the window's end, so the
+        // next batch does not see it again), every other row is deleted
+        // (tombstones whose window ended among them). The `(expires_at)` index
+        // yields the oldest first, so a batch reads about as many index entries
+        // as it changes rows; it answers how many it changed.
+        let purge_statement = |limit: &str| {
+            let entombed = format!(
+                "doomed.state IN ('completed', 'unavailable') \
+                 AND doomed.expires_at + interval '{tombstone_ms} milliseconds' > now()"
+            );
+            format!(
+                r#"WITH doomed AS (
+    SELECT scope, key, state, expires_at FROM {t}
     WHERE expires_at <= now()
     ORDER BY expires_at
-    LIMIT {PURGE_BATCH}
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
+), deleted AS (
+    DELETE FROM {t} AS r USING doomed
+    WHERE r.scope = doomed.scope AND r.key = doomed.key AND NOT ({entombed})
+    RETURNING 1
+), entombed AS (
+    UPDATE {t} AS r
+    SET state = 'expired', status = NULL, headers = NULL, body = NULL,
+        expires_at = doomed.expires_at + interval '{tombstone_ms} milliseconds'
+    FROM doomed
+    WHERE r.scope = doomed.scope AND r.key = doomed.key AND {entombed}
+    RETURNING 1
 )
-DELETE FROM {t} AS r USING doomed
-WHERE r.scope = doomed.scope AND r.key = doomed.key"#
-        );
-
-        // The same batch with its size a parameter, for `PurgeTask`: the
-        // `(expires_at)` index yields the oldest expired rows first, so a
-        // batch reads about as many index entries as it deletes.
-        let purge_batch = format!(
-            r#"WITH doomed AS (
-    SELECT scope, key FROM {t}
-    WHERE expires_at <= now()
-    ORDER BY expires_at
-    LIMIT $1
-    FOR UPDATE SKIP LOCKED
-)
-DELETE FROM {t} AS r USING doomed
-WHERE r.scope = doomed.scope AND r.key = doomed.key"#
-        );
+SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM entombed)"#
+            )
+        };
+        let purge = purge_statement(&PURGE_BATCH.to_string());
+        // The same batch with its size a parameter (a bigint), for `PurgeTask`.
+        let purge_batch = purge_statement("$1");
 
         let purge_scope = format!(
             r#"WITH doomed AS (
@@ -365,11 +556,17 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             migrations,
             begin,
             begin_locked,
+            lock_key,
+            read_key,
+            record_locked,
+            record_locked_unavailable,
             complete,
             extend,
             complete_unavailable,
             complete_locked_unavailable,
             release,
+            inspect,
+            release_stuck,
             lock_remaining,
             lock_claim,
             complete_locked,
@@ -412,16 +609,23 @@ mod tests {
             "chan",
             Duration::from_secs(10),
             Duration::from_secs(60),
+            false,
+            Duration::from_secs(600),
         );
         let writers = [
             &sql.begin,
             &sql.begin_locked,
+            &sql.lock_key,
+            &sql.read_key,
+            &sql.record_locked,
+            &sql.record_locked_unavailable,
             &sql.complete,
             &sql.complete_locked,
             &sql.complete_unavailable,
             &sql.complete_locked_unavailable,
             &sql.extend,
             &sql.release,
+            &sql.release_stuck,
             &sql.purge,
             &sql.purge_batch,
             &sql.purge_scope,

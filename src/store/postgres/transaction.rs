@@ -1,19 +1,20 @@
 //! Transactional mode: the handler writes through the transaction that also
 //! records its response, so both commit together or not at all.
 //!
-//! One pooled connection runs `BEGIN` and `begin`'s own statement in one round
-//! trip: the claim row and the key's advisory lock are made inside the
-//! handler's transaction, so duplicates on every instance find the lock held
-//! ("in progress", never a wait on a pooled connection) and nothing of the
-//! claim exists for anyone else until the completion `UPDATE` and `COMMIT`
-//! (pipelined too) make the record and the handler's writes durable in one
-//! commit. The transaction's session is the claim's proof of life: while it
+//! One pooled connection runs `BEGIN`, the key's advisory lock and the read of
+//! its record in one round trip. Nobody else can see an uncommitted row, so the
+//! claim is the lock alone, held by the handler's transaction: duplicates on
+//! every instance find it held ("in progress", never a wait on a pooled
+//! connection), and the record is written once, by the completion `INSERT`
+//! pipelined with `COMMIT`, which makes it and the handler's writes durable in
+//! one commit. The transaction's session is the claim's proof of life: while it
 //! lives no one can take the key over, however long the handler takes, and a
-//! process that dies takes its transaction, claim and lock with it (PostgreSQL
-//! rolls back as soon as it sees the connection close), so the key is free at
-//! once. `idle_in_transaction_session_timeout` is switched off for these
-//! transactions (`SET LOCAL`): a handler waiting on a slow provider must not
-//! lose its claim to a server timeout while it still runs.
+//! process that dies takes its transaction and lock with it (PostgreSQL rolls
+//! back as soon as it sees the connection close), so the key is free at once.
+//! `idle_in_transaction_session_timeout` is switched off for these
+//! transactions (transaction-local): a handler waiting on a slow provider must
+//! not lose its claim to a server timeout while it still runs. A transaction
+//! that is not READ COMMITTED claims with a row instead (see `begin_locked`).
 //!
 //! From the first byte written to its connection until the transaction's end
 //! is known, the connection is owned by a [`Guarded`]: a future dropped at any
@@ -265,6 +266,8 @@ pub struct PostgresRecordTransaction {
     holds_claim: bool,
     /// The transaction's id: the completion records only in it.
     xact: i64,
+    /// Whether the completion inserts the record or updates the claim's row.
+    record: Record,
     /// The claimed request's, when known: its record is then kept near.
     fingerprint: Option<[u8; 32]>,
     handle: PostgresTransaction,
@@ -276,6 +279,7 @@ impl std::fmt::Debug for PostgresRecordTransaction {
             .field("key", &self.key)
             .field("token", &self.token)
             .field("holds_claim", &self.holds_claim)
+            .field("record", &self.record)
             .finish_non_exhaustive()
     }
 }
@@ -309,15 +313,107 @@ impl Drop for Guarded {
     }
 }
 
-/// Opens the transaction and runs `begin`'s statement in it, in one round
-/// trip. A claim comes back with its transaction (the claim and the key's
-/// lock live in it); any other answer rolls it back off the answer's path.
+/// Opens the transaction, takes the key's lock and reads its record, in one
+/// round trip. A claim comes back with its transaction (the claim is the
+/// lock, held by it; the record is written only at completion); any other
+/// answer rolls it back off the answer's path. A transaction that is not READ
+/// COMMITTED reads with a snapshot older than its lock: its claims are rows
+/// written in the transaction instead ([`begin_row_claim`]).
 async fn begin_locked(
     inner: &Arc<Inner>,
     key: &RecordKey,
     fp: &[u8; 32],
     leader: &mut Leader<'_>,
-) -> Result<(Begin, Option<(Guarded, i64)>), StoreError> {
+) -> Result<(Begin, Option<Opened>), StoreError> {
+    if inner.stats.row_claims.load(Ordering::Relaxed) {
+        return begin_row_claim(inner, key, fp, leader).await;
+    }
+    let (scope, k) = (key.scope().as_str(), key.key().as_str());
+    let key_fp = fp;
+    let fp = fp.as_slice();
+    let connection = Guarded::new(inner.client().await?);
+    leader.close();
+    let lock = inner
+        .prepare(connection.client(), &inner.sql.lock_key)
+        .await?;
+    let read = inner
+        .prepare(connection.client(), &inner.sql.read_key)
+        .await?;
+    inner.count_round_trips(1);
+    let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
+    let client = connection.client();
+    let (opened, (locked, read)) = pipelined(
+        client.batch_execute("BEGIN"),
+        pipelined(
+            client.query_one(&lock, &[&scope, &k]),
+            client.query_one(&read, &[&scope, &k, &fp]),
+        ),
+    )
+    .await;
+    opened.map_err(backend)?;
+    let locked = locked.map_err(backend)?;
+    let row = read.map_err(backend)?;
+    let read_committed: bool = locked.try_get(1).map_err(backend)?;
+    if !read_committed {
+        inner.stats.row_claims.store(true, Ordering::Relaxed);
+        rollback(inner, connection, None).await;
+        return begin_row_claim(inner, key, key_fp, leader).await;
+    }
+    let locked: bool = locked.try_get(0).map_err(backend)?;
+    let begun = match super::decode_begin(&row)? {
+        // Someone else's claim holds the key's lock (or a purge the scope's).
+        Begin::Claimed(_) if !locked => Begin::InProgress,
+        begun => begun,
+    };
+    inner.remember_read(key, key_fp, &begun, &row, sent, epoch);
+    Ok(match begun {
+        Begin::Claimed(_) => {
+            let xact: Option<i64> = row.try_get(9).map_err(backend)?;
+            let xact = xact.ok_or_else(|| backend("a claim without its transaction's id"))?;
+            let opened = Opened {
+                connection,
+                xact,
+                record: Record::Insert,
+            };
+            (begun, Some(opened))
+        }
+        _ => {
+            // A replay, a refusal or "in progress": the transaction was for
+            // nothing. Ended in the background so the answer is not delayed.
+            let inner = inner.clone();
+            tokio::spawn(async move { rollback(&inner, connection, None).await });
+            (begun, None)
+        }
+    })
+}
+
+/// A claim's transaction, open.
+struct Opened {
+    connection: Guarded,
+    xact: i64,
+    record: Record,
+}
+
+/// How a claim's completion records its response.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Record {
+    /// The claim is the key's lock alone: the record is inserted.
+    Insert,
+    /// The claim is a row (made in the transaction, or committed before it):
+    /// the completion updates it.
+    Update,
+}
+
+/// Opens the transaction and runs `begin`'s statement in it, in one round
+/// trip: the claim is a row written in the transaction. A rival's record
+/// committed after the statement's snapshot makes it answer nothing; a new
+/// transaction sees it (whatever the isolation level).
+async fn begin_row_claim(
+    inner: &Arc<Inner>,
+    key: &RecordKey,
+    fp: &[u8; 32],
+    leader: &mut Leader<'_>,
+) -> Result<(Begin, Option<Opened>), StoreError> {
     let (scope, k) = (key.scope().as_str(), key.key().as_str());
     let key_fp = fp;
     let fp = fp.as_slice();
@@ -337,8 +433,6 @@ async fn begin_locked(
         opened.map_err(backend)?;
         let rows = begun.map_err(backend)?;
         let Some(row) = rows.first() else {
-            // A rival committed a live record after the statement's snapshot: a
-            // new transaction sees it (whatever the isolation level).
             inner.stats.begin_retries.fetch_add(1, Ordering::Relaxed);
             rollback(inner, connection, None).await;
             continue;
@@ -349,11 +443,14 @@ async fn begin_locked(
             Begin::Claimed(_) => {
                 let xact: Option<i64> = row.try_get(9).map_err(backend)?;
                 let xact = xact.ok_or_else(|| backend("a claim without its transaction's id"))?;
-                (begun, Some((connection, xact)))
+                let opened = Opened {
+                    connection,
+                    xact,
+                    record: Record::Update,
+                };
+                (begun, Some(opened))
             }
             _ => {
-                // A replay, a refusal or "in progress": the transaction was for
-                // nothing. Ended in the background so the answer is not delayed.
                 let inner = inner.clone();
                 tokio::spawn(async move { rollback(&inner, connection, None).await });
                 (begun, None)
@@ -366,8 +463,9 @@ async fn begin_locked(
     )))
 }
 
-/// How every transaction of this mode starts: its session's idle timeout
-/// would end a live claim whose handler waits on something slow.
+/// How a transaction of this mode starts when its claim is a row (the
+/// lock-only claim sets the same in its lock statement): its session's idle
+/// timeout would end a live claim whose handler waits on something slow.
 const OPEN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0";
 
 impl TransactionalStore for PostgresStore {
@@ -405,14 +503,9 @@ impl TransactionalStore for PostgresStore {
             })
             .await?;
         match (begun, connection) {
-            (Begin::Claimed(claim), Some((connection, xact))) => {
-                let mut transaction = PostgresRecordTransaction::new(
-                    inner,
-                    key,
-                    claim.token,
-                    (connection, xact),
-                    true,
-                );
+            (Begin::Claimed(claim), Some(opened)) => {
+                let mut transaction =
+                    PostgresRecordTransaction::new(inner, key, claim.token, opened, true);
                 transaction.fingerprint = Some(*fp);
                 Ok((Begin::Claimed(claim), Some(transaction)))
             }
@@ -453,12 +546,13 @@ impl TransactionalStore for PostgresStore {
             rollback(inner, connection, None).await;
             return Err(StoreError::ClaimLost);
         };
+        let opened = Opened {
+            connection,
+            xact,
+            record: Record::Update,
+        };
         Ok(PostgresRecordTransaction::new(
-            inner,
-            key,
-            token,
-            (connection, xact),
-            false,
+            inner, key, token, opened, false,
         ))
     }
 }
@@ -496,15 +590,21 @@ impl PostgresRecordTransaction {
         inner: &Arc<Inner>,
         key: &RecordKey,
         token: FencingToken,
-        (connection, xact): (Guarded, i64),
+        opened: Opened,
         holds_claim: bool,
     ) -> Self {
+        let Opened {
+            connection,
+            xact,
+            record,
+        } = opened;
         Self {
             inner: inner.clone(),
             key: key.clone(),
             token,
             holds_claim,
             xact,
+            record,
             fingerprint: None,
             handle: PostgresTransaction {
                 connection: Arc::new(Mutex::new(Held(Some(connection)))),
@@ -586,15 +686,32 @@ impl RecordTransaction for PostgresRecordTransaction {
 
     async fn commit(self, completion: Completion) -> Result<(), StoreError> {
         let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
+        let sql = &self.inner.sql;
+        // A lock-only claim inserts the record: it needs the request's
+        // fingerprint, which such a claim always keeps.
+        let fp = match (self.record, &self.fingerprint) {
+            (Record::Insert, Some(fp)) => Some(fp.as_slice()),
+            (Record::Insert, None) => return Err(backend("a claim without its fingerprint")),
+            (Record::Update, _) => None,
+        };
         let response = match completion {
             Completion::Response(response) => response,
             Completion::Unavailable => {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
-                    [&scope, &k, &self.token.0, &self.xact];
-                let sql = &self.inner.sql.complete_locked_unavailable;
-                return self
-                    .complete_and_commit(sql, &params, || Completed::Unavailable)
-                    .await;
+                let unavailable = || Completed::Unavailable;
+                return match fp {
+                    Some(fp) => {
+                        let params: [&(dyn ToSql + Sync); 5] =
+                            [&scope, &k, &fp, &self.token.0, &self.xact];
+                        let sql = &sql.record_locked_unavailable;
+                        self.complete_and_commit(sql, &params, unavailable).await
+                    }
+                    None => {
+                        let params: [&(dyn ToSql + Sync); 4] =
+                            [&scope, &k, &self.token.0, &self.xact];
+                        let sql = &sql.complete_locked_unavailable;
+                        self.complete_and_commit(sql, &params, unavailable).await
+                    }
+                };
             }
         };
         // Shared with the near cache once committed: no copy of the response.
@@ -602,18 +719,36 @@ impl RecordTransaction for PostgresRecordTransaction {
         let status = response.status.as_u16() as i16;
         let headers = crate::store::encoding::encode_headers(&response.headers);
         let body: &[u8] = &response.body;
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
-            &scope,
-            &k,
-            &self.token.0,
-            &status,
-            &headers,
-            &body,
-            &self.xact,
-        ];
         let stored = || Completed::Response(response.clone());
-        self.complete_and_commit(&self.inner.sql.complete_locked, &params, stored)
-            .await
+        match fp {
+            Some(fp) => {
+                let params: [&(dyn ToSql + Sync); 8] = [
+                    &scope,
+                    &k,
+                    &fp,
+                    &self.token.0,
+                    &self.xact,
+                    &status,
+                    &headers,
+                    &body,
+                ];
+                self.complete_and_commit(&sql.record_locked, &params, stored)
+                    .await
+            }
+            None => {
+                let params: [&(dyn ToSql + Sync); 7] = [
+                    &scope,
+                    &k,
+                    &self.token.0,
+                    &status,
+                    &headers,
+                    &body,
+                    &self.xact,
+                ];
+                self.complete_and_commit(&sql.complete_locked, &params, stored)
+                    .await
+            }
+        }
     }
 
     async fn rollback(self) {

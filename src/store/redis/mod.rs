@@ -311,6 +311,8 @@ pub(super) fn backend(error: impl Into<crate::body::BoxError>) -> StoreError {
 struct Names {
     record: String,
     index: String,
+    /// The key's tombstone, once its record expired (see `scripts`).
+    tombstone: String,
 }
 
 /// The hash tag is a digest of the scope alone, so any scope (braces
@@ -323,6 +325,7 @@ fn names(prefix: &str, key: &RecordKey) -> Names {
     Names {
         record: format!("{tag}r:{}", key.key().as_str()),
         index: format!("{tag}i"),
+        tombstone: format!("{tag}x:{}", key.key().as_str()),
     }
 }
 

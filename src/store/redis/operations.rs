@@ -3,6 +3,7 @@
 use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::{decode_headers, encode_headers};
+use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::near_cache::Completed;
 use crate::store::shared;
 use crate::store::{
@@ -103,13 +104,15 @@ impl Inner {
         let mut invocation = self.scripts.complete.key(&names.record);
         invocation
             .key(&names.index)
+            .key(&names.tombstone)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
             .arg(millis(self.settings.retention()))
             .arg(&self.channel)
             // The record's name already names it uniquely: the message's id.
-            .arg(&names.record);
+            .arg(&names.record)
+            .arg(millis(self.settings.tombstone()));
         match response {
             Some(response) => invocation
                 .arg("c")
@@ -183,7 +186,10 @@ impl Inner {
             let mut invocation = self.scripts.purge_scope.key(&index);
             invocation.arg(scope.as_str());
             for member in &members {
-                invocation.key(format!("{tag}r:{member}")).arg(member);
+                invocation
+                    .key(format!("{tag}r:{member}"))
+                    .key(format!("{tag}x:{member}"))
+                    .arg(member);
             }
             let (deleted, removed): (u64, isize) = self
                 .settings
@@ -320,9 +326,10 @@ fn decode_begin(reply: Vec<Value>) -> Result<(Begin, Option<Duration>), StoreErr
                 body: Bytes::from(body),
             }))
         }
-        "mismatch" => Begin::Mismatch,
+        "mismatch" => Begin::KeyReused,
         "in_progress" => Begin::InProgress,
         "unavailable" => Begin::ResponseUnavailable,
+        "expired" => Begin::Expired,
         other => return Err(corrupt(other)),
     };
     // PTTL: -1 (no TTL) or -2 (gone) give no bound, so nothing is kept near.
@@ -429,6 +436,7 @@ impl RedisStore {
         let mut invocation = inner.scripts.begin.key(&names.record);
         invocation
             .key(&names.index)
+            .key(&names.tombstone)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
@@ -451,6 +459,81 @@ impl RedisStore {
                 Ok(begun)
             })
             .await
+    }
+}
+
+impl Inspect for RedisStore {
+    async fn inspect(&self, key: &RecordKey) -> Result<KeyState, StoreError> {
+        let inner = &self.inner;
+        let names = inner.names(key);
+        let mut invocation = inner.scripts.inspect.key(&names.record);
+        invocation.key(&names.tombstone);
+        invocation.arg(key.scope().as_str()).arg(key.key().as_str());
+        let reply: Vec<String> = inner
+            .settings
+            .timed(OPERATION, inner.invoke(&invocation))
+            .await?;
+        let number = |i: usize| -> Result<i64, StoreError> {
+            reply
+                .get(i)
+                .and_then(|v| v.parse().ok())
+                .ok_or_else(|| backend("a malformed inspection reply"))
+        };
+        let at = |ms: i64| UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+        Ok(match reply.first().map(String::as_str) {
+            Some("p") => KeyState::InProgress(InProgress::new(
+                FencingToken(number(1)?),
+                u32::try_from(number(2)?).unwrap_or(1).max(1),
+                at(number(3)?),
+                at(number(4)?),
+            )),
+            Some("c") => KeyState::Completed {
+                status: StatusCode::from_u16(number(1)? as u16).map_err(backend)?,
+                body_bytes: number(2)?.max(0) as u64,
+                expires: at(number(3)?),
+            },
+            Some("u") => KeyState::Unavailable {
+                expires: at(number(1)?),
+            },
+            Some("x") => KeyState::Tombstone {
+                expires: at(number(1)?),
+            },
+            _ => KeyState::Absent,
+        })
+    }
+
+    async fn release_stuck(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        actor: &str,
+    ) -> Result<Release, StoreError> {
+        let inner = &self.inner;
+        let names = inner.names(key);
+        let mut invocation = inner.scripts.release_stuck.key(&names.record);
+        invocation
+            .key(&names.index)
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str())
+            .arg(token.0.to_string())
+            .arg(&inner.channel)
+            .arg(&names.record)
+            .arg(millis(inner.settings.lock_timeout() / 2));
+        let outcome = inner
+            .settings
+            .timed(OPERATION, inner.invoke::<i64>(&invocation))
+            .await
+            .map(|released| match released {
+                1 => Release::Released,
+                2 => Release::OwnerAlive,
+                0 => Release::NotOwner,
+                _ => Release::Absent,
+            });
+        if matches!(outcome, Ok(Release::Released)) {
+            inner.forget_claim(key, token);
+        }
+        inspect::audit(actor, key, token, &outcome);
+        outcome
     }
 }
 

@@ -19,6 +19,14 @@
 //! lock: a claim whose lock ran out stays its owner's until a `begin` takes
 //! it over, so a late `extend` or `complete` with no takeover in between
 //! succeeds, as on the other stores. Only `begin` judges `lx`.
+//!
+//! A completed record leaves a tombstone: a string of its own, the 32-byte
+//! fingerprint then the scope (the key is in its name; a string that short
+//! is stored inline with its header), beside the record in the same slot,
+//! written with the completion and kept for the retention plus the
+//! tombstone window by its own TTL. The record (and its response) expires at
+//! the retention as before; until the tombstone expires too, `begin` answers
+//! `expired` to its fingerprint and `mismatch` to another.
 //! The index is a sorted set of the scope's keys scored by (at least) their
 //! key's expiry in server milliseconds, for `purge_scope`; it expires no
 //! earlier than its highest score.
@@ -56,12 +64,13 @@ local function same_record(v)
 end
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, fingerprint, lock ms, keep ms.
-/// Replies `{'claimed', token}` (`{'claimed', token, attempt, previous
-/// token, previous start ms}` for a takeover of a dead claim), `{'replay',
-/// status, headers, body, ttl ms}`, `{'mismatch'}`, `{'unavailable', ttl
-/// ms}` or `{'in_progress', remaining lock ms}`; a completed record's
-/// remaining TTL bounds its near cache entry.
+/// KEYS: record, index, tombstone. ARGV: scope, key, fingerprint, lock ms,
+/// keep ms. Replies `{'claimed', token}` (`{'claimed', token, attempt,
+/// previous token, previous start ms}` for a takeover of a dead claim),
+/// `{'replay', status, headers, body, ttl ms}`, `{'mismatch'}`,
+/// `{'unavailable', ttl ms}`, `{'expired'}` (a tombstone) or
+/// `{'in_progress', remaining lock ms}`; a completed record's remaining TTL
+/// bounds its near cache entry.
 const BEGIN: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx',
@@ -70,6 +79,15 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local floor = 0
 local attempt, previous, began = 1, nil, nil
+if not v[4] or v[4] == 'r' then
+  -- No record (or a released claim): a tombstone of this scope's key, if
+  -- any, still holds the key.
+  local tomb = redis.call('GET', KEYS[3])
+  if tomb and string.sub(tomb, 33) == ARGV[1] then
+    if string.sub(tomb, 1, 32) ~= ARGV[3] then return {'mismatch'} end
+    return {'expired'}
+  end
+end
 if v[4] then
   local collision = same_record(v)
   if collision then return collision end
@@ -107,25 +125,33 @@ if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, token, retention ms, channel, id,
-/// state (`c` or `u`), then for `c`: status, headers, body. Replies 1, or 0
-/// when the token does not hold the claim (its lock may have run out: only a
-/// takeover, which changes the token, fences it).
+/// KEYS: record, index, tombstone. ARGV: scope, key, token, retention ms,
+/// channel, id, tombstone window ms (0: none), state (`c` or `u`), then for
+/// `c`: status, headers, body. Replies 1, or 0 when the token does not hold
+/// the claim (its lock may have run out: only a takeover, which changes the
+/// token, fences it).
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
 local retention = tonumber(ARGV[4])
-if ARGV[7] == 'c' then
-  redis.call('HSET', rec, 'st', 'c', 'status', ARGV[8], 'hd', ARGV[9], 'bd', ARGV[10])
+local window = tonumber(ARGV[7])
+if ARGV[8] == 'c' then
+  redis.call('HSET', rec, 'st', 'c', 'status', ARGV[9], 'hd', ARGV[10], 'bd', ARGV[11])
 else
   redis.call('HSET', rec, 'st', 'u')
 end
 redis.call('HDEL', rec, 'lx')
 redis.call('PEXPIRE', rec, retention)
-reindex(idx, ARGV[2], retention, now_ms())
+-- The index entry lives as long as the tombstone, for `purge_scope`.
+local kept = retention
+if window > 0 then
+  kept = retention + window
+  redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept)
+end
+reindex(idx, ARGV[2], kept, now_ms())
 if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
@@ -164,6 +190,53 @@ if v[5] then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
 return 1
 "#;
 
+/// KEYS: record, tombstone. ARGV: scope, key. Replies `{'absent'}`, `{'p',
+/// token, attempt, began ms, lock expiry ms}`, `{'c', status, body bytes,
+/// expiry ms}`, `{'u', expiry ms}` or `{'x', tombstone expiry ms}`, times in
+/// server milliseconds. A record of
+/// another identity on the key name is absent: never shown across scopes.
+const INSPECT: &str = r#"
+local v = redis.call('HMGET', KEYS[1], 'sc', 'k', 'st', 'tok', 'n', 'bg', 'lx', 'status')
+local now = now_ms()
+if not v[3] or v[3] == 'r' or v[1] ~= ARGV[1] or v[2] ~= ARGV[2] then
+  local tomb = redis.call('GET', KEYS[2])
+  if tomb and string.sub(tomb, 33) == ARGV[1] then
+    return {'x', string.format('%d', now + redis.call('PTTL', KEYS[2]))}
+  end
+  return {'absent'}
+end
+local expiry = now + redis.call('PTTL', KEYS[1])
+if v[3] == 'p' then
+  return {'p', v[4], v[5] or '1', v[6] or '0', v[7] or string.format('%d', expiry)}
+end
+if v[3] == 'c' then
+  local size = redis.call('HSTRLEN', KEYS[1], 'bd')
+  return {'c', v[8], string.format('%d', size), string.format('%d', expiry)}
+end
+return {'u', string.format('%d', expiry)}
+"#;
+
+/// KEYS: record, index. ARGV: scope, key, token, channel, id, half the lock
+/// in ms. `RELEASE` for an operator: replies 1 (released), 2 (the token owns
+/// the claim but its lock was extended within the last half lock: its owner
+/// is alive), 0 (the token does not own the claim) or -1 (no record of the
+/// key).
+const RELEASE_STUCK: &str = r#"
+local rec, idx = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'lx')
+if not v[4] or v[4] == 'r' or v[1] ~= ARGV[1] or v[2] ~= ARGV[2] then return -1 end
+if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
+local now = now_ms()
+local lx = tonumber(v[6]) or (now + redis.call('PTTL', rec))
+if lx - now > tonumber(ARGV[6]) then return 2 end
+redis.call('HDEL', rec, 'fp', 'lx')
+redis.call('HSET', rec, 'st', 'r')
+redis.call('PEXPIRE', rec, 1000)
+redis.call('ZREM', idx, ARGV[2])
+if v[5] then redis.call('PUBLISH', ARGV[4], ARGV[5]) end
+return 1
+"#;
+
 /// KEYS: record. Replies the lock's remaining milliseconds, or -1 when the
 /// record is not in progress or its lock ran out (a `begin` then takes it
 /// over), and marks the claim as waited for: its completion or release then
@@ -180,19 +253,27 @@ redis.call('HSET', KEYS[1], 'w', '1')
 return remaining
 "#;
 
-/// KEYS: index, then records of its members. ARGV: scope, then the members
-/// (`ARGV[i]` names `KEYS[i]`). Deletes the records of `scope` and their index
-/// entries, and the entries of records already gone; entries of another scope
-/// sharing the hash tag stay. Replies `{deleted, entries removed}`.
+/// KEYS: index, then the record and the tombstone of each member. ARGV:
+/// scope, then the members (`ARGV[i]` names `KEYS[2i - 2]` and
+/// `KEYS[2i - 1]`). Deletes the records and tombstones of `scope` and their
+/// index entries, and the entries of records already gone; entries of
+/// another scope sharing the hash tag stay. Replies `{deleted, entries
+/// removed}`: a key counts once, whether its record, its tombstone or both
+/// went.
 const PURGE_SCOPE: &str = r#"
 local deleted, removed = 0, 0
-for i = 2, #KEYS do
-  local v = redis.call('HMGET', KEYS[i], 'sc', 'st')
+for i = 2, #ARGV do
+  local rec, tomb = KEYS[2 * i - 2], KEYS[2 * i - 1]
+  local v = redis.call('HMGET', rec, 'sc', 'st')
   if v[1] == ARGV[1] or not v[1] then
-    if v[1] and v[2] ~= 'r' then
-      redis.call('DEL', KEYS[i])
-      deleted = deleted + 1
+    local gone = v[1] and v[2] ~= 'r'
+    if gone then redis.call('DEL', rec) end
+    local t = redis.call('GET', tomb)
+    if t and string.sub(t, 33) == ARGV[1] then
+      redis.call('DEL', tomb)
+      gone = true
     end
+    if gone then deleted = deleted + 1 end
     redis.call('ZREM', KEYS[1], ARGV[i])
     removed = removed + 1
   end
@@ -214,6 +295,8 @@ pub(super) struct Scripts {
     pub(super) extend: Script,
     pub(super) release: Script,
     pub(super) lock_remaining: Script,
+    pub(super) inspect: Script,
+    pub(super) release_stuck: Script,
     pub(super) purge_scope: Script,
     pub(super) trim_index: Script,
 }
@@ -227,6 +310,8 @@ impl Scripts {
             extend: with_prelude(EXTEND),
             release: with_prelude(RELEASE),
             lock_remaining: with_prelude(LOCK_REMAINING),
+            inspect: with_prelude(INSPECT),
+            release_stuck: with_prelude(RELEASE_STUCK),
             purge_scope: Script::new(PURGE_SCOPE),
             trim_index: Script::new(TRIM_INDEX),
         }

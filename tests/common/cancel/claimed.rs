@@ -16,14 +16,14 @@ use std::pin::Pin;
 use std::time::Duration;
 use tower::util::BoxCloneService;
 use tower::ServiceExt;
-use tower_idempotency::engine::{Context, Engine, Identity, Outcome};
+use tower_idempotency::engine::{Engine, Identity, Outcome, RunContext};
 use tower_idempotency::{body::ResponseBody, IdempotencyKey, InFlight, Scope};
 
 pub type App =
     BoxCloneService<Request<Full<Bytes>>, Response<ResponseBody<Full<Bytes>>>, Infallible>;
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 /// An engine operation, as the caller builds it for a key.
-pub type Operation = Box<dyn FnOnce(Context) -> BoxFuture<Result<Bytes, std::io::Error>> + Send>;
+pub type Operation = Box<dyn FnOnce(RunContext) -> BoxFuture<Result<Bytes, std::io::Error>> + Send>;
 
 /// What the caller knows about its handler's effects and its backend.
 pub trait Effects {

@@ -112,12 +112,12 @@ async fn forged_tokens_are_refused() {
     let key = record("acme", "fence-00000004");
     let token = claim(&store, &key, &fp("a")).await;
     for forged in [
-        FencingToken(token.0 - 1),
-        FencingToken(token.0 + 1),
-        FencingToken(0),
-        FencingToken(-1),
-        FencingToken(i64::MIN),
-        FencingToken(i64::MAX),
+        FencingToken::new(token.get() - 1),
+        FencingToken::new(token.get() + 1),
+        FencingToken::new(0),
+        FencingToken::new(-1),
+        FencingToken::new(i64::MIN),
+        FencingToken::new(i64::MAX),
     ] {
         claim_lost(
             store
@@ -158,6 +158,8 @@ async fn a_stale_queue_entry_never_evicts_a_newer_record() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_millis(100))
+        // After the retention the key is free: what this test is about.
+        .with_tombstone(Duration::ZERO)
         .build();
     complete_fillers(&store, "fill", 20).await;
     let key = record("acme", "queue-00000001");
@@ -196,6 +198,8 @@ async fn a_stale_queue_entry_never_evicts_a_newer_completion() {
     let store = MemoryStore::builder()
         .with_lock_timeout(Duration::from_secs(1))
         .with_retention(Duration::from_millis(100))
+        // After the retention the key is free: what this test is about.
+        .with_tombstone(Duration::ZERO)
         .build();
     complete_fillers(&store, "fill", 20).await;
     let key = record("acme", "queue-00000002");
@@ -226,6 +230,53 @@ async fn a_stale_queue_entry_never_evicts_a_newer_completion() {
     store.release(&probe, token).await.unwrap();
     assert_eq!(store.len(), 0);
     claim(&store, &key, &fp("c")).await;
+}
+
+/// claim -> complete -> retention ends (tombstone) -> window ends ->
+/// re-claim -> complete, while the tombstone's queue entry is still queued
+/// behind others: when it comes due it must not evict the newer completion,
+/// which leaves a tombstone of its own once its retention ends.
+#[tokio::test(start_paused = true)]
+async fn a_stale_tombstone_entry_never_evicts_a_newer_completion() {
+    let store = MemoryStore::builder()
+        .with_lock_timeout(Duration::from_secs(1))
+        .with_retention(Duration::from_millis(100))
+        .with_tombstone(Duration::from_millis(100))
+        .build();
+    complete_fillers(&store, "fill", 20).await;
+    let key = record("acme", "queue-00000003");
+    let old = claim(&store, &key, &fp("a")).await;
+    store
+        .complete(&key, old, Completion::Response(body_response("old")))
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_millis(150)).await;
+    assert!(matches!(
+        store.begin(&key, &fp("a")).await,
+        Ok(Begin::Expired)
+    ));
+    mismatch(&store, &key, &fp("b")).await;
+    assert_eq!(store.len(), 21, "records became tombstones, none was freed");
+
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let new = claim(&store, &key, &fp("b")).await;
+    store
+        .complete(&key, new, Completion::Response(body_response("new")))
+        .await
+        .unwrap();
+    for i in 0..8 {
+        let probe = record("probe", &format!("probe-{i:08}"));
+        let token = claim(&store, &probe, &fp("p")).await;
+        store.release(&probe, token).await.unwrap();
+    }
+    assert_eq!(store.len(), 1, "only the new completion is left");
+    assert_eq!(replayed(&store, &key, &fp("b")).await.body, "new");
+    tokio::time::advance(Duration::from_millis(150)).await;
+    assert!(matches!(
+        store.begin(&key, &fp("b")).await,
+        Ok(Begin::Expired)
+    ));
+    mismatch(&store, &key, &fp("a")).await;
 }
 
 /// A queue entry whose record was removed another way (purge, release of a

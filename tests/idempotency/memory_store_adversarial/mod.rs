@@ -84,7 +84,7 @@ async fn in_progress(store: &MemoryStore, key: &RecordKey, request: &RequestFing
 
 async fn mismatch(store: &MemoryStore, key: &RecordKey, request: &RequestFingerprint<'_>) {
     match store.begin(key, request).await {
-        Ok(Begin::Mismatch) => {}
+        Ok(Begin::KeyReused) => {}
         other => panic!("expected a mismatch on {key:?}, got {other:?}"),
     }
 }

@@ -56,7 +56,7 @@ async fn waiters_wake_on_a_large_completion_and_on_release() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     // A forged release wakes nobody for good: the claim is still there.
     store
-        .release(&key, FencingToken(token.0 + 1))
+        .release(&key, FencingToken::new(token.get() + 1))
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -98,7 +98,7 @@ async fn handle(
         .get::<engine::Attempt>()
         .expect("a claimed run")
         .token()
-        .0;
+        .get();
     let body = req.into_body().collect().await.unwrap().to_bytes();
     let order: Order = serde_json::from_slice(&body).expect("an order");
     let lock = LOCK.as_millis() as u64;

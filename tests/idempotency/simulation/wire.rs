@@ -61,6 +61,7 @@ enum Reply {
     Mismatch,
     InProgress,
     Unavailable,
+    Expired,
     Done,
     Count(u64),
     ClaimLost,
@@ -170,19 +171,20 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
     match request {
         Request::Begin(key, fingerprint) => {
             let fingerprint: [u8; 32] = fingerprint.try_into().expect("32 bytes");
-            let request = RequestFingerprint::from(Fingerprint(fingerprint));
+            let request = RequestFingerprint::from(Fingerprint::from_bytes(fingerprint));
             let (decided, reply) = match store.begin(&record(&key), &request).await {
                 Ok(Begin::Claimed(claim)) => {
                     let takeover = claim
                         .takeover
-                        .map(|t| (t.attempt, t.previous_token.0, t.previous_began));
-                    let token = claim.token.0;
+                        .map(|t| (t.attempt, t.previous_token.get(), t.previous_began));
+                    let token = claim.token.get();
                     (Op::Claimed(token), Reply::Claimed(token, takeover))
                 }
                 Ok(Begin::Replay(r)) => (Op::Decided("replay"), Reply::Replay(recorded(&r))),
-                Ok(Begin::Mismatch) => (Op::Decided("mismatch"), Reply::Mismatch),
+                Ok(Begin::KeyReused) => (Op::Decided("mismatch"), Reply::Mismatch),
                 Ok(Begin::InProgress) => (Op::Decided("in progress"), Reply::InProgress),
                 Ok(Begin::ResponseUnavailable) => (Op::Decided("unavailable"), Reply::Unavailable),
+                Ok(Begin::Expired) => (Op::Decided("expired"), Reply::Expired),
                 Err(e) => return failed(e),
             };
             log(&key, decided);
@@ -206,7 +208,7 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
             let done = store
                 .complete(
                     &record(&key),
-                    FencingToken(token),
+                    FencingToken::new(token),
                     Completion::Response(stored),
                 )
                 .await;
@@ -221,17 +223,21 @@ async fn apply(store: &MemoryStore, request: Request, mut log: impl FnMut(&Key, 
         }
         Request::CompleteUnavailable(key, token) => {
             let done = store
-                .complete(&record(&key), FencingToken(token), Completion::Unavailable)
+                .complete(
+                    &record(&key),
+                    FencingToken::new(token),
+                    Completion::Unavailable,
+                )
                 .await;
             let op = Op::CompletedUnavailable(token);
             fenced(&key, token, done, op, "complete_unavailable", &mut log)
         }
         Request::Extend(key, token) => {
-            let done = store.extend(&record(&key), FencingToken(token)).await;
+            let done = store.extend(&record(&key), FencingToken::new(token)).await;
             fenced(&key, token, done, Op::Extended(token), "extend", &mut log)
         }
         Request::Release(key, token) => {
-            let done = store.release(&record(&key), FencingToken(token)).await;
+            let done = store.release(&record(&key), FencingToken::new(token)).await;
             fenced(&key, token, done, Op::Released(token), "release", &mut log)
         }
         Request::Wait(key, timeout) => match store.wait(&record(&key), ms(timeout)).await {
@@ -351,10 +357,15 @@ impl Store for RemoteStore {
                 .call(Request::Begin(key(record), fingerprint), OP_TIMEOUT)
                 .await?
             {
-                Reply::Claimed(t, None) => Begin::Claimed(Claim::first(FencingToken(t))),
-                Reply::Claimed(t, Some((attempt, previous, began))) => Begin::Claimed(
-                    Claim::takeover(FencingToken(t), attempt, FencingToken(previous), began),
-                ),
+                Reply::Claimed(t, None) => Begin::Claimed(Claim::first(FencingToken::new(t))),
+                Reply::Claimed(t, Some((attempt, previous, began))) => {
+                    Begin::Claimed(Claim::takeover(
+                        FencingToken::new(t),
+                        attempt,
+                        FencingToken::new(previous),
+                        began,
+                    ))
+                }
                 Reply::Replay(r) => Begin::Replay(Arc::new(StoredResponse {
                     status: StatusCode::from_u16(r.status).unwrap(),
                     headers: r
@@ -369,9 +380,10 @@ impl Store for RemoteStore {
                         .collect(),
                     body: Bytes::from(r.body),
                 })),
-                Reply::Mismatch => Begin::Mismatch,
+                Reply::Mismatch => Begin::KeyReused,
                 Reply::InProgress => Begin::InProgress,
                 Reply::Unavailable => Begin::ResponseUnavailable,
+                Reply::Expired => Begin::Expired,
                 other => return Err(unexpected(other)),
             },
         )
@@ -385,9 +397,9 @@ impl Store for RemoteStore {
     ) -> Result<(), StoreError> {
         let request = match completion {
             Completion::Response(response) => {
-                Request::Complete(key(record), token.0, recorded(&response))
+                Request::Complete(key(record), token.get(), recorded(&response))
             }
-            Completion::Unavailable => Request::CompleteUnavailable(key(record), token.0),
+            Completion::Unavailable => Request::CompleteUnavailable(key(record), token.get()),
         };
         self.fenced(request).await
     }
@@ -397,11 +409,12 @@ impl Store for RemoteStore {
     }
 
     async fn extend(&self, record: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        self.fenced(Request::Extend(key(record), token.0)).await
+        self.fenced(Request::Extend(key(record), token.get())).await
     }
 
     async fn release(&self, record: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
-        self.fenced(Request::Release(key(record), token.0)).await
+        self.fenced(Request::Release(key(record), token.get()))
+            .await
     }
 
     async fn wait(&self, record: &RecordKey, timeout: Duration) -> Result<(), StoreError> {

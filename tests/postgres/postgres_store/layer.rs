@@ -146,7 +146,7 @@ async fn round_trips_fresh_request_two_replay_one() {
     ));
     assert!(matches!(
         store.begin(&key, &fingerprint("b")).await,
-        Ok(Begin::Mismatch)
+        Ok(Begin::KeyReused)
     ));
     let decided_trips = store.round_trips() - before;
 
@@ -200,7 +200,7 @@ async fn replay_is_a_read_no_row_write_lock_or_token() {
         ));
         assert!(matches!(
             store.begin(&done, &fingerprint("b")).await,
-            Ok(Begin::Mismatch)
+            Ok(Begin::KeyReused)
         ));
         assert!(matches!(
             store.begin(&running, &fingerprint("a")).await,

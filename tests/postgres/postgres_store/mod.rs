@@ -13,6 +13,7 @@ use tower_idempotency_tests::support;
 mod claims;
 mod connect;
 mod layer;
+mod lock_claims;
 mod near_cache;
 mod outages;
 mod purge_running;
@@ -45,13 +46,16 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
     let url = pg::database_url("postgres_store conformance")?;
     let table = pg::unique_table("conformance");
     let store = pg::store(&url, &table, |s| {
-        s.with_lock_timeout(d.lock).with_retention(d.retention)
+        s.with_lock_timeout(d.lock)
+            .with_retention(d.retention)
+            .with_tombstone(d.tombstone)
     })
     .await;
     Some(store)
 }
 
 tower_idempotency::store_conformance_tests!(postgres_store);
+tower_idempotency::store_conformance_tests!(inspect: postgres_store);
 tower_idempotency::engine_conformance_tests!(postgres_store);
 
 /// A layer over a handler of `Full` bodies, boxed.

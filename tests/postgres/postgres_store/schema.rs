@@ -102,7 +102,7 @@ async fn migrate_upgrades_a_dead_claim_of_the_first_release_to_a_first_attempt()
     };
     let takeover = claim.takeover.expect("a takeover");
     assert_eq!(takeover.attempt, 2);
-    assert_eq!(takeover.previous_token, FencingToken(41));
+    assert_eq!(takeover.previous_token, FencingToken::new(41));
     assert_eq!(takeover.previous_began, dead_began);
     let versions: Vec<i32> = client
         .query(
@@ -117,8 +117,8 @@ async fn migrate_upgrades_a_dead_claim_of_the_first_release_to_a_first_attempt()
         .collect();
     assert_eq!(
         versions,
-        [1, 2, 3],
-        "adopted as version 1, upgraded by 2 and 3"
+        [1, 2, 3, 4],
+        "adopted as version 1, upgraded by 2, 3 and 4"
     );
 }
 

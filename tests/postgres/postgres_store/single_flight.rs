@@ -106,7 +106,7 @@ async fn a_thousand_concurrent_begins_for_a_completed_key_share_one_query() {
         assert!(matches!(begin.await.unwrap(), Ok(Begin::Replay(_))));
     }
     for begin in b {
-        assert!(matches!(begin.await.unwrap(), Ok(Begin::Mismatch)));
+        assert!(matches!(begin.await.unwrap(), Ok(Begin::KeyReused)));
     }
     assert_eq!(store.round_trips() - queries, 3);
 }

@@ -66,7 +66,7 @@ impl InFlight {
 
     pub(crate) fn enter(&self) -> Running {
         self.shared.count.fetch_add(1, Ordering::AcqRel);
-        Running(self.shared.clone())
+        Running::new(self.shared.clone())
     }
 
     /// Counts one more, unless `max` are running already.
@@ -77,7 +77,7 @@ impl InFlight {
                 (n < max).then_some(n + 1)
             })
             .ok()
-            .map(|_| Running(self.shared.clone()))
+            .map(|_| Running::new(self.shared.clone()))
     }
 }
 
@@ -92,8 +92,16 @@ impl std::fmt::Debug for InFlight {
 /// One running claimed handler; counted until dropped.
 pub(crate) struct Running(Arc<Shared>);
 
+impl Running {
+    fn new(shared: Arc<Shared>) -> Self {
+        crate::telemetry::gauges::claims_in_flight(1.0);
+        Self(shared)
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
+        crate::telemetry::gauges::claims_in_flight(-1.0);
         if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
             self.0.idle.notify_waiters();
         }

@@ -16,7 +16,7 @@ use std::time::SystemTime;
 /// [`IdempotencyLayer`](crate::IdempotencyLayer) puts it in the request's
 /// extensions of every run it claims (plain and transactional);
 /// [`Engine`](crate::engine::Engine) operations find it in
-/// [`Context::attempt`](crate::engine::Context::attempt).
+/// [`RunContext::attempt`](crate::engine::RunContext::attempt).
 ///
 /// The count restarts at 1 whenever the key is free: a claim that was
 /// released (a handler error, a response the policy does not record) is not
@@ -105,10 +105,10 @@ mod tests {
 
     #[test]
     fn an_attempt_reads_its_claim() {
-        let first = Attempt::from(Claim::first(FencingToken(3)));
+        let first = Attempt::from(Claim::first(FencingToken::new(3)));
         assert_eq!(
             (first.number(), first.is_takeover(), first.token()),
-            (1, false, FencingToken(3))
+            (1, false, FencingToken::new(3))
         );
         assert_eq!(
             (first.previous_token(), first.previous_began()),
@@ -116,9 +116,14 @@ mod tests {
         );
 
         let began = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
-        let third = Attempt::from(Claim::takeover(FencingToken(9), 3, FencingToken(5), began));
+        let third = Attempt::from(Claim::takeover(
+            FencingToken::new(9),
+            3,
+            FencingToken::new(5),
+            began,
+        ));
         assert_eq!((third.number(), third.is_takeover()), (3, true));
-        assert_eq!(third.previous_token(), Some(FencingToken(5)));
+        assert_eq!(third.previous_token(), Some(FencingToken::new(5)));
         assert_eq!(third.previous_began(), Some(began));
     }
 }

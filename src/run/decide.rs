@@ -15,9 +15,11 @@ pub(crate) enum Decision {
     /// The recorded result.
     Replay(Arc<StoredResponse>),
     /// The key was used by another request.
-    Mismatch,
+    KeyReused,
     /// Completed without a replayable result.
     Unavailable,
+    /// Ran before; its record expired and only its tombstone is left.
+    Expired,
     /// Still in progress after the wait.
     InProgress,
     /// The scope holds as many records as its quota allows.
@@ -52,15 +54,16 @@ pub(crate) async fn decide(
                 if let Some(takeover) = claim.takeover {
                     tracing::warn!(
                         attempt = takeover.attempt,
-                        previous_token = takeover.previous_token.0,
+                        previous_token = takeover.previous_token.get(),
                         "took over a claim whose owner did not complete it within its lock"
                     );
                 }
                 return Decision::Claimed(claim, opened);
             }
             Ok((Begin::Replay(stored), _)) => return Decision::Replay(stored),
-            Ok((Begin::Mismatch, _)) => return Decision::Mismatch,
+            Ok((Begin::KeyReused, _)) => return Decision::KeyReused,
             Ok((Begin::ResponseUnavailable, _)) => return Decision::Unavailable,
+            Ok((Begin::Expired, _)) => return Decision::Expired,
             Ok((Begin::InProgress, _)) => {
                 let now = Instant::now();
                 let until = *wait_until.get_or_insert(now + wait_timeout);

@@ -7,11 +7,11 @@
 //! that cannot be recorded completes the key as "response unavailable", so a
 //! retry is told so instead of running the handler again.
 
-use super::in_flight::Running;
-use super::keep_alive::kept_alive_handed_over;
 use crate::body::{BoxError, ResponseBody};
-use crate::store::erased::ErasedStore;
-use crate::store::{Completion, FencingToken, RecordKey, StoreError, StoredResponse};
+use crate::run::in_flight::Running;
+use crate::run::keep_alive::kept_alive_handed_over;
+use crate::run::recorder::Recorder;
+use crate::store::StoredResponse;
 use crate::telemetry::Outcome;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -20,9 +20,37 @@ use pin_project_lite::pin_project;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use tokio::sync::mpsc;
+
+/// A response's record to complete once its body is known: the claim's
+/// recorder and the head every replay repeats.
+pub(crate) struct Recording {
+    pub(crate) recorder: Recorder,
+    pub(crate) status: StatusCode,
+    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl Recording {
+    /// Records the whole body; `false` if the store refused or failed.
+    fn complete(self, body: Bytes) -> impl Future<Output = bool> + Send {
+        let Self {
+            recorder,
+            status,
+            headers,
+        } = self;
+        recorder.complete(StoredResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+
+    /// Completes the key without a replayable response.
+    fn unavailable(self, why: &'static str) -> impl Future<Output = ()> + Send {
+        self.recorder.unavailable(why)
+    }
+}
 
 /// How many frames may wait for a slow caller before the recorder waits too.
 const FORWARD_FRAMES: usize = 8;
@@ -274,127 +302,6 @@ where
     }
 }
 
-/// Completes the claim with what the body turned out to be.
-pub(crate) struct Recorder {
-    pub(crate) store: Arc<dyn ErasedStore>,
-    pub(crate) record: RecordKey,
-    pub(crate) token: FencingToken,
-    pub(crate) status: StatusCode,
-    pub(crate) headers: Vec<(HeaderName, HeaderValue)>,
-}
-
-impl Recorder {
-    /// Records the whole body; `false` if the store refused or failed (a
-    /// failing store is then tried again in the background).
-    ///
-    /// A plain function returning one async block: the future holds the
-    /// recorder's parts once, not once per level of nested async functions.
-    pub(crate) fn complete(self, body: Bytes) -> impl Future<Output = bool> + Send {
-        let Self {
-            store,
-            record,
-            token,
-            status,
-            headers,
-        } = self;
-        let stored = StoredResponse {
-            status,
-            headers,
-            body,
-        };
-        async move {
-            // The store takes its own copy: this one is kept for retries.
-            let completion = || Completion::Response(stored.clone());
-            let error = match store.complete(&record, token, completion()).await {
-                Ok(()) => return true,
-                Err(error) => error,
-            };
-            retry(
-                store,
-                error,
-                "its response could not be recorded",
-                move |store| {
-                    let (record, completion) =
-                        (record.clone(), Completion::Response(stored.clone()));
-                    async move { store.complete(&record, token, completion).await }
-                },
-            );
-            false
-        }
-    }
-
-    /// Completes the key without a replayable response.
-    pub(crate) fn unavailable(self, why: &'static str) -> impl Future<Output = ()> + Send {
-        let Self {
-            store,
-            record,
-            token,
-            ..
-        } = self;
-        async move {
-            tracing::warn!(why, "the handler ran; its response is not replayable");
-            let unavailable = Completion::Unavailable;
-            let Err(error) = store.complete(&record, token, unavailable).await else {
-                return;
-            };
-            retry(
-                store,
-                error,
-                "its completion could not be recorded",
-                move |store| {
-                    let record = record.clone();
-                    async move {
-                        store
-                            .complete(&record, token, Completion::Unavailable)
-                            .await
-                    }
-                },
-            );
-        }
-    }
-}
-
-/// After a completion's first attempt failed: a refusal (`ClaimLost`) is
-/// final; a failing store (an outage, a failover) is tried again in the
-/// background with a backoff, for up to the store's lock timeout, while the
-/// caller gets its answer: the effect happened, and a key left in progress
-/// would run again once its lock ran out.
-fn retry<F, Fut>(
-    store: Arc<dyn ErasedStore>,
-    error: StoreError,
-    what: &'static str,
-    mut completion: F,
-) where
-    F: FnMut(Arc<dyn ErasedStore>) -> Fut + Send + 'static,
-    Fut: Future<Output = Result<(), StoreError>> + Send,
-{
-    let StoreError::Backend(error) = error else {
-        tracing::warn!(%error, "the handler ran but {what}");
-        return;
-    };
-    tracing::warn!(%error, "the handler ran but {what}; trying again");
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let deadline = tokio::time::Instant::now() + store.timings().lock_timeout;
-    runtime.spawn(async move {
-        let mut pause = std::time::Duration::from_millis(50);
-        loop {
-            tokio::time::sleep(pause).await;
-            match completion(store.clone()).await {
-                Ok(()) => return,
-                Err(StoreError::Backend(_)) if tokio::time::Instant::now() + pause < deadline => {
-                    pause = (pause * 2).min(std::time::Duration::from_secs(1));
-                }
-                Err(error) => {
-                    tracing::warn!(%error, "the handler ran but {what}");
-                    return;
-                }
-            }
-        }
-    });
-}
-
 /// Forwards frames to the caller for as long as it listens.
 struct Forward(Option<mpsc::Sender<Result<Frame<Bytes>, BoxError>>>);
 
@@ -416,7 +323,7 @@ pub(crate) struct Rest<B> {
     pub(crate) body: Pinned<B>,
     pub(crate) copy: RecordCopy,
     pub(crate) read: OneOrMany<Frame<Bytes>>,
-    pub(crate) recorder: Option<Recorder>,
+    pub(crate) recorder: Option<Recording>,
 }
 
 async fn next_frame<B>(body: &mut Pinned<B>) -> Option<Result<Frame<Bytes>, BoxError>>
@@ -435,7 +342,7 @@ async fn record_rest<B>(
     body: &mut Pinned<B>,
     mut copy: RecordCopy,
     forward: &mut Forward,
-    recorder: Recorder,
+    recorder: Recording,
 ) -> bool
 where
     B: Body,
@@ -445,9 +352,7 @@ where
     loop {
         if copy.is_over() {
             // Said now, not at an end that may never come (an endless stream).
-            recorder
-                .unavailable("the response is over the record limit")
-                .await;
+            recorder.unavailable(OVER).await;
             return true;
         }
         match next_frame(body).await {
@@ -521,11 +426,8 @@ where
             forward.send(Ok(frame)).await;
         }
         if let Some(recorder) = recorder {
-            let (store, record, token) = (
-                recorder.store.clone(),
-                recorder.record.clone(),
-                recorder.token,
-            );
+            let (store, record, token) = recorder.recorder.claim();
+            let (store, record) = (store.clone(), record.clone());
             let recording = record_rest(&mut body, copy, &mut forward, recorder);
             if !kept_alive_handed_over(recording, store, record, token).await {
                 return;
@@ -551,7 +453,7 @@ pub(crate) fn conclude<X>(
     end: Read,
     copy: RecordCopy,
     read: OneOrMany<Frame<Bytes>>,
-    recorder: Option<Recorder>,
+    recorder: Option<Recording>,
 ) -> impl Future<Output = (ResponseBody<X>, Outcome)> {
     let (body, completion) = match (end, recorder) {
         (Read::Failed(error), recorder) => {
@@ -561,7 +463,7 @@ pub(crate) fn conclude<X>(
         }
         (_, Some(recorder)) if copy.is_over() || copy.has_trailers() => {
             let why = match copy.is_over() {
-                true => "the response is over the record limit",
+                true => OVER,
                 false => TRAILERS,
             };
             (answer(read), Some(Ending::Unavailable(recorder, why)))
@@ -593,8 +495,8 @@ pub(crate) fn conclude<X>(
 
 /// How a concluded body completes its key.
 enum Ending {
-    Record(Recorder, Bytes),
-    Unavailable(Recorder, &'static str),
+    Record(Recording, Bytes),
+    Unavailable(Recording, &'static str),
 }
 
 /// Reads the rest here, without a task (no runtime, or cancel-on-drop), then
@@ -621,8 +523,11 @@ where
     conclude(end, copy, frames, recorder).await
 }
 
+/// Why a response over the record limit is completed as "response unavailable".
+pub(crate) const OVER: &str = "the response is over the record limit";
+
 /// Why a response with trailers is completed as "response unavailable".
-const TRAILERS: &str = "the response has trailers, which a record cannot carry";
+pub(crate) const TRAILERS: &str = "the response has trailers, which a record cannot carry";
 
 /// The answer of a body read whole: its data joined, then its trailers.
 pub(crate) fn answer<X>(frames: OneOrMany<Frame<Bytes>>) -> ResponseBody<X> {

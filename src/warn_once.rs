@@ -66,13 +66,15 @@ pub(crate) fn not_recorded(warned: &WarnOnce, status: http::StatusCode, path: &s
     }
 }
 
-/// A request without a scope, answered `401`.
-pub(crate) fn no_scope(warned: &WarnOnce, path: &str) {
+/// A request without a scope, answered `401`: at `DEBUG` every time, and at
+/// `WARN` once per route with the likely cause, since a layer mounted outside
+/// the layer that authenticates answers every valid caller `401`.
+pub(crate) fn no_scope(warned: &WarnOnce, layer: &'static str, path: &str) {
     if warned.first(Cause::NoScope, path) {
         tracing::warn!(
-            layer = "idempotency",
+            layer,
             path,
-            "a request reached the idempotency layer with no Scope in the request \
+            "a request reached the {layer} layer with no Scope in the request \
              extensions and was answered 401: mount the layer inside (after) the layer \
              that authenticates and inserts a Scope (in axum, the layer added later is \
              the outer one), or use `.with_scope(...)`; for a single tenant: \
@@ -80,7 +82,7 @@ pub(crate) fn no_scope(warned: &WarnOnce, path: &str) {
              (logged once per route)"
         );
     }
-    tracing::debug!(layer = "idempotency", "no scope: 401 unauthorized");
+    tracing::debug!(layer, "no scope: 401 unauthorized");
 }
 
 #[cfg(test)]
