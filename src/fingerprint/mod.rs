@@ -260,6 +260,7 @@ fn canonicalize_into(input: &[u8], reusable: &mut Reusable) -> Result<(), Canoni
         at: 0,
         buf: &mut buffers,
         members: std::mem::take(members),
+        shape: Shape::default(),
     };
     let handled = fast.document().is_some();
     *members = fast.members;

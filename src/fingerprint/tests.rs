@@ -15,6 +15,7 @@ fn fast(input: &str) -> Option<Vec<u8>> {
         at: 0,
         buf: &mut buffers,
         members: Vec::new(),
+        shape: Shape::default(),
     };
     fast.document()?;
     Some(buffers.out)
@@ -1148,6 +1149,7 @@ fn flat(doc: &str) -> Option<String> {
         at: 0,
         buf: &mut buffers,
         members: Vec::new(),
+        shape: Shape::default(),
     };
     fast.flat_object()?;
     assert_eq!(fast.at, doc.len(), "{doc}");
@@ -1203,5 +1205,66 @@ fn flat_objects_are_sorted_in_one_go_or_left_to_the_general_path() {
             slow(doc),
             "{doc}"
         );
+    }
+}
+
+/// Records after the first with its keys in its order reuse its shape; any
+/// change in the second record (a byte replaced, a space inserted, cut short)
+/// is either canonicalised as the serde_json path does or left to it.
+#[test]
+fn records_sharing_the_first_ones_keys_match_the_serde_path_under_every_edit() {
+    let first = r#"{"sku":"SKU-1","qty":1,"a_rather_long_key":true,"note":"gift wrap"}"#;
+    let second = r#"{"sku":"SKU-2","qty":22,"a_rather_long_key":null,"note":"é"}"#;
+    let check = |doc: &str, reused: &mut usize| {
+        let want = slow(doc);
+        if let Some(got) = fast(doc) {
+            assert_eq!(Ok(&got), want.as_ref(), "{doc}");
+            *reused += 1;
+        }
+        assert_eq!(
+            canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+            want,
+            "{doc}"
+        );
+    };
+    let mut taken = 0;
+    let edits: &[&str] = &[
+        "\"", "\\", "}", "{", ",", ":", "a", "z", "0", " ", "[", "é", "\u{1}",
+    ];
+    for at in 0..=second.len() {
+        if !second.is_char_boundary(at) {
+            continue;
+        }
+        let (head, tail) = second.split_at(at);
+        // Cut short, a byte inserted, a byte replaced; then the same keys
+        // once more, so that a shape taken from a bad record is tried too.
+        let mut variants = vec![head.to_owned()];
+        for edit in edits {
+            variants.push(format!("{head}{edit}{tail}"));
+            if let Some(c) = tail.chars().next() {
+                variants.push(format!("{head}{edit}{}", &tail[c.len_utf8()..]));
+            }
+        }
+        for v in variants {
+            check(&format!("[{first},{v},{first}]"), &mut taken);
+            check(
+                &format!(r#"{{"items":[{first},{v}],"n":{first}}}"#),
+                &mut taken,
+            );
+        }
+    }
+    assert!(taken > 100, "{taken} documents taken by the single pass");
+    // Same keys in another order, fewer, more, and a key that only starts alike.
+    for v in [
+        r#"{"qty":1,"sku":"x","a_rather_long_key":1,"note":""}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key":1}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key":1,"note":"","z":0}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key_":1,"note":""}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_kez":1,"note":""}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key":1,"note":"","note":""}"#,
+    ] {
+        check(&format!("[{first},{v}]"), &mut taken);
+        // At the very end of the input, where no 16-byte window fits.
+        check(&format!("[{first},{v}"), &mut taken);
     }
 }

@@ -161,7 +161,7 @@ impl Proof<'_> {
 /// The end of the string, number or literal at `at` if it is its own
 /// canonical form.
 #[inline(always)]
-fn scalar_end(input: &[u8], at: usize) -> Option<usize> {
+pub(super) fn scalar_end(input: &[u8], at: usize) -> Option<usize> {
     match *input.get(at)? {
         b'"' => string_end(input, at),
         b'-' | b'0'..=b'9' => number_end(input, at),

@@ -8,6 +8,7 @@ mod order;
 mod scan;
 
 pub(super) use self::canonical::is_canonical;
+pub(super) use self::flat::Shape;
 
 use self::order::{order, Order, Ranking};
 use self::scan::{append, literal_end, scan_key, scan_string, token};
@@ -22,6 +23,8 @@ pub(super) struct FastCanonical<'a, 'b> {
     pub(super) buf: &'b mut Buffers,
     /// Members of the objects being read (a stack shared by nested objects).
     pub(super) members: Vec<Member>,
+    /// The keys of the last flat object (see [`flat`]).
+    pub(super) shape: Shape,
 }
 
 /// One object member, read but not necessarily written yet.
