@@ -236,8 +236,8 @@ async fn a_cluster_is_refused_when_any_primary_evicts() {
 }
 
 /// With the check skipped on an evicting server that runs out of memory, a
-/// completed record is deleted and its retry is claimed again: the handler
-/// would run twice. What `docs/redis.md` warns of, shown.
+/// completed record (and its tombstone) is deleted and its retry is claimed
+/// again: the handler would run twice. What `docs/redis.md` warns of, shown.
 #[tokio::test]
 async fn skipped_on_an_evicting_server_a_record_vanishes_and_its_retry_runs_again() {
     if r::url("eviction").is_none() {
@@ -284,11 +284,12 @@ async fn skipped_on_an_evicting_server_a_record_vanishes_and_its_retry_runs_agai
             .query_async(&mut conn)
             .await
             .unwrap();
-        // SCAN reads names only: the record's LRU clock is not touched.
+        // SCAN reads names only: the record's LRU clock is not touched. The
+        // record and its tombstone (`x`) must both be gone.
         let (_, left): (u64, Vec<String>) = redis::cmd("SCAN")
             .arg(0)
             .arg("MATCH")
-            .arg(format!("{}:*:r:*", store.prefix()))
+            .arg(format!("{}:*:[rx]:*", store.prefix()))
             .arg("COUNT")
             .arg(100_000)
             .query_async(&mut conn)

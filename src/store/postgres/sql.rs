@@ -437,7 +437,8 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'"#
        token, attempt, status,
        octet_length(body)::bigint AS body_bytes,
        (extract(epoch FROM created_at) * 1000)::bigint AS since_ms,
-       (extract(epoch FROM {until_row}) * 1000)::bigint AS expires_ms
+       (extract(epoch FROM CASE WHEN state <> 'in_progress' AND expires_at <= now()
+                           THEN {until_row} ELSE expires_at END) * 1000)::bigint AS expires_ms
 FROM {t}
 WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR {until_row} > now())"#
         );

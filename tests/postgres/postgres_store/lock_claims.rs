@@ -300,7 +300,11 @@ async fn an_expired_record_is_claimed_again_and_overwritten_once() {
     };
     let table = pg::unique_table("expired");
     let retention = Duration::from_millis(300);
-    let store = pg::store(&url, &table, |s| s.with_retention(retention)).await;
+    // No tombstone: the key is free for another body once the record expired.
+    let store = pg::store(&url, &table, |s| {
+        s.with_retention(retention).with_tombstone(Duration::ZERO)
+    })
+    .await;
     let sql = pg::connect(&url).await;
     let key = fresh_key();
 
