@@ -19,7 +19,10 @@ conns=${CONNS:-64}
 threads=${THREADS:-1}
 port=${PORT:-18181}
 command -v wrk >/dev/null || { echo "wrk is not installed (apt-get install wrk)" >&2; exit 1; }
-cargo bench -p tower-idempotency-bench --ignore-rust-version --bench load --no-run >/dev/null 2>&1
+if ! build=$(cargo bench -p tower-idempotency-bench --ignore-rust-version --bench load --no-run 2>&1); then
+  echo "$build" >&2
+  exit 1
+fi
 target=${CARGO_TARGET_DIR:-target}
 bin=$(ls -t "$target"/release/deps/load-* | grep -v '\.d$' | head -n 1)
 work=$(mktemp -d)
