@@ -31,11 +31,11 @@ use std::sync::Arc;
 ///
 /// - [`run`](Self::run): a local step, run then recorded. A crash between
 ///   the two runs it again on the retry, so its writes should be idempotent
-///   of themselves (or use [`local`](Self::local) on PostgreSQL).
+///   of themselves (or use `local` on PostgreSQL, feature `postgres`).
 /// - [`foreign`](Self::foreign): a call to another system, given a
 ///   downstream key of its own that is the same on every attempt, so the
 ///   other system deduplicates a repeat of the call.
-/// - [`local`](Self::local) (PostgreSQL): the step's writes and its recovery
+/// - `local` (PostgreSQL, feature `postgres`): the step's writes and its recovery
 ///   point in one transaction: both commit or neither.
 ///
 /// The recorded phases are read from the store on first use (one round
