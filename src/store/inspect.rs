@@ -31,8 +31,8 @@
 //! // Right after the claim its lock is fresh: as far as anyone can tell, alive.
 //! let early = store.release_stuck(&key, claim.token, "alice@ops").await.unwrap();
 //! assert_eq!(early, Release::OwnerAlive);
-//! // Half a lock without a keep-alive beat: its owner is gone.
-//! tokio::time::sleep(Duration::from_millis(600)).await;
+//! // Nine tenths of a lock without a keep-alive beat: its owner is gone.
+//! tokio::time::sleep(Duration::from_millis(950)).await;
 //! let released = store.release_stuck(&key, claim.token, "alice@ops").await.unwrap();
 //! assert_eq!(released, Release::Released);
 //! assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
@@ -124,10 +124,11 @@ pub enum Release {
     NotOwner,
     /// The key has no record: nothing to release.
     Absent,
-    /// The token owns the claim, but its lock was extended within the last
-    /// half of the lock: its owner is alive (a claim's keep-alive extends
-    /// it many times per lock), so nothing changed. A dead owner's claim
-    /// becomes releasable once half its lock has run down.
+    /// The token owns the claim, but more than a tenth of its lock is left:
+    /// its owner may be alive (a claim's keep-alive extends it twenty times
+    /// per lock and rides out stalls of up to nine tenths of it), so nothing
+    /// changed. A dead owner's claim becomes releasable once nine tenths of
+    /// its lock have run down without an extension.
     OwnerAlive,
 }
 
@@ -153,12 +154,13 @@ pub trait Inspect: Send + Sync + 'static {
         -> impl Future<Output = Result<KeyState, StoreError>> + Send;
 
     /// Releases `key`'s claim if `token` still owns it, it is in progress,
-    /// and its lock has run at least half down since it was last extended
-    /// (its owner missed its keep-alive beats: a live owner's claim answers
+    /// and at most a tenth of its lock is left (its owner missed the
+    /// keep-alive beats it would have survived a stall with: otherwise
     /// [`Release::OwnerAlive`]); `actor` (who asked) goes into the `WARN`
     /// audit event every call emits (see [`audit`]). For a claim whose owner
-    /// is known dead, before its lock runs out: an owner stalled past half
-    /// its lock that wakes up later can no longer complete.
+    /// is known dead, a little before its lock runs out and the next request
+    /// would take the key over anyway; what it adds is the operator's say,
+    /// the audit event, and a waiter woken at once.
     fn release_stuck(
         &self,
         key: &RecordKey,

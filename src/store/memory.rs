@@ -789,7 +789,7 @@ impl Inspect for MemoryStore {
                 } else if record.token == token
                     && record.in_progress().is_some()
                     && record.deadline.saturating_sub(now)
-                        > record::saturate(self.shared.settings.lock_timeout() / 2)
+                        > record::saturate(self.shared.settings.lock_timeout() / 10)
                 {
                     Release::OwnerAlive
                 } else if record.token == token && record.in_progress().is_some() {

@@ -478,14 +478,14 @@ WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR {until_row} > now())
 
         // A row a transaction holds (a handler running in transactional
         // mode: its owner is alive) is skipped, never waited for, and so not
-        // released; so is a claim extended within the last half of its lock
+        // released; so is a claim with more than a tenth of its lock left
         // (`alive`). `present` reads the snapshot before the delete.
-        let half_lock_ms = lock_ms / 2;
+        let tenth_lock_ms = lock_ms / 10;
         let release_stuck = format!(
             r#"WITH target AS (
     SELECT scope, key FROM {t}
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-      AND expires_at <= now() + interval '{half_lock_ms} milliseconds'
+      AND expires_at <= now() + interval '{tenth_lock_ms} milliseconds'
     FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM {t} AS r USING target
@@ -495,7 +495,7 @@ WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR {until_row} > now())
 SELECT EXISTS (SELECT 1 FROM gone) AS released,
        EXISTS (SELECT 1 FROM {t}
                WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-                 AND expires_at > now() + interval '{half_lock_ms} milliseconds') AS alive,
+                 AND expires_at > now() + interval '{tenth_lock_ms} milliseconds') AS alive,
        EXISTS (SELECT 1 FROM {t}
                WHERE scope = $1 AND key = $2
                  AND (state = 'in_progress' OR expires_at > now())) AS present"#

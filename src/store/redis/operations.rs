@@ -554,7 +554,7 @@ impl Inspect for RedisStore {
             .arg(token.0.to_string())
             .arg(&inner.channel)
             .arg(&names.record)
-            .arg(millis(inner.settings.lock_timeout() / 2));
+            .arg(millis(inner.settings.lock_timeout() / 10));
         let outcome = inner
             .settings
             .timed(OPERATION, inner.invoke::<i64>(&invocation))

@@ -216,10 +216,10 @@ end
 return {'u', string.format('%d', expiry)}
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, token, channel, id, half the lock
-/// in ms. `RELEASE` for an operator: replies 1 (released), 2 (the token owns
-/// the claim but its lock was extended within the last half lock: its owner
-/// is alive), 0 (the token does not own the claim) or -1 (no record of the
+/// KEYS: record, index. ARGV: scope, key, token, channel, id, a tenth of the
+/// lock in ms. `RELEASE` for an operator: replies 1 (released), 2 (the token
+/// owns the claim but more than a tenth of its lock is left: its owner may be
+/// alive), 0 (the token does not own the claim) or -1 (no record of the
 /// key).
 const RELEASE_STUCK: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
