@@ -32,6 +32,21 @@
 //! records a restart forgets: the key is derived from the scope and the
 //! message's key alone.
 //!
+//! `CONSUMER_PHASED=1` (with `DATABASE_URL`) runs each message in recovery
+//! points instead of one transaction (`Engine::phased`): the charge is a
+//! foreign phase, under its own downstream key (`phase:charge`), and the
+//! effect a local phase, its row and its recovery point committed together.
+//! A message redelivered after a crash resumes after its last recorded
+//! phase: a charge recorded before the crash is not sent again. It prints
+//! `charge recorded for message N` and pauses `CONSUMER_SLOW_MS` once the
+//! charge phase is recorded, the second moment a crash test kills it; a
+//! message whose crashed run still holds its key is delivered again later,
+//! as a broker redelivers an unacknowledged message. With `REDIS_URL` too
+//! (feature `redis`) the records and recovery points are in Redis and each
+//! effect a plain phase, its row (`<name>_keyed_effects`) committed first
+//! under its message's id; `CONSUMER_TABLES` is then the Redis keys' prefix
+//! too.
+//!
 //! Prints `charged message N` (`charged message N: replayed by the
 //! processor` for a charge made before) and `effect written for message N`
 //! as it goes, and at the end `messages M, deliveries D, effects E`.
@@ -93,6 +108,11 @@ enum Ledger {
     /// The pool, and the effects table's name.
     #[cfg(feature = "postgres")]
     Postgres(deadpool_postgres::Pool, String),
+    /// The same, each effect committed on its own under its message's id
+    /// (records in Redis: no transaction holds both).
+    #[cfg(feature = "postgres")]
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    Keyed(deadpool_postgres::Pool, String),
 }
 
 impl Ledger {
@@ -116,15 +136,43 @@ impl Ledger {
                     .await
                     .map_err(|e| e.to_string())?;
             }
+            #[cfg(feature = "postgres")]
+            Self::Keyed(..) => return Err("keyed effects are written in phases".into()),
         }
         Ok(())
+    }
+
+    /// Writes the effect of message `id` as the local phase `effect`: its
+    /// row and its recovery point commit together (PostgreSQL only).
+    #[cfg(feature = "postgres")]
+    async fn write_phase(
+        &self,
+        phases: &tower_idempotency::engine::Phases,
+        id: u64,
+        amount: i64,
+        slow: Duration,
+    ) -> Result<(), String> {
+        let table = match self {
+            Self::Postgres(_, table) => table,
+            Self::Keyed(pool, table) => return keyed(phases, pool, table, id, amount, slow).await,
+            Self::Memory(_) => return Err("phases need PostgreSQL".into()),
+        };
+        let insert = format!("INSERT INTO {table} (message_id, amount) VALUES ($1, $2)");
+        let written = phases.local("effect", |client| async move {
+            let inserted = client.execute(&insert, &[&(id as i64), &amount]).await;
+            inserted.map_err(|e| e.to_string())?;
+            println!("effect written for message {id}");
+            tokio::time::sleep(slow).await;
+            Ok::<_, String>(())
+        });
+        written.await.map_err(|e| e.to_string())
     }
 
     async fn effects(&self) -> Result<u64, String> {
         match self {
             Self::Memory(effects) => Ok(effects.lock().unwrap().len() as u64),
             #[cfg(feature = "postgres")]
-            Self::Postgres(pool, table) => {
+            Self::Postgres(pool, table) | Self::Keyed(pool, table) => {
                 let client = pool.get().await.map_err(|e| e.to_string())?;
                 let row = client
                     .query_one(&format!("SELECT count(*) FROM {table}"), &[])
@@ -151,45 +199,126 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (engine, ledger, store) = from_env().await?;
     println!("idempotency store: {store}");
     let scope = Scope::new("consumer");
-    let queue = deliveries(messages);
+    let mut queue = deliveries(messages);
     let delivered = queue.len();
-    for delivery in queue {
-        let key = IdempotencyKey::parse(format!("message-{:06}", delivery.id).as_bytes())
-            .ok_or("a valid key")?;
-        let body: serde_json::Value = serde_json::from_str(&delivery.body)?;
-        let amount = body["amount"].as_i64().ok_or("an amount")?;
-        let account = body["account"].as_str().ok_or("an account")?.to_owned();
-        let (ledger, id, processor) = (ledger.clone(), delivery.id, processor.clone());
-        let operation = move |context: RunContext| async move {
-            if let Some(processor) = processor {
-                // The same key on every run of this message, whichever store.
-                let key = context.downstream_keys().key_for(payments::CARD_PROCESSOR);
-                let description = format!("message {id}");
-                let charged = processor
-                    .charge_once(&key, &account, amount as u64, &description)
-                    .await
-                    .map_err(|e| format!("the processor: {e:?}"))?;
-                match charged.replayed {
-                    true => println!("charged message {id}: replayed by the processor"),
-                    false => println!("charged message {id}"),
+    let mut redelivered = Vec::new();
+    while !queue.is_empty() {
+        for delivery in std::mem::take(&mut queue) {
+            let key = IdempotencyKey::parse(format!("message-{:06}", delivery.id).as_bytes())
+                .ok_or("a valid key")?;
+            let id = delivery.id;
+            let body: serde_json::Value = serde_json::from_str(&delivery.body)?;
+            let amount = body["amount"].as_i64().ok_or("an amount")?;
+            let account = body["account"].as_str().ok_or("an account")?.to_owned();
+            let (ledger, processor) = (ledger.clone(), processor.clone());
+            let operation = move |context: RunContext| async move {
+                if let Some(phases) = context.phases() {
+                    return phased(&phases, &ledger, processor, id, &account, amount, slow).await;
                 }
+                if let Some(processor) = processor {
+                    // The same key on every run of this message, whichever store.
+                    let key = context.downstream_keys().key_for(payments::CARD_PROCESSOR);
+                    charge(&processor, &key, id, &account, amount).await?;
+                }
+                ledger.write(&context, id, amount).await?;
+                println!("effect written for message {id}");
+                tokio::time::sleep(slow).await;
+                Ok::<_, String>(Bytes::from(format!("effect of message {id}")))
+            };
+            let identity = Identity::Json(delivery.body.as_bytes());
+            match engine.run_bytes(&scope, &key, identity, operation).await {
+                Ok(Outcome::Executed(_)) => {}
+                // A crashed run still holds the key: delivered again later.
+                Ok(Outcome::InProgress) => {
+                    println!("message {id} in progress elsewhere: delivered again later");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    redelivered.push(delivery);
+                }
+                Ok(Outcome::Replayed(_)) => println!("message {id} delivered again: not run again"),
+                Ok(other) => return Err(format!("message {id}: {other:?}").into()),
+                Err(error) => return Err(format!("message {id}: {error}").into()),
             }
-            ledger.write(&context, id, amount).await?;
-            println!("effect written for message {id}");
-            tokio::time::sleep(slow).await;
-            Ok::<_, String>(Bytes::from(format!("effect of message {id}")))
-        };
-        let identity = Identity::Json(delivery.body.as_bytes());
-        match engine.run_bytes(&scope, &key, identity, operation).await {
-            Ok(Outcome::Executed(_)) => {}
-            Ok(Outcome::Replayed(_)) => println!("message {id} delivered again: not run again"),
-            Ok(other) => return Err(format!("message {id}: {other:?}").into()),
-            Err(error) => return Err(format!("message {id}: {error}").into()),
         }
+        queue = std::mem::take(&mut redelivered);
     }
     let effects = ledger.effects().await?;
     println!("messages {messages}, deliveries {delivered}, effects {effects}");
     Ok(())
+}
+
+/// The effect of message `id` as the plain phase `effect` (records in
+/// Redis): its row commits first, keyed by the message's id, so a run of the
+/// phase again after a crash before its record writes no second row (it
+/// counts the write in `writes`).
+#[cfg(feature = "postgres")]
+async fn keyed(
+    phases: &tower_idempotency::engine::Phases,
+    pool: &deadpool_postgres::Pool,
+    table: &str,
+    id: u64,
+    amount: i64,
+    slow: Duration,
+) -> Result<(), String> {
+    let insert = format!(
+        "INSERT INTO {table} (message_id, amount) VALUES ($1, $2) \
+         ON CONFLICT (message_id) DO UPDATE SET writes = {table}.writes + 1"
+    );
+    let written = phases.run("effect", || async {
+        let client = pool.get().await.map_err(|e| e.to_string())?;
+        let inserted = client.execute(&insert, &[&(id as i64), &amount]).await;
+        inserted.map_err(|e| e.to_string())?;
+        println!("effect written for message {id}");
+        tokio::time::sleep(slow).await;
+        Ok::<_, String>(())
+    });
+    written.await.map_err(|e| e.to_string())
+}
+
+/// Charges message `id` at the processor under `key`, saying whether the
+/// processor made the charge now or replayed the one it made before.
+async fn charge(
+    processor: &Processor,
+    key: &tower_idempotency::downstream::DownstreamKey,
+    id: u64,
+    account: &str,
+    amount: i64,
+) -> Result<String, String> {
+    let description = format!("message {id}");
+    let charged = processor
+        .charge_once(key, account, amount as u64, &description)
+        .await
+        .map_err(|e| format!("the processor: {e:?}"))?;
+    match charged.replayed {
+        true => println!("charged message {id}: replayed by the processor"),
+        false => println!("charged message {id}"),
+    }
+    Ok(charged.id)
+}
+
+/// Message `id` in recovery points: the charge (foreign), then the effect
+/// (local); each recorded phase is skipped when the message comes again.
+async fn phased(
+    phases: &tower_idempotency::engine::Phases,
+    ledger: &Ledger,
+    processor: Option<Processor>,
+    id: u64,
+    account: &str,
+    amount: i64,
+    slow: Duration,
+) -> Result<Bytes, String> {
+    if let Some(processor) = processor {
+        let charged = phases.foreign("charge", |key| async move {
+            charge(&processor, &key, id, account, amount).await
+        });
+        let charge: String = charged.await.map_err(|e| e.to_string())?;
+        println!("charge recorded for message {id}: {charge}");
+        tokio::time::sleep(slow).await;
+    }
+    #[cfg(feature = "postgres")]
+    ledger.write_phase(phases, id, amount, slow).await?;
+    #[cfg(not(feature = "postgres"))]
+    let _ = (ledger, amount, slow);
+    Ok(Bytes::from(format!("effect of message {id}")))
 }
 
 /// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set
@@ -231,7 +360,33 @@ async fn from_env() -> Result<(Engine, Ledger, &'static str), Box<dyn std::error
                  )"
             ))
             .await?;
+        let phased = std::env::var("CONSUMER_PHASED").as_deref() == Ok("1");
+        #[cfg(feature = "redis")]
+        if let (true, Ok(redis)) = (phased, std::env::var("REDIS_URL")) {
+            let keyed = format!("{tables}_keyed_effects");
+            pool.get()
+                .await?
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {keyed} (
+                         message_id bigint PRIMARY KEY,
+                         amount bigint NOT NULL,
+                         writes integer NOT NULL DEFAULT 1
+                     )"
+                ))
+                .await?;
+            // The tables' name keeps this consumer's keys apart, as its tables.
+            let store = tower_idempotency::RedisStore::builder()
+                .with_prefix(tables.parse()?)
+                .with_lock_timeout(Duration::from_secs(2))
+                .connect(&redis)
+                .await?;
+            let ledger = Ledger::Keyed(pool, keyed);
+            return Ok((Engine::phased(store), ledger, "redis, phased"));
+        }
         let ledger = Ledger::Postgres(pool, effects);
+        if phased {
+            return Ok((Engine::phased(store), ledger, "postgres, phased"));
+        }
         return Ok((Engine::transactional(store), ledger, "postgres"));
     }
     let engine = Engine::new(MemoryStore::new());

@@ -12,8 +12,8 @@
 //! - `POST /keys/{scope}/{key}/release` with `{"token": <token>}` (the token
 //!   the inspection showed) releases the claim ([`Inspect::release_stuck`]):
 //!   `200` released, `409` with `not_owner` (the token does not own the
-//!   record: it completed, or a new claim holds it) or `owner_alive` (its
-//!   lock was extended within the last half lock: the owner is alive), `404`
+//!   record: it completed, or a new claim holds it) or `owner_alive` (more
+//!   than a tenth of its lock is left: the owner may be alive), `404`
 //!   the key has no record. Every attempt is
 //!   logged at `WARN` with the actor ([`audit`](crate::store::inspect::audit)).
 //!
@@ -59,8 +59,8 @@
 //! };
 //! // Its lock is fresh: as far as anyone can tell, its owner is alive.
 //! assert_eq!(app.clone().oneshot(release()).await.unwrap().status(), StatusCode::CONFLICT);
-//! // Half the lock later, unextended: its owner missed its keep-alive beats.
-//! tokio::time::sleep(Duration::from_millis(600)).await;
+//! // Nine tenths of the lock later, unextended: its owner missed its beats.
+//! tokio::time::sleep(Duration::from_millis(950)).await;
 //! assert_eq!(app.oneshot(release()).await.unwrap().status(), StatusCode::OK);
 //! # }
 //! ```

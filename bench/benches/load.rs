@@ -21,7 +21,8 @@
 //! ours on the Cluster without and with `with_replica_acks(1, 1 s)`),
 //! `SERVER_THREADS` (1),
 //! `CLIENT_THREADS` (1), `PG_POOL` (16), `LOAD_BODY` (1024 bytes of JSON),
-//! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk), `DATABASE_URL`,
+//! `LOAD_SERVE=ADDR` (only serve, e.g. for wrk; `LOAD_SERVE_BODY=FILE` writes
+//! the request body there, for the client to send), `DATABASE_URL`,
 //! `LOAD_ROUNDS` (1): the whole grid is run this many times, the routes in
 //! alternating order, and each ratio is taken within a round (the bare route
 //! measured seconds before or after the layered one) and reported as the
@@ -350,6 +351,9 @@ fn main() {
 
     if let Ok(bind) = std::env::var("LOAD_SERVE") {
         let server = server_rt.block_on(start_server(&bind, &routes, &handler_kind));
+        if let Ok(path) = std::env::var("LOAD_SERVE_BODY") {
+            std::fs::write(path, &body).expect("LOAD_SERVE_BODY");
+        }
         println!(
             "serving on http://{} (routes /<route>/v1/orders)",
             server.addr

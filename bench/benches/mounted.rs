@@ -12,7 +12,8 @@
 //! 20000), `MOUNTED_RUNTIME=current|multi` (default both),
 //! `MOUNTED_ONLY=<variant name>` (one variant and the baseline, for profiling),
 //! `MOUNTED_REPLAY_KEYS` (default 1: how many completed keys replays cycle through),
-//! `MOUNTED_BUILD=before` (requests built before the timed loop rather than in it).
+//! `MOUNTED_BUILD=before` (requests built before the timed loop rather than in it),
+//! `BENCH_RESULTS=DIR` (the medians also to `DIR/mounted.csv`, for the picture).
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -34,7 +35,7 @@ fn build_inline() -> bool {
     std::env::var("MOUNTED_BUILD").as_deref() != Ok("before")
 }
 
-fn run(runtime: &str, variants: &[Variant], rounds: usize, batch: u64) {
+fn run(runtime: &str, variants: &[Variant], rounds: usize, batch: u64, csv: &mut Vec<String>) {
     let rt = match runtime {
         "current" => tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -106,6 +107,12 @@ fn run(runtime: &str, variants: &[Variant], rounds: usize, batch: u64) {
             v.name(),
             med[i]
         );
+        let baseline_ns = at(v.baseline()).unwrap_or(f64::NAN);
+        csv.push(format!(
+            "{runtime},{},{:.1},{baseline_ns:.1}",
+            v.name().replace(',', ";"),
+            med[i]
+        ));
     }
     println!();
     for (path, ours, peers) in [
@@ -160,7 +167,13 @@ fn main() {
         Ok("multi") => vec!["multi"],
         _ => vec!["current", "multi"],
     };
+    let mut csv = Vec::new();
     for runtime in runtimes {
-        run(runtime, &variants, rounds, batch);
+        run(runtime, &variants, rounds, batch, &mut csv);
     }
+    tower_idempotency_bench::results::write_csv(
+        "mounted",
+        "runtime,variant,ns_per_request,baseline_ns_per_request",
+        &csv,
+    );
 }

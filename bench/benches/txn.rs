@@ -20,7 +20,8 @@
 //! `TXN_ROUNDS` (3, rotating the modes' order), `TXN_CLIENTS` (`1,16`:
 //! concurrent tasks, and each pool's size), `TXN_PLAIN=0` (bare and
 //! transactional only), `TXN_STATEMENTS=1` (each round's time per statement
-//! on the server, from `pg_stat_statements`). Each round reports the CPU per
+//! on the server, from `pg_stat_statements`), `BENCH_RESULTS=DIR` (each
+//! round's requests/s also to `DIR/txn.csv`, for the picture). Each round reports the CPU per
 //! request of this process and of the server's processes, read from `/proc`
 //! (the server on this machine), apart from whatever else the machine runs. A shared disk's flush time drifts over minutes: many
 //! short rounds compare modes at the same moment better than a few long ones.
@@ -376,6 +377,7 @@ fn main() {
         let with_plain = env_or("TXN_PLAIN", 1u8) == 1;
         let modes = [Mode::Bare, Mode::Plain, Mode::Transactional];
         let mut summary = Vec::new();
+        let mut csv = Vec::new();
         for &clients in &clients {
             let mut ratios = Vec::new();
             for round in 0..rounds {
@@ -400,12 +402,23 @@ fn main() {
                         r.idle * 100.0
                     );
                     per_sec[i] = r.per_sec;
+                    csv.push(format!(
+                        "{clients},{round},{},{:.1},{:.3}",
+                        modes[i].name(),
+                        r.per_sec,
+                        r.p50_ms
+                    ));
                 }
                 ratios.push((per_sec[2] / per_sec[0], per_sec[2] / per_sec[1]));
             }
             summary.push((clients, ratios));
         }
         println!();
+        tower_idempotency_bench::results::write_csv(
+            "txn",
+            "clients,round,mode,rps,p50_ms",
+            &csv,
+        );
         for (clients, mut ratios) in summary {
             let rounds = ratios
                 .iter()

@@ -9,11 +9,17 @@
 # `what`: canon_1k, fingerprint_1k, store_fresh, or a variant of the side-by-side
 # table (no_layer, ours/fresh, ours/replay, ours/key_reuse_409, idempotent/fresh,
 # idempotent/replay, axum-idempotent/fresh, axum-idempotent/replay).
+# MICRO_BIN=path counts with that micro binary instead of building this tree's
+# (to set two builds side by side).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cargo bench -p tower-idempotency-bench --ignore-rust-version --bench micro --no-run >/dev/null 2>&1
-target=${CARGO_TARGET_DIR:-target}
-bin=$(ls -t "$target"/release/deps/micro-* | grep -v '\.d$' | head -n 1)
+if [ -n "${MICRO_BIN:-}" ]; then
+  bin=$MICRO_BIN
+else
+  cargo bench -p tower-idempotency-bench --ignore-rust-version --bench micro --no-run >/dev/null 2>&1
+  target=${CARGO_TARGET_DIR:-target}
+  bin=$(ls -t "$target"/release/deps/micro-* | grep -v '\.d$' | head -n 1)
+fi
 n=${N:-2100}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

@@ -20,6 +20,7 @@ use tower_idempotency::{store::Store, IdempotencyLayer, MemoryStore, Scope};
 
 pub mod mounted;
 pub mod realistic;
+pub mod results;
 
 /// The route every app serves.
 pub const ORDERS: &str = "/v1/orders";

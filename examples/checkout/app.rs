@@ -25,6 +25,8 @@ mod ledger;
 #[allow(dead_code)]
 #[path = "payments.rs"]
 mod payments;
+#[path = "phased.rs"]
+mod phased;
 
 use axum::body::Body;
 use axum::extract::{Extension, Request, State};
@@ -85,6 +87,9 @@ pub struct Options {
     /// sent), print `checkpoint NAME KEY` and pause this long: the points
     /// where a crash test kills the process.
     pub pause: Duration,
+    /// A layer built with `IdempotencyLayer::phased`: serves the checkout in
+    /// recovery points too, on `POST /v1/phased-orders` (see `phased.rs`).
+    pub phased: Option<IdempotencyLayer>,
 }
 
 /// The whole service on the memory store and an in-process ledger.
@@ -131,7 +136,23 @@ pub fn router_with_options(
         checkpoint(pause, "answered", &key).await;
         response
     });
-    Router::new()
+    let mut router = Router::new();
+    if let Some(phased) = options.phased.clone() {
+        let phased = phased
+            .with_body_timeout(BODY_TIMEOUT)
+            .with_max_in_flight(MAX_IN_FLIGHT);
+        router = router
+            .route(
+                "/v1/phased-orders",
+                post(phased::create_phased_order)
+                    .layer(phased)
+                    .layer(concurrency.clone())
+                    .layer(answered.clone())
+                    .get(phased::list_phased_orders),
+            )
+            .route("/v1/emails", get(phased::list_emails));
+    }
+    router
         .route(
             "/v1/orders",
             post(create_order)
@@ -202,6 +223,9 @@ fn error(status: StatusCode, code: &str) -> (StatusCode, Json<Value>) {
         "unauthorized" => "send Authorization: Bearer <merchant token>",
         "ledger_unavailable" => "the order could not be written; nothing was charged",
         "payment_failed" => "the processor did not charge; retry with the same key",
+        "recovery_point_unavailable" => {
+            "a step could not be recorded; retry with the same key to resume"
+        }
         _ => "send {sku: non-empty string, qty: integer 1..99, currency: \"USD\"}",
     };
     (status, Json(json!({ "code": code, "message": message })))

@@ -81,6 +81,16 @@ impl Writer {
 }
 
 impl Ledger {
+    /// A writer that commits each write on its own (the phased route's
+    /// charge without a processor, outside any transaction).
+    pub fn own_commits(&self) -> Writer {
+        match self {
+            Self::Memory(_) => Writer::Memory,
+            #[cfg(feature = "postgres")]
+            Self::Postgres(pool) | Self::PostgresOwnCommits(pool) => Writer::Pool(pool.clone()),
+        }
+    }
+
     /// A ledger in this process.
     pub fn memory() -> Self {
         Self::Memory(Arc::default())
@@ -199,6 +209,17 @@ impl Ledger {
                          'charge', charge, 'sku', sku, 'qty', qty, 'currency', 'USD')::text \
                          FROM checkout_orders WHERE merchant = $1 ORDER BY id"
                     }
+                    Table::PhasedOrders => {
+                        "SELECT json_build_object('id', 'ord_' || lpad(id::text, 6, '0'), \
+                         'status', status, 'charge', charge, 'sku', sku, 'qty', qty, \
+                         'currency', 'USD')::text \
+                         FROM checkout_phased_orders WHERE merchant = $1 ORDER BY id"
+                    }
+                    Table::Emails => {
+                        "SELECT json_build_object('id', 'em_' || lpad(id::text, 6, '0'), \
+                         'order', order_id, 'kind', kind)::text \
+                         FROM checkout_emails WHERE merchant = $1 ORDER BY id"
+                    }
                 };
                 let rows = client
                     .query(sql, &[&merchant])
@@ -210,6 +231,50 @@ impl Ledger {
                     .collect())
             }
         }
+    }
+
+    /// The phased route's orders of the merchant, oldest first.
+    pub async fn phased_orders(&self, merchant: &str) -> Result<Vec<Value>, LedgerError> {
+        self.list(Table::PhasedOrders, merchant).await
+    }
+
+    /// The phased route's receipt emails of the merchant, oldest first.
+    pub async fn emails(&self, merchant: &str) -> Result<Vec<Value>, LedgerError> {
+        self.list(Table::Emails, merchant).await
+    }
+
+    /// In memory: writes a pending order; returns its id.
+    pub fn memory_pending_order(&self, merchant: &str, sku: &str, qty: u64) -> Option<String> {
+        let ledger = match self {
+            Self::Memory(ledger) => ledger,
+            #[cfg(feature = "postgres")]
+            _ => return None,
+        };
+        Some(ledger.push(Table::PhasedOrders, merchant, |id| {
+            json!({
+                "id": format!("ord_{id:06}"), "status": "pending", "charge": null,
+                "sku": sku, "qty": qty, "currency": "USD",
+            })
+        }))
+    }
+
+    /// In memory: marks the order paid by `charge` and enqueues its
+    /// receipt; returns the email's id.
+    pub fn memory_paid(&self, merchant: &str, order: &str, charge: &str) -> Option<String> {
+        let ledger = match self {
+            Self::Memory(ledger) => ledger,
+            #[cfg(feature = "postgres")]
+            _ => return None,
+        };
+        ledger.update(Table::PhasedOrders, merchant, order, |row| {
+            row["status"] = json!("paid");
+            row["charge"] = json!(charge);
+        });
+        Some(ledger.push(
+            Table::Emails,
+            merchant,
+            |id| json!({ "id": format!("em_{id:06}"), "order": order, "kind": "receipt" }),
+        ))
     }
 
     /// Creates the PostgreSQL tables if missing (safe from many instances at once).
@@ -231,7 +296,20 @@ impl Ledger {
              ALTER TABLE checkout_charges ADD COLUMN IF NOT EXISTS charge_key text; \
              ALTER TABLE checkout_orders ADD COLUMN IF NOT EXISTS order_key text; \
              CREATE UNIQUE INDEX IF NOT EXISTS checkout_charges_key ON checkout_charges (charge_key); \
-             CREATE UNIQUE INDEX IF NOT EXISTS checkout_orders_key ON checkout_orders (order_key);",
+             CREATE UNIQUE INDEX IF NOT EXISTS checkout_orders_key ON checkout_orders (order_key); \
+             CREATE TABLE IF NOT EXISTS checkout_phased_orders ( \
+                 id bigserial PRIMARY KEY, merchant text NOT NULL, sku text NOT NULL, \
+                 qty integer NOT NULL, status text NOT NULL DEFAULT 'pending', charge text, \
+                 order_key text NOT NULL UNIQUE, writes integer NOT NULL DEFAULT 1, \
+                 created_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE TABLE IF NOT EXISTS checkout_emails ( \
+                 id bigserial PRIMARY KEY, merchant text NOT NULL, order_id text NOT NULL, \
+                 kind text NOT NULL, email_key text NOT NULL UNIQUE, \
+                 writes integer NOT NULL DEFAULT 1, \
+                 created_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE INDEX IF NOT EXISTS checkout_phased_orders_merchant \
+                 ON checkout_phased_orders (merchant); \
+             CREATE INDEX IF NOT EXISTS checkout_emails_merchant ON checkout_emails (merchant);",
         )
         .await?;
         tx.commit().await?;
@@ -243,12 +321,16 @@ impl Ledger {
 enum Table {
     Charges,
     Orders,
+    /// The phased route's orders (`phased.rs`), which it marks paid.
+    PhasedOrders,
+    /// Its outbox of receipt emails.
+    Emails,
 }
 
 /// Charges and orders per merchant, in this process.
 #[derive(Default)]
 pub struct MemoryLedger {
-    tables: Mutex<[Rows; 2]>,
+    tables: Mutex<[Rows; 4]>,
 }
 
 #[derive(Default)]
@@ -269,6 +351,20 @@ impl MemoryLedger {
             .or_default()
             .push(row);
         id
+    }
+
+    /// Changes the row `id` of `merchant` in `table`; returns it changed.
+    fn update(&self, table: Table, merchant: &str, id: &str, f: impl FnOnce(&mut Value)) -> Value {
+        let mut tables = self.tables.lock().unwrap();
+        let rows = tables[table as usize]
+            .by_merchant
+            .entry(merchant.to_owned());
+        let row = rows.or_default().iter_mut().find(|row| row["id"] == id);
+        row.map(|row| {
+            f(row);
+            row.clone()
+        })
+        .unwrap_or(Value::Null)
     }
 
     fn list(&self, table: Table, merchant: &str) -> Vec<Value> {

@@ -32,6 +32,12 @@
 //! print `checkpoint STEP KEY` and pause: where a crash test kills the
 //! process.
 //!
+//! `POST /v1/phased-orders` takes the same orders in recovery points (the
+//! order, the charge, then paid with its receipt email, each recorded when
+//! it finishes, so a retry after a crash resumes after the last one); `GET
+//! /v1/phased-orders` and `GET /v1/emails` list what it wrote. See
+//! `phased.rs`.
+//!
 //! Limits, as `docs/security.md` advises (see `app.rs`): an order's body
 //! must arrive whole within 10 s (`BODY_TIMEOUT`, else `408`); at most 64
 //! order requests are taken in at once (`MAX_CONCURRENT_ORDERS`, others wait
@@ -69,15 +75,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Err(_) => Ok(Duration::ZERO),
         }
     };
+    let (layer, phased, ledger, store_name, purge) = from_env().await?;
+    let in_flight = layer.in_flight();
     let options = Options {
         delay: millis("CHECKOUT_DELAY_MS")?,
         pause: millis("CHECKOUT_PAUSE_MS")?,
         processor: std::env::var("PROCESSOR_URL")
             .ok()
             .map(|url| Processor::new(&url)),
+        // Waited for at shutdown with the other route's handlers.
+        phased: Some(phased.with_in_flight(in_flight.clone())),
     };
-    let (layer, ledger, store_name, purge) = from_env().await?;
-    let in_flight = layer.in_flight();
     println!("idempotency store: {store_name}");
     match &options.processor {
         Some(processor) => println!("charges: processor at {}", processor.url()),
@@ -123,14 +131,23 @@ async fn shutdown_signal() {
     }
 }
 
+/// The layer of `POST /v1/orders`, the phased one of `POST
+/// /v1/phased-orders` (on the same store), the ledger, the store's name and
+/// its purge task.
+type FromEnv = (
+    IdempotencyLayer,
+    IdempotencyLayer,
+    Ledger,
+    &'static str,
+    Option<PurgeHandle>,
+);
+
 /// PostgreSQL when built with `--features postgres` and `DATABASE_URL` is set
 /// (records, charges and orders in one transaction); else Redis when built
 /// with `--features redis` and `REDIS_URL` is set (records only); memory
 /// otherwise. `CHECKOUT_STORE` chooses instead. Memory and PostgreSQL come
 /// with their purge task running (Redis expires records by itself).
-async fn from_env(
-) -> Result<(IdempotencyLayer, Ledger, &'static str, Option<PurgeHandle>), Box<dyn std::error::Error>>
-{
+async fn from_env() -> Result<FromEnv, Box<dyn std::error::Error>> {
     let set = |name: &str| std::env::var(name).is_ok();
     let choice = match std::env::var("CHECKOUT_STORE") {
         Ok(choice) => choice,
@@ -144,7 +161,8 @@ async fn from_env(
             let store = MemoryStore::new();
             let purge = purge_task(store.clone())?;
             Ok((
-                IdempotencyLayer::new(store),
+                IdempotencyLayer::new(store.clone()),
+                IdempotencyLayer::phased(store),
                 Ledger::memory(),
                 "memory",
                 Some(purge),
@@ -156,15 +174,18 @@ async fn from_env(
             let (store, pool) = postgres_store(&url).await?;
             Ledger::migrate(&pool).await?;
             let purge = Some(purge_task(store.clone())?);
+            let phased = IdempotencyLayer::phased(store.clone());
             Ok(match choice.as_str() {
                 "postgres" => (
                     IdempotencyLayer::transactional(store),
+                    phased,
                     Ledger::Postgres(pool),
                     "postgres",
                     purge,
                 ),
                 _ => (
                     IdempotencyLayer::new(store),
+                    phased,
                     Ledger::PostgresOwnCommits(pool),
                     "postgres-plain",
                     purge,
@@ -182,8 +203,9 @@ async fn from_env(
                 1 => builder.connect(&url).await?,
                 _ => builder.connect_cluster(&nodes).await?,
             };
-            let layer = IdempotencyLayer::new(store);
-            Ok((layer, redis_ledger().await?, "redis", None))
+            let layer = IdempotencyLayer::new(store.clone());
+            let phased = IdempotencyLayer::phased(store);
+            Ok((layer, phased, redis_ledger().await?, "redis", None))
         }
         _ => Err(needs("one of memory, postgres, postgres-plain, redis (with its feature)").into()),
     }

@@ -48,11 +48,12 @@ mod run;
 
 pub use self::run::RunContext;
 pub use crate::run::attempt::Attempt;
+pub use crate::run::phases::{PhaseError, Phases};
 
 use crate::downstream::DownstreamSecret;
 use crate::run::in_flight::InFlight;
 use crate::store::erased::SharedStore;
-use crate::store::{Store, StoreError, TransactionalStore};
+use crate::store::{PhaseStore, Store, StoreError, TransactionalStore};
 use crate::{IdempotencyKey, Scope};
 use bytes::Bytes;
 use std::fmt;
@@ -173,6 +174,13 @@ impl Engine {
         Self::with_store(SharedStore::transactional(store))
     }
 
+    /// Like [`new`](Self::new), and each operation gets [`Phases`]
+    /// ([`RunContext::phases`]): recovery points, so that a repeat after a
+    /// failed, panicked or dead run resumes after its last finished phase.
+    pub fn phased(store: impl PhaseStore) -> Self {
+        Self::with_store(SharedStore::phased(store))
+    }
+
     fn with_store(store: SharedStore) -> Self {
         Self {
             store,
@@ -270,6 +278,13 @@ impl Engine {
         let decode = |bytes: &Bytes| serde_json::from_slice(bytes).map_err(|e| e.to_string());
         self.run_encoded(scope, key, identity, operation, encode, decode)
             .await
+    }
+}
+
+impl RunContext {
+    /// The run's [`Phases`], under [`Engine::phased`].
+    pub fn phases(&self) -> Option<Phases> {
+        self.get::<Phases>()
     }
 }
 

@@ -53,10 +53,14 @@ impl RunContext {
 }
 
 impl Engine {
-    fn context(&self, record: &RecordKey, attempt: Attempt) -> RunContext {
+    fn context(&self, claimed: &Claimed) -> RunContext {
+        let record = claimed.record();
+        let mut extensions = http::Extensions::new();
+        let secret = self.downstream_secret.as_ref();
+        claimed.share_phases(&self.store, secret, &mut extensions);
         RunContext {
-            attempt,
-            extensions: http::Extensions::new(),
+            attempt: claimed.attempt(),
+            extensions,
             downstream_keys: DownstreamKeys::derived(
                 record.scope(),
                 record.key(),
@@ -149,7 +153,7 @@ impl Engine {
             Decision::StoreFailed(error) => return Err(EngineError::Store(error)),
         };
         let work = Operation {
-            context: self.context(claimed.record(), claimed.attempt()),
+            context: self.context(&claimed),
             on_failure: self.on_failure,
             operation,
         };

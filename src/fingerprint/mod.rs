@@ -185,9 +185,15 @@ pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
 }
 
 /// Calls `f` with the canonical form of `input` (`None` when it is not JSON
-/// the canonicaliser accepts), written into buffers this thread keeps: a
-/// fingerprint then allocates nothing for its canonical text.
+/// the canonicaliser accepts): `input` itself when it is already canonical,
+/// otherwise written into buffers this thread keeps, so that a fingerprint
+/// allocates nothing for its canonical text.
 fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(Option<&[u8]>) -> R) -> R {
+    // A body already canonical is its own canonical form: hashed where it
+    // is, without a copy.
+    if is_canonical(input) {
+        return f(Some(input));
+    }
     thread_local! {
         static BUFFERS: std::cell::RefCell<Reusable> = std::cell::RefCell::default();
     }
@@ -254,6 +260,7 @@ fn canonicalize_into(input: &[u8], reusable: &mut Reusable) -> Result<(), Canoni
         at: 0,
         buf: &mut buffers,
         members: std::mem::take(members),
+        shape: Shape::default(),
     };
     let handled = fast.document().is_some();
     *members = fast.members;

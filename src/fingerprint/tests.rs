@@ -15,6 +15,7 @@ fn fast(input: &str) -> Option<Vec<u8>> {
         at: 0,
         buf: &mut buffers,
         members: Vec::new(),
+        shape: Shape::default(),
     };
     fast.document()?;
     Some(buffers.out)
@@ -823,4 +824,447 @@ fn key_order_whitespace_and_escapes_still_share_a_fingerprint() {
     }
     // A `\/` escape is `/`.
     assert_eq!(canon(r#"["a\/b"]"#), r#"["a/b"]"#);
+}
+
+/// The digest of a body as the fingerprint defines it, by the reference
+/// canonicaliser (serde_json) alone: SHA-256 over the request line and its
+/// canonical form, or its raw bytes when it has none.
+fn reference_digest(key: &IdempotencyKey, body: &[u8]) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in ["POST", "/orders", key.as_str(), "acme"] {
+        hasher.update(part.as_bytes());
+        hasher.update(b"\n");
+    }
+    let buffers = Buffers {
+        out: Vec::new(),
+        scratch: Vec::new(),
+    };
+    let canonical = canonicalize_with_serde(body, buffers).ok();
+    hasher.update(canonical.as_deref().unwrap_or(body));
+    hasher.finalize().into()
+}
+
+/// A JSON document to render, canonically or with one defect.
+enum Doc {
+    /// A number or literal, as written.
+    Literal(&'static str),
+    String(&'static str),
+    Array(Vec<Doc>),
+    Object(Vec<(&'static str, Doc)>),
+}
+
+/// The one way a rendering departs from the canonical form, at the `at`-th
+/// place where it can.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Defect {
+    None,
+    /// Two neighbouring members swapped.
+    Unsorted,
+    /// A space before a token.
+    Space,
+    /// `/` written `\/`.
+    EscapedSlash,
+    /// A non-ASCII character written as its `\u` escape.
+    EscapedNonAscii,
+    /// An ASCII letter written as its `\u` escape.
+    EscapedAscii,
+}
+
+struct Render {
+    defect: Defect,
+    at: u64,
+    seen: u64,
+    /// Whether the defect was made.
+    made: bool,
+    out: String,
+}
+
+impl Render {
+    /// Whether to make the defect at this place (its kind being `kind`).
+    fn here(&mut self, kind: Defect) -> bool {
+        if self.defect != kind || self.made {
+            return false;
+        }
+        self.seen += 1;
+        self.made = self.seen > self.at;
+        self.made
+    }
+
+    fn space(&mut self) {
+        if self.here(Defect::Space) {
+            self.out.push(' ');
+        }
+    }
+
+    fn string(&mut self, s: &str) {
+        self.out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => self.out.push_str("\\\""),
+                '\\' => self.out.push_str("\\\\"),
+                '\n' => self.out.push_str("\\n"),
+                '\t' => self.out.push_str("\\t"),
+                '\0'..='\u{1f}' => self.out.push_str(&format!("\\u{:04x}", c as u32)),
+                '/' if self.here(Defect::EscapedSlash) => self.out.push_str("\\/"),
+                c if !c.is_ascii() && self.here(Defect::EscapedNonAscii) => {
+                    for unit in c.encode_utf16(&mut [0; 2]) {
+                        self.out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c if c.is_ascii_alphabetic() && self.here(Defect::EscapedAscii) => {
+                    self.out.push_str(&format!("\\u{:04X}", c as u32));
+                }
+                c => self.out.push(c),
+            }
+        }
+        self.out.push('"');
+    }
+
+    fn doc(&mut self, doc: &Doc) {
+        self.space();
+        match doc {
+            Doc::Literal(text) => self.out.push_str(text),
+            Doc::String(s) => self.string(s),
+            Doc::Array(items) => {
+                self.out.push('[');
+                for (i, item) in items.iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    self.doc(item);
+                }
+                self.space();
+                self.out.push(']');
+            }
+            Doc::Object(members) => {
+                let mut sorted: Vec<_> = members.iter().collect();
+                sorted.sort_by(|a, b| cmp_utf16(a.0, b.0));
+                for i in 1..sorted.len() {
+                    // Swapping equal keys (a duplicate) changes nothing.
+                    if sorted[i - 1].0 != sorted[i].0 && self.here(Defect::Unsorted) {
+                        sorted.swap(i - 1, i);
+                    }
+                }
+                self.out.push('{');
+                for (i, (key, value)) in sorted.into_iter().enumerate() {
+                    if i > 0 {
+                        self.out.push(',');
+                    }
+                    self.space();
+                    self.string(key);
+                    self.space();
+                    self.out.push(':');
+                    self.doc(value);
+                }
+                self.space();
+                self.out.push('}');
+            }
+        }
+        self.space();
+    }
+}
+
+/// Bodies already canonical are hashed as they are; every other body (almost
+/// canonical, deeply nested, invalid) still gets the digest of its canonical
+/// form by the reference canonicaliser, or of its raw bytes.
+#[test]
+fn canonical_bodies_hashed_as_they_are_agree_with_the_reference_digest() {
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: u64) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+        }
+        fn pick<T: Copy>(&mut self, from: &[T]) -> T {
+            from[self.below(from.len() as u64) as usize]
+        }
+    }
+    const KEYS: &[&str] = &[
+        "a",
+        "b",
+        "ab",
+        "sku",
+        "qty",
+        "price",
+        "note",
+        "a/b",
+        "",
+        "é",
+        "e",
+        "😀",
+        "\u{fb33}",
+        "\u{e000}",
+        "abcdefgh",
+        "abcdefghi",
+        "abcdefghj",
+        "customer_id",
+        "customer_name",
+        "quote\"d",
+        "new\nline",
+    ];
+    const LITERALS: &[&str] = &[
+        "0",
+        "-0",
+        "1",
+        "1.0",
+        "10.5",
+        "1.50",
+        "1e2",
+        "1E+2",
+        "-2.5e-8",
+        "123456789012345678901234567890",
+        "1e400",
+        "-1e-400",
+        "true",
+        "false",
+        "null",
+    ];
+    const STRINGS: &[&str] = &[
+        "",
+        "x",
+        "gift wrap",
+        "SKU-000001",
+        "a/b",
+        "é",
+        "café crème",
+        "😀 emoji",
+        "\u{e000}",
+        "q\"uote",
+        "back\\slash",
+        "tab\t",
+        "\u{1}",
+        "abcdefghijklmnopqrstuvwxyz",
+    ];
+    fn doc(rng: &mut Rng, depth: u32) -> Doc {
+        match rng.below(if depth > 4 { 4 } else { 7 }) {
+            0 | 1 => Doc::Literal(rng.pick(LITERALS)),
+            2 | 3 => Doc::String(rng.pick(STRINGS)),
+            4 => Doc::Array((0..rng.below(4)).map(|_| doc(rng, depth + 1)).collect()),
+            _ => {
+                let mut keys: Vec<&str> = (0..rng.below(18)).map(|_| rng.pick(KEYS)).collect();
+                // Mostly distinct keys; now and then a duplicate.
+                if rng.below(8) != 0 {
+                    keys.sort_unstable();
+                    keys.dedup();
+                }
+                Doc::Object(keys.into_iter().map(|k| (k, doc(rng, depth + 1))).collect())
+            }
+        }
+    }
+    /// `doc` inside `levels` arrays and objects.
+    fn nested(rng: &mut Rng, levels: u64, doc: Doc) -> Doc {
+        (0..levels).fold(doc, |inner, _| {
+            if rng.below(2) == 0 {
+                Doc::Array(vec![inner])
+            } else {
+                Doc::Object(vec![(rng.pick(KEYS), inner)])
+            }
+        })
+    }
+    const DEFECTS: [Defect; 6] = [
+        Defect::None,
+        Defect::Unsorted,
+        Defect::Space,
+        Defect::EscapedSlash,
+        Defect::EscapedNonAscii,
+        Defect::EscapedAscii,
+    ];
+    let key = IdempotencyKey::parse(b"order-0001").unwrap();
+    let json = http::HeaderValue::from_static("application/json");
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut proven = 0;
+    let mut almost = [0; DEFECTS.len()];
+    for case in 0..12_000 {
+        let mut body = doc(&mut rng, 0);
+        if case % 50 == 0 {
+            // Around the depth this scan proves (32) and the parser's (128).
+            let levels = rng.pick(&[30, 31, 32, 33, 40, 127, 128, 129]);
+            body = nested(&mut rng, levels, body);
+        }
+        let defect = rng.pick(&DEFECTS);
+        let mut render = Render {
+            defect,
+            at: rng.below(6),
+            seen: 0,
+            made: false,
+            out: String::new(),
+        };
+        render.doc(&body);
+        let mut text = render.out.into_bytes();
+        match rng.below(20) {
+            // Invalid: cut short, or followed by more.
+            0 => text.truncate(rng.below(text.len() as u64 + 1) as usize),
+            1 => text.extend_from_slice(rng.pick(&[&b" "[..], b"x", b"{}", b"]", b","])),
+            _ => {}
+        }
+        let digest = Fingerprint::compute(
+            &http::Method::POST,
+            "/orders",
+            &key,
+            "acme",
+            Some(&json),
+            &text,
+        );
+        let shown = String::from_utf8_lossy(&text);
+        assert_eq!(
+            digest.0,
+            reference_digest(&key, &text),
+            "{defect:?}: {shown}"
+        );
+        let canonical = is_canonical(&text);
+        if canonical {
+            proven += 1;
+            // Not only the same digest: the canonical form is the body itself.
+            let buffers = Buffers {
+                out: Vec::new(),
+                scratch: Vec::new(),
+            };
+            assert_eq!(
+                canonicalize_with_serde(&text, buffers).ok().as_deref(),
+                Some(&text[..]),
+                "{shown}"
+            );
+        } else if render.made {
+            almost[DEFECTS.iter().position(|&d| d == defect).unwrap()] += 1;
+        }
+    }
+    // Every kind of near miss was made and declined, and canonical bodies
+    // were proven so: neither branch is vacuous.
+    assert!(proven > 2_000, "{proven} bodies proven canonical");
+    for (defect, n) in DEFECTS.iter().zip(almost).skip(1) {
+        assert!(n > 100, "{n} bodies almost canonical by {defect:?}");
+    }
+}
+
+/// What the flat-object path writes for the object `doc`, if it takes it.
+fn flat(doc: &str) -> Option<String> {
+    let mut buffers = Buffers {
+        out: Vec::new(),
+        scratch: Vec::new(),
+    };
+    let mut fast = FastCanonical {
+        input: doc.as_bytes(),
+        at: 0,
+        buf: &mut buffers,
+        members: Vec::new(),
+        shape: Shape::default(),
+    };
+    fast.flat_object()?;
+    assert_eq!(fast.at, doc.len(), "{doc}");
+    Some(String::from_utf8(buffers.out).unwrap())
+}
+
+#[test]
+fn flat_objects_are_sorted_in_one_go_or_left_to_the_general_path() {
+    let taken = [
+        r#"{"sku":"SKU-1","qty":1,"price":10.5,"note":"gift wrap"}"#,
+        r#"{"b":true,"a":false,"c":null,"":-0,"d":"é€😀"}"#,
+        r#"{"note":"x","sku":"y"}"#,
+        r#"{"a":1}"#,
+        // Long keys whose first 8 bytes differ.
+        r#"{"customer":"c","currency":"EUR","abcdefghij":1}"#,
+        r#"{"p":1,"o":2,"n":3,"m":4,"l":5,"k":6,"j":7,"i":8,"h":9,"g":10,"f":11,"e":12,"d":13,"c":14,"b":15,"a":16}"#,
+    ];
+    for doc in taken {
+        let want = String::from_utf8(slow(doc).unwrap()).unwrap();
+        assert_eq!(flat(doc).as_deref(), Some(&want[..]), "{doc}");
+        assert_eq!(canon(doc), want, "{doc}");
+    }
+    let left = [
+        // Long keys sharing their first 8 bytes, either way round.
+        r#"{"customer_name":"n","customer_id":1}"#,
+        r#"{"customer_id":1,"customer_name":"n"}"#,
+        r#"{"abcdefgh":1,"abcdefghi":2}"#,
+        // A duplicate key, short or long.
+        r#"{"a":1,"b":2,"a":3}"#,
+        r#"{"abcdefghi":1,"abcdefghi":2}"#,
+        // Seventeen members.
+        r#"{"q":0,"p":1,"o":2,"n":3,"m":4,"l":5,"k":6,"j":7,"i":8,"h":9,"g":10,"f":11,"e":12,"d":13,"c":14,"b":15,"a":16}"#,
+        // Not ASCII, escapes, whitespace, nesting, the empty object.
+        r#"{"é":1,"e":2}"#,
+        r#"{"a\u0062":1,"a":2}"#,
+        r#"{"b":"x\/y","a":2}"#,
+        r#"{"b":1, "a":2}"#,
+        r#"{"b" :1,"a":2}"#,
+        r#"{"b":1,"a":[2]}"#,
+        r#"{"b":1,"a":{}}"#,
+        "{}",
+        // Not JSON.
+        r#"{"b":1,"a":2"#,
+        r#"{"b":1,"a":01}"#,
+        r#"{"b":1,"a":tru}"#,
+        r#"{"b":1,}"#,
+        r#"{"b":1"#,
+    ];
+    for doc in left {
+        assert_eq!(flat(doc), None, "{doc}");
+        assert_eq!(
+            canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+            slow(doc),
+            "{doc}"
+        );
+    }
+}
+
+/// Records after the first with its keys in its order reuse its shape; any
+/// change in the second record (a byte replaced, a space inserted, cut short)
+/// is either canonicalised as the serde_json path does or left to it.
+#[test]
+fn records_sharing_the_first_ones_keys_match_the_serde_path_under_every_edit() {
+    let first = r#"{"sku":"SKU-1","qty":1,"a_rather_long_key":true,"note":"gift wrap"}"#;
+    let second = r#"{"sku":"SKU-2","qty":22,"a_rather_long_key":null,"note":"é"}"#;
+    let check = |doc: &str, reused: &mut usize| {
+        let want = slow(doc);
+        if let Some(got) = fast(doc) {
+            assert_eq!(Ok(&got), want.as_ref(), "{doc}");
+            *reused += 1;
+        }
+        assert_eq!(
+            canonicalize_json(doc.as_bytes()).map_err(|e| e.to_string()),
+            want,
+            "{doc}"
+        );
+    };
+    let mut taken = 0;
+    let edits: &[&str] = &[
+        "\"", "\\", "}", "{", ",", ":", "a", "z", "0", " ", "[", "é", "\u{1}",
+    ];
+    for at in 0..=second.len() {
+        if !second.is_char_boundary(at) {
+            continue;
+        }
+        let (head, tail) = second.split_at(at);
+        // Cut short, a byte inserted, a byte replaced; then the same keys
+        // once more, so that a shape taken from a bad record is tried too.
+        let mut variants = vec![head.to_owned()];
+        for edit in edits {
+            variants.push(format!("{head}{edit}{tail}"));
+            if let Some(c) = tail.chars().next() {
+                variants.push(format!("{head}{edit}{}", &tail[c.len_utf8()..]));
+            }
+        }
+        for v in variants {
+            check(&format!("[{first},{v},{first}]"), &mut taken);
+            check(
+                &format!(r#"{{"items":[{first},{v}],"n":{first}}}"#),
+                &mut taken,
+            );
+        }
+    }
+    assert!(taken > 100, "{taken} documents taken by the single pass");
+    // Same keys in another order, fewer, more, and a key that only starts alike.
+    for v in [
+        r#"{"qty":1,"sku":"x","a_rather_long_key":1,"note":""}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key":1}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key":1,"note":"","z":0}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key_":1,"note":""}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_kez":1,"note":""}"#,
+        r#"{"sku":"x","qty":1,"a_rather_long_key":1,"note":"","note":""}"#,
+    ] {
+        check(&format!("[{first},{v}]"), &mut taken);
+        // At the very end of the input, where no 16-byte window fits.
+        check(&format!("[{first},{v}"), &mut taken);
+    }
 }

@@ -9,7 +9,7 @@ use crate::response::{ErrorFormat, KeyCodes, KeyReuseStatus, RefusalResponse};
 use crate::run::in_flight::InFlight;
 use crate::scope::{FromExtension, Scope, ScopeExtractor};
 use crate::store::erased::{ErasedStore, SharedStore};
-use crate::store::{Store, TransactionalStore};
+use crate::store::{PhaseStore, Store, TransactionalStore};
 use http::header::{HeaderName, ETAG, LINK, LOCATION, SET_COOKIE};
 use http::{HeaderValue, Method};
 use std::num::NonZeroUsize;
@@ -53,6 +53,20 @@ impl IdempotencyLayer {
     /// See `docs/idempotency.md` for the guarantees and their limits.
     pub fn transactional(store: impl TransactionalStore) -> Self {
         Self::with_store(SharedStore::transactional(store))
+    }
+
+    /// Like [`new`](Self::new), and each claimed handler finds
+    /// [`Phases`](crate::engine::Phases) in its request extensions
+    /// (`Extension<Phases>` in axum): recovery points, so that a retry after
+    /// a failed, panicked or dead run resumes after its last finished phase
+    /// instead of running the whole handler again. See "Recovery points
+    /// (phases)" in `docs/idempotency.md`.
+    ///
+    /// Not in transactional mode, where the whole request is one
+    /// transaction: a crash rolls everything back, and the retry starts over
+    /// on a clean slate.
+    pub fn phased(store: impl PhaseStore) -> Self {
+        Self::with_store(SharedStore::phased(store))
     }
 
     fn with_store(store: SharedStore) -> Self {

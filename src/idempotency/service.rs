@@ -164,31 +164,34 @@ where
             Ok(bytes) => bytes,
             Err(refusal) => return refuse(refusal),
         };
-        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         let record = RecordKey::new(scope, key);
-        // Computed by the store only as far as it needs: a replay of the same bytes
-        // never canonicalises the body.
-        let fingerprint = RequestFingerprint::new(
-            &parts.method,
-            path_and_query,
-            record.key(),
-            record.scope().as_str(),
-            parts.headers.get(CONTENT_TYPE),
-            &bytes,
-        );
-        telemetry::identify(record.scope().as_str(), record.key().as_str());
-        let store = config.store.store();
-
-        let claimed = match decide(
-            store,
-            config.store.transactions(),
-            &record,
-            &fingerprint,
-            config.wait_timeout,
-        )
-        .await
-        {
-            Decision::Claimed(claim, opened) => (claim, opened),
+        // The fingerprint lives in this block only, so that the states after
+        // the decision do not keep room for it in every request's future.
+        let decision = {
+            let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+            // Computed by the store only as far as it needs: a replay of the same
+            // bytes never canonicalises the body.
+            let fingerprint = RequestFingerprint::new(
+                &parts.method,
+                path_and_query,
+                record.key(),
+                record.scope().as_str(),
+                parts.headers.get(CONTENT_TYPE),
+                &bytes,
+            );
+            telemetry::identify(record.scope().as_str(), record.key().as_str());
+            let store = config.store.store();
+            decide(
+                store,
+                config.store.transactions(),
+                &record,
+                &fingerprint,
+                config.wait_timeout,
+            )
+            .await
+        };
+        let claimed = match decision {
+            Decision::Claimed(claim, opened) => Claimed::new(record, claim, opened),
             Decision::Replay(stored) => {
                 let answer = replay(&stored, config.retention_header.as_ref());
                 return (Ok(answer), Outcome::Replayed);
@@ -200,9 +203,6 @@ where
             Decision::QuotaExceeded => return refuse(Refusal::QuotaExceeded),
             Decision::StoreFailed(_) => return refuse(Refusal::StoreUnavailable),
         };
-
-        drop(fingerprint); // it borrows `parts`
-        let claimed = Claimed::new(record, claimed.0, claimed.1);
         let admitted = match config.max_in_flight {
             None => Some(config.in_flight.enter()),
             Some(max) => config.in_flight.try_enter(max.get()),
@@ -221,6 +221,8 @@ where
         ));
         // Whether this run took over one that never finished, and whose.
         parts.extensions.insert(claimed.attempt());
+        let secret = config.downstream_secret.as_ref();
+        claimed.share_phases(&config.store, secret, &mut parts.extensions);
         let handler = Handler {
             config: config.clone(),
             inner,

@@ -1,7 +1,7 @@
 //! Natural-key job leases: one live job per `tenant:kind:period`, duplicates join it.
 //!
 //! Clients cannot always keep an `Idempotency-Key`: a reloaded tab mints a new
-//! one, yet "Acme's August health report" is still one job. [`LeaseLayer`](crate::LeaseLayer)
+//! one, yet "Acme's August health report" is still one job. [`LeaseLayer`]
 //! keys jobs by what they *are* — the tenant from authentication plus a key a
 //! [`JobKeyExtractor`] builds from the request — and decides each start
 //! atomically in a [`JobStore`](crate::lease::store::JobStore). A new key creates the job with a lease and calls the handler (`202`,
@@ -12,7 +12,7 @@
 //! `429`, a store failure `503`, before anything starts. Every answer is in
 //! the [decision table](contract#start-one-atomic-decision).
 //!
-//! The handler receives a [`Lease`](crate::Lease) in the request extensions and decides what
+//! The handler receives a [`Lease`] in the request extensions and decides what
 //! starts the work; any `2xx` it returns becomes the `202` above, anything else
 //! is passed through and fails the job. The worker heartbeats, appends numbered
 //! chunks to the job's cursor, and finalizes — each write fenced by the lease's

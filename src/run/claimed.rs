@@ -14,7 +14,9 @@ use super::attempt::Attempt;
 use super::claim::{open_transaction, ClaimGuard, NotOpened};
 use super::in_flight::Running;
 use super::keep_alive::kept_alive;
+use super::phases::Phases;
 use super::recorder::Recorder;
+use crate::downstream::DownstreamSecret;
 use crate::store::erased::{ErasedTransaction, SharedStore};
 use crate::store::{Claim, Completion, RecordKey, StoreError, StoredResponse};
 use pin_project_lite::pin_project;
@@ -73,6 +75,17 @@ impl Claimed {
 
     pub(crate) fn attempt(&self) -> Attempt {
         Attempt::from(self.claim)
+    }
+
+    /// Shares the claim's [`Phases`] with the work through `extensions`
+    /// when `store` records phases; nothing (no allocation) otherwise.
+    pub(crate) fn share_phases(
+        &self,
+        store: &SharedStore,
+        secret: Option<&DownstreamSecret>,
+        extensions: &mut http::Extensions,
+    ) {
+        Phases::share(store, &self.record, self.claim.token, secret, extensions);
     }
 
     /// Gives the claim back before any work ran (shed by an in-flight limit).

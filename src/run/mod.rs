@@ -14,4 +14,5 @@ pub(crate) mod claimed;
 pub(crate) mod decide;
 pub(crate) mod in_flight;
 pub(crate) mod keep_alive;
+pub(crate) mod phases;
 pub(crate) mod recorder;

@@ -81,7 +81,7 @@ pub const SHORT: Durations = Durations {
 /// A lock long enough to tell a release from the lock running out, for
 /// an operator's release of a claim whose owner is dead.
 pub const RELEASABLE: Durations = Durations {
-    lock: Duration::from_secs(6),
+    lock: Duration::from_secs(10),
     ..LONG
 };
 
@@ -1101,8 +1101,8 @@ pub async fn release_stuck_is_fenced_by_the_token_it_was_given<S: Store + Inspec
 }
 
 /// Needs a store built with [`RELEASABLE`] durations. A claim released by
-/// an operator with its token, once its lock ran half down unextended (its
-/// owner dead), frees the key at once, well before the lock runs out: a
+/// an operator with its token, once nine tenths of its lock ran down
+/// unextended (its owner dead), frees the key at once, before the lock runs out: a
 /// waiter is woken, the next request (even with another body) claims it,
 /// and the dead owner's late completion is refused.
 #[doc(hidden)]
@@ -1125,7 +1125,7 @@ pub async fn a_released_key_is_claimable_again_and_its_old_owner_fenced<S: Store
             .unwrap(),
         Release::OwnerAlive
     );
-    tokio::time::sleep(RELEASABLE.lock / 2 + Duration::from_millis(300)).await;
+    tokio::time::sleep(RELEASABLE.lock - RELEASABLE.lock / 10 + Duration::from_millis(300)).await;
     assert_eq!(
         store
             .release_stuck(&key, token, "conformance")

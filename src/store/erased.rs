@@ -7,10 +7,11 @@
 //! `Arc<dyn Store>` would be.
 
 use super::{
-    Begin, Completion, FencingToken, RecordKey, RecordTransaction, Store, StoreError, Timings,
-    TransactionalStore,
+    Begin, Completion, FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordTransaction,
+    RecordedPhases, Store, StoreError, Timings, TransactionalStore,
 };
 use crate::fingerprint::RequestFingerprint;
+use bytes::Bytes;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -299,6 +300,59 @@ impl<T: RecordTransaction> ErasedTransaction for T {
     }
 }
 
+/// [`PhaseStore`], object safe.
+pub(crate) trait ErasedPhaseStore: Send + Sync + 'static {
+    fn phases<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<RecordedPhases, StoreError>>;
+
+    fn record_phase<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+        phase: &'a str,
+        output: Bytes,
+    ) -> BoxFuture<'a, Result<PhaseRecord, StoreError>>;
+
+    /// The store as `PostgresStore`, whose local phases run in their own
+    /// transaction (a store held in an `Arc` included).
+    #[cfg(feature = "postgres")]
+    fn postgres(&self) -> Option<&super::postgres::PostgresStore>;
+}
+
+impl<S: PhaseStore> ErasedPhaseStore for S {
+    fn phases<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+    ) -> BoxFuture<'a, Result<RecordedPhases, StoreError>> {
+        caught("phases", PhaseStore::phases(self, key, token))
+    }
+
+    fn record_phase<'a>(
+        &'a self,
+        key: &'a RecordKey,
+        token: FencingToken,
+        phase: &'a str,
+        output: Bytes,
+    ) -> BoxFuture<'a, Result<PhaseRecord, StoreError>> {
+        caught(
+            "record_phase",
+            PhaseStore::record_phase(self, key, token, phase, output),
+        )
+    }
+
+    #[cfg(feature = "postgres")]
+    fn postgres(&self) -> Option<&super::postgres::PostgresStore> {
+        use super::postgres::PostgresStore;
+        let any: &dyn std::any::Any = self;
+        any.downcast_ref::<PostgresStore>()
+            .or_else(|| any.downcast_ref::<Arc<PostgresStore>>().map(|s| &**s))
+    }
+}
+
 /// The store a layer or an engine runs on: one value, so that the
 /// transactional view is the same store by construction.
 #[derive(Clone)]
@@ -306,6 +360,8 @@ pub(crate) struct SharedStore {
     store: Arc<dyn ErasedStore>,
     /// Set for transactional mode: the same store, able to open transactions.
     transactional: Option<Arc<dyn ErasedTransactionalStore>>,
+    /// Set when claimed runs get a `Phases` handle: the same store.
+    phases: Option<Arc<dyn ErasedPhaseStore>>,
 }
 
 impl SharedStore {
@@ -314,6 +370,18 @@ impl SharedStore {
         Self {
             store: Arc::new(store),
             transactional: None,
+            phases: None,
+        }
+    }
+
+    /// A store whose handlers commit their own writes and record recovery
+    /// points of their phases.
+    pub(crate) fn phased(store: impl PhaseStore) -> Self {
+        let store = Arc::new(store);
+        Self {
+            store: store.clone(),
+            transactional: None,
+            phases: Some(store),
         }
     }
 
@@ -323,12 +391,18 @@ impl SharedStore {
         Self {
             store: store.clone(),
             transactional: Some(store),
+            phases: None,
         }
     }
 
     /// The store, for claims, completions and keep-alives.
     pub(crate) fn store(&self) -> &Arc<dyn ErasedStore> {
         &self.store
+    }
+
+    /// The same store when claimed runs record their phases.
+    pub(crate) fn phases(&self) -> Option<&Arc<dyn ErasedPhaseStore>> {
+        self.phases.as_ref()
     }
 
     /// The same store when it runs handlers in transactions.

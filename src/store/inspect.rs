@@ -8,16 +8,19 @@
 //! fenced by the token the inspection showed: a token that no longer owns
 //! the record (the claim completed, or was taken over by a new claim) is
 //! refused, so an operator acting on a stale inspection never cuts off
-//! the request that holds the key now. Every release attempt is logged at
+//! the request that holds the key now; nor is a claim whose lock its owner
+//! keeps fresh released (its keep-alive beats many times per lock). Every
+//! release attempt is logged at
 //! `WARN` with who asked, the scope and the key's keyed hash (never the key).
 //!
 //! ```
+//! use std::time::Duration;
 //! use tower_idempotency::store::inspect::{Inspect, KeyState, Release};
 //! use tower_idempotency::store::{Begin, RecordKey, Store};
 //! use tower_idempotency::{fingerprint::Fingerprint, IdempotencyKey, MemoryStore, Scope};
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let store = MemoryStore::new();
+//! let store = MemoryStore::builder().with_lock_timeout(Duration::from_secs(1)).build();
 //! let key = RecordKey::new(Scope::new("acme"), IdempotencyKey::parse(b"order-0001").unwrap());
 //! let request = Fingerprint::from_bytes([7; 32]).into();
 //! let Ok(Begin::Claimed(_)) = store.begin(&key, &request).await else { unreachable!() };
@@ -25,6 +28,11 @@
 //! // The claiming process crashed; the operator looks, then releases.
 //! let KeyState::InProgress(claim) = store.inspect(&key).await.unwrap() else { unreachable!() };
 //! assert_eq!(claim.attempt, 1);
+//! // Right after the claim its lock is fresh: as far as anyone can tell, alive.
+//! let early = store.release_stuck(&key, claim.token, "alice@ops").await.unwrap();
+//! assert_eq!(early, Release::OwnerAlive);
+//! // Nine tenths of a lock without a keep-alive beat: its owner is gone.
+//! tokio::time::sleep(Duration::from_millis(950)).await;
 //! let released = store.release_stuck(&key, claim.token, "alice@ops").await.unwrap();
 //! assert_eq!(released, Release::Released);
 //! assert_eq!(store.inspect(&key).await.unwrap(), KeyState::Absent);
@@ -116,10 +124,11 @@ pub enum Release {
     NotOwner,
     /// The key has no record: nothing to release.
     Absent,
-    /// The token owns the claim, but its lock was extended within the last
-    /// half of the lock: its owner is alive (a claim's keep-alive extends
-    /// it many times per lock), so nothing changed. A dead owner's claim
-    /// becomes releasable once half its lock has run down.
+    /// The token owns the claim, but more than a tenth of its lock is left:
+    /// its owner may be alive (a claim's keep-alive extends it twenty times
+    /// per lock and rides out stalls of up to nine tenths of it), so nothing
+    /// changed. A dead owner's claim becomes releasable once nine tenths of
+    /// its lock have run down without an extension.
     OwnerAlive,
 }
 
@@ -145,12 +154,13 @@ pub trait Inspect: Send + Sync + 'static {
         -> impl Future<Output = Result<KeyState, StoreError>> + Send;
 
     /// Releases `key`'s claim if `token` still owns it, it is in progress,
-    /// and its lock has run at least half down since it was last extended
-    /// (its owner missed its keep-alive beats: a live owner's claim answers
+    /// and at most a tenth of its lock is left (its owner missed the
+    /// keep-alive beats it would have survived a stall with: otherwise
     /// [`Release::OwnerAlive`]); `actor` (who asked) goes into the `WARN`
     /// audit event every call emits (see [`audit`]). For a claim whose owner
-    /// is known dead, before its lock runs out: an owner stalled past half
-    /// its lock that wakes up later can no longer complete.
+    /// is known dead, a little before its lock runs out and the next request
+    /// would take the key over anyway; what it adds is the operator's say,
+    /// the audit event, and a waiter woken at once.
     fn release_stuck(
         &self,
         key: &RecordKey,

@@ -1,5 +1,6 @@
 mod builder;
 mod packed;
+mod phases;
 mod quota;
 mod record;
 
@@ -108,6 +109,10 @@ struct Shared {
     tombstone_deadlines: Mutex<VecDeque<Deadline>>,
     /// When the store last swept the whole map for expired records.
     last_full_sweep: Mutex<Option<Instant>>,
+    /// Recovery points of claimed requests (see `PhaseStore`), by record id.
+    phases: DashMap<Id, phases::Phased, BuildIdHasher>,
+    /// Set once a phase is recorded: until then a completion has none to drop.
+    phased: std::sync::atomic::AtomicBool,
 }
 
 impl MemoryStoreBuilder {
@@ -176,6 +181,8 @@ impl MemoryStore {
                 retention_deadlines: Mutex::new(VecDeque::new()),
                 tombstone_deadlines: Mutex::new(VecDeque::new()),
                 last_full_sweep: Mutex::new(None),
+                phases: DashMap::default(),
+                phased: std::sync::atomic::AtomicBool::new(false),
             }),
         }
     }
@@ -295,6 +302,10 @@ impl MemoryStore {
             claim.notify();
         }
         lock(&self.shared.retention_deadlines).push_back(Deadline { at: deadline, id });
+        // Answered from the record from now on: its recovery points are done.
+        if self.shared.phased.load(Ordering::Relaxed) {
+            self.shared.phases.remove(&id);
+        }
         Ok(())
     }
 
@@ -701,10 +712,13 @@ impl Store for MemoryStore {
 
 impl Maintenance for MemoryStore {
     async fn purge_expired(&self) -> Result<u64, StoreError> {
-        Ok(self.expire_all(self.now()) as u64)
+        let now = self.now();
+        self.shared.phases.retain(|_, p| p.deadline > now);
+        Ok(self.expire_all(now) as u64)
     }
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        self.shared.phases.retain(|_, p| p.key.scope() != scope);
         Ok(self.remove_all(|_, r| r.is_in_scope(scope)) as u64)
     }
 }
@@ -775,7 +789,7 @@ impl Inspect for MemoryStore {
                 } else if record.token == token
                     && record.in_progress().is_some()
                     && record.deadline.saturating_sub(now)
-                        > record::saturate(self.shared.settings.lock_timeout() / 2)
+                        > record::saturate(self.shared.settings.lock_timeout() / 10)
                 {
                     Release::OwnerAlive
                 } else if record.token == token && record.in_progress().is_some() {

@@ -15,6 +15,9 @@ pub mod inspect;
 pub(crate) mod memory;
 #[cfg(any(feature = "postgres", feature = "redis"))]
 mod near_cache;
+#[cfg(feature = "test-util")]
+pub mod phase_conformance;
+pub mod phases;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub mod purge;
@@ -30,6 +33,7 @@ pub use inspect::{Inspect, KeyState, Release};
 pub use memory::{MemoryStoreBuilder, MemoryStoreError};
 #[cfg(any(feature = "postgres", feature = "redis"))]
 pub use near_cache::NearCache;
+pub use phases::{PhaseRecord, PhaseStore, RecordedPhases};
 #[cfg(feature = "postgres")]
 pub use postgres::{
     PostgresRecordTransaction, PostgresStoreBuilder, SqlIdentifier, TransactionClient,

@@ -17,6 +17,7 @@ pub mod faults;
 pub mod http;
 pub mod keep_alive;
 pub mod oneshot;
+pub mod phase_cost;
 pub mod representation;
 pub mod stalls;
 pub mod support;

@@ -11,6 +11,7 @@
 mod checkout_as_written;
 mod checkout_binary;
 mod checkout_contract;
+mod checkout_phased;
 mod checkout_processor;
 mod docs_commands;
 mod examples_axum_per_route;

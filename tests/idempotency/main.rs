@@ -26,6 +26,7 @@ mod clock_step;
 #[cfg(feature = "test-util")]
 mod memory_store;
 mod memory_store_adversarial;
+mod phases;
 mod proptest_fingerprint;
 mod replay_fidelity;
 mod store_panics;

@@ -26,6 +26,7 @@ async fn memory_store(d: Durations) -> Option<MemoryStore> {
 tower_idempotency::store_conformance_tests!(memory_store, in_process);
 tower_idempotency::store_conformance_tests!(inspect: memory_store);
 tower_idempotency::engine_conformance_tests!(memory_store);
+tower_idempotency::phase_store_conformance_tests!(memory_store);
 
 #[tokio::test]
 async fn capacity_bounds_memory_and_fails_closed_when_full() {

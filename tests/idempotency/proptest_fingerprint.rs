@@ -530,6 +530,92 @@ proptest! {
     }
 }
 
+/// The fingerprint by its definition, with the independent model
+/// (`tests/common/exact_json.rs`) as the canonicaliser: SHA-256 over the
+/// request line and the model's canonical text, or the raw bytes when the
+/// model refuses the body.
+fn model_fingerprint(body: &[u8]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    for part in ["POST", "/v1/orders", "order-7f3a9c2e", "merchant_1"] {
+        hasher.update(part.as_bytes());
+        hasher.update(b"\n");
+    }
+    match exact_json::parse(body, 128) {
+        Some(exact) => hasher.update(exact_json::canonical(&exact).as_bytes()),
+        None => hasher.update(body),
+    }
+    hasher.finalize().into()
+}
+
+/// Bodies at and next to the canonical text `canonical`: the text itself,
+/// and with one space, one `\/` for a `/`, one `\u00e9` for an `é`, one
+/// `\u0061` for an `a`, one more level of nesting, or cut short or followed
+/// by more.
+fn near_canonical(canonical: &str, c: &mut Choices) -> Vec<String> {
+    let at = |c: &mut Choices| {
+        let mut i = c.next(canonical.len() as u64 + 1) as usize;
+        while !canonical.is_char_boundary(i) {
+            i -= 1;
+        }
+        i
+    };
+    let replace_one = |from: &str, to: &str, c: &mut Choices| {
+        let places: Vec<usize> = canonical.match_indices(from).map(|(i, _)| i).collect();
+        (!places.is_empty()).then(|| {
+            let i = places[c.next(places.len() as u64) as usize];
+            format!("{}{to}{}", &canonical[..i], &canonical[i + from.len()..])
+        })
+    };
+    let space = at(c);
+    let cut = at(c);
+    let mut bodies = vec![
+        canonical.to_string(),
+        format!("{} {}", &canonical[..space], &canonical[space..]),
+        format!("[{canonical}]"),
+        format!(r#"{{"a":{canonical}}}"#),
+        canonical[..cut].to_string(),
+        format!("{canonical}x"),
+        format!("{canonical},"),
+    ];
+    bodies.extend(replace_one("/", "\\/", c));
+    bodies.extend(replace_one("é", "\\u00e9", c));
+    bodies.extend(replace_one("a", "\\u0061", c));
+    bodies
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    /// Whatever path computes it (the body hashed as it is when already
+    /// canonical, the single-pass canonicaliser, serde_json's), the
+    /// fingerprint is the model's.
+    #[test]
+    fn fingerprints_of_canonical_and_almost_canonical_bodies_are_the_models(
+        value in json_value(),
+        seed in any::<u64>(),
+    ) {
+        let text = render(&value, seed);
+        let canonical = canonicalize_json(text.as_bytes()).expect("valid JSON canonicalises");
+        let canonical = String::from_utf8(canonical).unwrap();
+        // Still canonical, with places for each escape.
+        let wrapped = format!(r#"{{"a/é":"é/a","b":{canonical}}}"#);
+        // The same members, out of order.
+        let swapped = format!(r#"{{"b":{canonical},"a/é":"é/a"}}"#);
+        let mut bodies = near_canonical(&wrapped, &mut Choices(seed | 1));
+        bodies.push(swapped);
+        for body in bodies {
+            prop_assert_eq!(
+                *json_fingerprint(body.as_bytes()).as_bytes(),
+                model_fingerprint(body.as_bytes()),
+                "{}",
+                body
+            );
+        }
+        prop_assert_eq!(json_fingerprint(text.as_bytes()), json_fingerprint(canonical.as_bytes()));
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Published vectors
 // ---------------------------------------------------------------------------

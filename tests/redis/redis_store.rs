@@ -40,6 +40,7 @@ mod standalone {
     tower_idempotency::store_conformance_tests!(redis_store, expires_by_itself);
     tower_idempotency::store_conformance_tests!(inspect: redis_store);
     tower_idempotency::engine_conformance_tests!(redis_store);
+    tower_idempotency::phase_store_conformance_tests!(redis_store);
 }
 
 mod cluster {
@@ -60,6 +61,7 @@ mod cluster {
     tower_idempotency::store_conformance_tests!(redis_cluster_store, expires_by_itself);
     tower_idempotency::store_conformance_tests!(inspect: redis_cluster_store);
     tower_idempotency::engine_conformance_tests!(redis_cluster_store);
+    tower_idempotency::phase_store_conformance_tests!(redis_cluster_store);
 }
 
 type App = tower::util::BoxCloneService<
@@ -622,4 +624,20 @@ async fn a_tombstone_is_a_small_key_of_its_own_and_is_erased_with_its_scope() {
         store.begin(&key, &fp).await,
         Ok(Begin::Claimed(_))
     ));
+}
+
+/// What a phase costs on Redis, by the store's counter (warm): an operation
+/// of a phased engine that uses no phases costs what an unphased one does
+/// (`begin`, `complete`); its first phase adds the read of the recorded
+/// phases and each phase one script call that records it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_phase_costs_one_round_trip() {
+    let Some(url) = r::url("phase cost") else {
+        return;
+    };
+    let store = r::standalone(&url, |s| s).await;
+    let engine = tower_idempotency::engine::Engine::phased(store.clone());
+    let count = || store.round_trips();
+    let trips = tower_idempotency_tests::phase_cost::report("Redis", &engine, count).await;
+    assert_eq!(trips, [2, 4, 6], "0, 1 and 3 phases");
 }

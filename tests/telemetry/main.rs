@@ -253,7 +253,7 @@ async fn an_operator_release_is_audited_at_warn_with_actor_scope_and_key_hash_ne
     let _guard = tracing::subscriber::set_default(subscriber);
 
     // A short lock: the stuck claim below becomes releasable (its owner
-    // missed half a lock of keep-alive beats) within the test.
+    // missed nine tenths of a lock of keep-alive beats) within the test.
     let lock = std::time::Duration::from_millis(200);
     let store = MemoryStore::builder().with_lock_timeout(lock).build();
     let secret_key = "stuck-key-0123456789";
@@ -282,7 +282,7 @@ async fn an_operator_release_is_audited_at_warn_with_actor_scope_and_key_hash_ne
         store.release_stuck(&key, stale, "bob@ops").await.unwrap(),
         Release::NotOwner
     );
-    tokio::time::sleep(lock / 2 + lock / 4).await;
+    tokio::time::sleep(lock - lock / 20).await;
     assert_eq!(
         store
             .release_stuck(&key, claim.token, "alice@ops")

@@ -2,8 +2,13 @@
 
 use super::*;
 
+mod canonical;
+mod flat;
 mod order;
 mod scan;
+
+pub(super) use self::canonical::is_canonical;
+pub(super) use self::flat::Shape;
 
 use self::order::{order, Order, Ranking};
 use self::scan::{append, literal_end, scan_key, scan_string, token};
@@ -18,6 +23,8 @@ pub(super) struct FastCanonical<'a, 'b> {
     pub(super) buf: &'b mut Buffers,
     /// Members of the objects being read (a stack shared by nested objects).
     pub(super) members: Vec<Member>,
+    /// The keys of the last flat object (see [`flat`]).
+    pub(super) shape: Shape,
 }
 
 /// One object member, read but not necessarily written yet.
@@ -99,6 +106,7 @@ impl FastCanonical<'_, '_> {
 
     fn value(&mut self, depth: usize) -> Option<()> {
         match self.peek()? {
+            b'{' if depth < FAST_MAX_DEPTH && self.flat_object().is_some() => Some(()),
             b'{' => self.object(depth + 1),
             b'[' => self.array(depth + 1),
             b'"' => self.string(),

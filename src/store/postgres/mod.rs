@@ -41,6 +41,7 @@ mod identifier;
 mod instrumentation;
 pub(crate) mod migrate;
 mod operations;
+mod phases;
 mod single_flight;
 pub(crate) mod sql;
 mod transaction;

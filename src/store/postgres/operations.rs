@@ -182,6 +182,13 @@ impl Maintenance for PostgresStore {
                 locked.map_err(backend).map(drop)
             })
             .await?;
+        inner
+            .settings
+            .timed(
+                OPERATION,
+                inner.execute(client, &inner.sql.purge_scope_phases, &[&name]),
+            )
+            .await?;
         let mut purged = 0;
         loop {
             let deleted = inner

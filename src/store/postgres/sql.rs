@@ -86,6 +86,18 @@ pub(super) struct Sql {
     /// beside the completion would make every completion wait for the
     /// previous one's disk write. Alone, it commits without a flush.
     pub(super) notify: String,
+    /// The phases recorded by the request `$3` holds the claim of: a first
+    /// row `(NULL, NULL)` when it does (none: the claim is lost), then
+    /// `(phase, output)` for each.
+    pub(super) phases: String,
+    /// Records phase `$4` with output `$5` under the claim `$3`: whether the
+    /// token owns the claim, whether the output was written, and the output
+    /// of the request's earlier record of that phase. Locks the claim's row
+    /// (shared) until the transaction ends: in a local phase's transaction,
+    /// no takeover commits between this check and the commit.
+    pub(super) record_phase: String,
+    /// Deletes the phases of scope `$1`.
+    pub(super) purge_scope_phases: String,
 }
 
 /// The payload of a purge's notification (a key's wake-up is a hex id).
@@ -108,7 +120,11 @@ impl Sql {
         let index = derived_name(table, "expires_at_idx");
         let state_check = derived_name(table, "state_check");
         let response_check = derived_name(table, "response_check");
+        let phases_name = derived_name(table, "phases");
+        let p = format!(r#""{schema}"."{phases_name}""#);
+        let phases_index = derived_name(table, "phases_expires_at_idx");
         let lock_ms = millis(lock);
+        let keep_ms = millis(lock.saturating_add(retention));
         let retention_ms = millis(retention);
         let tombstone_ms = millis(tombstone);
         // Until when a row holds its key: a completed row for its tombstone
@@ -207,6 +223,23 @@ ALTER TABLE {t} ADD CONSTRAINT "{response_check}"
                 r#"ALTER TABLE {t} DROP CONSTRAINT "{state_check}";
 ALTER TABLE {t} ADD CONSTRAINT "{state_check}"
     CHECK (state IN ('in_progress', 'completed', 'unavailable', 'expired'));"#
+            ),
+            // 5: recovery points. The outputs of a claimed request's finished
+            // phases, with the fingerprint of the request that recorded them
+            // (another request of the key after a release sees none of them),
+            // kept for the lock timeout plus the retention.
+            format!(
+                r#"CREATE TABLE IF NOT EXISTS {p} (
+    scope       text        NOT NULL,
+    key         text        NOT NULL,
+    phase       text        NOT NULL,
+    fingerprint bytea       NOT NULL,
+    output      bytea       NOT NULL,
+    created_at  timestamptz NOT NULL DEFAULT now(),
+    expires_at  timestamptz NOT NULL,
+    PRIMARY KEY (scope, key, phase)
+);
+CREATE INDEX IF NOT EXISTS "{phases_index}" ON {p} (expires_at);"#
             ),
         ];
 
@@ -445,14 +478,14 @@ WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR {until_row} > now())
 
         // A row a transaction holds (a handler running in transactional
         // mode: its owner is alive) is skipped, never waited for, and so not
-        // released; so is a claim extended within the last half of its lock
+        // released; so is a claim with more than a tenth of its lock left
         // (`alive`). `present` reads the snapshot before the delete.
-        let half_lock_ms = lock_ms / 2;
+        let tenth_lock_ms = lock_ms / 10;
         let release_stuck = format!(
             r#"WITH target AS (
     SELECT scope, key FROM {t}
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-      AND expires_at <= now() + interval '{half_lock_ms} milliseconds'
+      AND expires_at <= now() + interval '{tenth_lock_ms} milliseconds'
     FOR UPDATE SKIP LOCKED
 ), gone AS (
     DELETE FROM {t} AS r USING target
@@ -462,7 +495,7 @@ WHERE scope = $1 AND key = $2 AND (state = 'in_progress' OR {until_row} > now())
 SELECT EXISTS (SELECT 1 FROM gone) AS released,
        EXISTS (SELECT 1 FROM {t}
                WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-                 AND expires_at > now() + interval '{half_lock_ms} milliseconds') AS alive,
+                 AND expires_at > now() + interval '{tenth_lock_ms} milliseconds') AS alive,
        EXISTS (SELECT 1 FROM {t}
                WHERE scope = $1 AND key = $2
                  AND (state = 'in_progress' OR expires_at > now())) AS present"#
@@ -500,6 +533,21 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
 
+        // Each purge batch also deletes as many expired phases (not counted:
+        // they are not records).
+        let expired_phases = |limit: &str| {
+            format!(
+                r#"phases_gone AS (
+    DELETE FROM {p} WHERE (scope, key, phase) IN (
+        SELECT scope, key, phase FROM {p}
+        WHERE expires_at <= now()
+        ORDER BY expires_at
+        LIMIT {limit}
+        FOR UPDATE SKIP LOCKED
+    )
+)"#
+            )
+        };
         // One batch of the oldest rows past their `expires_at`: a completed
         // row within its tombstone window is reduced to its tombstone (its
         // response dropped, its `expires_at` moved to the window's end, so the
@@ -512,6 +560,7 @@ FOR UPDATE"#
                 "doomed.state IN ('completed', 'unavailable') \
                  AND doomed.expires_at + interval '{tombstone_ms} milliseconds' > now()"
             );
+            let phases_gone = expired_phases(limit);
             format!(
                 r#"WITH doomed AS (
     SELECT scope, key, state, expires_at FROM {t}
@@ -519,7 +568,7 @@ FOR UPDATE"#
     ORDER BY expires_at
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED
-), deleted AS (
+), {phases_gone}, deleted AS (
     DELETE FROM {t} AS r USING doomed
     WHERE r.scope = doomed.scope AND r.key = doomed.key AND NOT ({entombed})
     RETURNING 1
@@ -553,6 +602,38 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
 
         let listen = format!(r#"LISTEN "{channel}""#);
 
+        let phases = format!(
+            r#"SELECT NULL::text AS phase, NULL::bytea AS output FROM {t}
+WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+UNION ALL
+SELECT p.phase, p.output FROM {p} AS p JOIN {t} AS r
+    ON r.scope = p.scope AND r.key = p.key AND r.fingerprint = p.fingerprint
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_progress'"#
+        );
+        // A phase of another request (an earlier one of the key, released)
+        // is replaced; the request's own first record of it stands.
+        let record_phase = format!(
+            r#"WITH owner AS (
+    SELECT fingerprint FROM {t}
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    FOR SHARE
+), recorded AS (
+    INSERT INTO {p} AS p (scope, key, phase, fingerprint, output, expires_at)
+    SELECT $1, $2, $4, fingerprint, $5, now() + interval '{keep_ms} milliseconds' FROM owner
+    ON CONFLICT (scope, key, phase) DO UPDATE
+    SET fingerprint = excluded.fingerprint, output = excluded.output,
+        created_at = now(), expires_at = excluded.expires_at
+    WHERE p.fingerprint <> excluded.fingerprint
+    RETURNING 1
+)
+SELECT EXISTS (SELECT 1 FROM owner) AS owned,
+       EXISTS (SELECT 1 FROM recorded) AS recorded,
+       (SELECT output FROM {p}
+        WHERE scope = $1 AND key = $2 AND phase = $4
+          AND fingerprint = (SELECT fingerprint FROM owner)) AS earlier"#
+        );
+        let purge_scope_phases = format!("DELETE FROM {p} WHERE scope = $1");
+
         Self {
             migrations,
             begin,
@@ -579,6 +660,9 @@ WHERE r.scope = doomed.scope AND r.key = doomed.key"#
             channel: channel.to_owned(),
             notify_purge: format!("SELECT pg_notify('{channel}', '{PURGED}')"),
             notify: format!("SELECT pg_notify('{channel}', $1)"),
+            phases,
+            record_phase,
+            purge_scope_phases,
         }
     }
 }
@@ -630,6 +714,8 @@ mod tests {
             &sql.purge,
             &sql.purge_batch,
             &sql.purge_scope,
+            &sql.record_phase,
+            &sql.purge_scope_phases,
         ];
         for statement in writers {
             assert!(!statement.contains("pg_notify"), "{statement}");

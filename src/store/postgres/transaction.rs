@@ -62,12 +62,12 @@ use tokio_postgres::{Row, Statement};
 /// ```
 #[derive(Clone)]
 pub struct PostgresTransaction {
-    connection: Arc<Mutex<Held>>,
+    pub(super) connection: Arc<Mutex<Held>>,
 }
 
 /// The transaction's connection until the layer ends the transaction. Dropped
 /// while still holding it (by the last clone of the handle), its guard closes it.
-struct Held(Option<Guarded>);
+pub(super) struct Held(pub(super) Option<Guarded>);
 
 impl std::fmt::Debug for PostgresTransaction {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -466,7 +466,7 @@ async fn begin_row_claim(
 /// How a transaction of this mode starts when its claim is a row (the
 /// lock-only claim sets the same in its lock statement): its session's idle
 /// timeout would end a live claim whose handler waits on something slow.
-const OPEN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0";
+pub(super) const OPEN: &str = "BEGIN; SET LOCAL idle_in_transaction_session_timeout = 0";
 
 impl TransactionalStore for PostgresStore {
     type Transaction = PostgresRecordTransaction;
@@ -559,7 +559,7 @@ impl TransactionalStore for PostgresStore {
 
 /// Ends `connection`'s transaction; pooled again once that is known. A claim
 /// made in it is gone with it: `notify` wakes its waiters at once.
-async fn rollback(inner: &Inner, connection: Guarded, notify: Option<&RecordKey>) {
+pub(super) async fn rollback(inner: &Inner, connection: Guarded, notify: Option<&RecordKey>) {
     inner.count_round_trips(1);
     let sql = match notify {
         Some(key) => {

@@ -50,6 +50,24 @@ impl<'a> Tag<'a> {
         }
     }
 
+    /// `key`'s recovery points: a hash.
+    pub(super) fn phases<'k>(&'k self, key: &'k str) -> Name<'k> {
+        Name {
+            tag: self,
+            kind: "p:",
+            key,
+        }
+    }
+
+    /// The scope's index of phase hashes.
+    pub(super) fn phase_index(&self) -> Name<'_> {
+        Name {
+            tag: self,
+            kind: "pi",
+            key: "",
+        }
+    }
+
     /// The scope's index.
     pub(super) fn index(&self) -> Name<'_> {
         Name {

@@ -35,6 +35,7 @@ mod eviction;
 mod instrumentation;
 mod listen;
 mod operations;
+mod phases;
 mod prefix;
 mod scripts;
 
@@ -310,6 +311,24 @@ pub(super) fn backend(error: impl Into<crate::body::BoxError>) -> StoreError {
 // follows verbatim (only the first `{...}` of a name is its tag). The scripts
 // compare the stored scope and key with the request's, so two identities
 // never share a record. See `command::Tag`.
+
+/// The names of a key's recovery points (see `PhaseStore`): its phase
+/// hash and its scope's phase index, in the record's slot.
+struct PhaseNames {
+    record: String,
+    phases: String,
+    index: String,
+}
+
+fn phase_names(prefix: &str, key: &RecordKey) -> PhaseNames {
+    let tag = command::Tag::of(prefix, key.scope().as_str());
+    let k = key.key().as_str();
+    PhaseNames {
+        record: tag.record(k).to_string(),
+        phases: tag.phases(k).to_string(),
+        index: tag.phase_index().to_string(),
+    }
+}
 
 impl Inner {
     /// How long a claim's key is kept: past its lock, so that its owner's late

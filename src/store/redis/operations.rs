@@ -1,6 +1,6 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
-use super::command::{eval, Headers, Name};
+use super::command::{eval, Headers, Name, Tag};
 use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::decode_headers;
@@ -23,9 +23,21 @@ use std::time::{Duration, UNIX_EPOCH};
 const PURGE_BATCH: isize = 500;
 
 impl Inner {
+    pub(super) async fn invoke<T: redis::FromRedisValue>(
+        &self,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<T, StoreError> {
+        self.count_round_trip();
+        let mut connection = self.connection.clone();
+        invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(backend)
+    }
+
     /// Waits until the configured number of replicas of `record`'s primary
     /// acknowledged the writes sent so far; `Ok` without replica acks.
-    async fn replicated(&self, record: Name<'_>) -> Result<(), StoreError> {
+    pub(super) async fn replicated(&self, record: Name<'_>) -> Result<(), StoreError> {
         let Some(acks) = self.config.replica_acks else {
             return Ok(());
         };
@@ -175,6 +187,7 @@ impl Inner {
                 })
                 .await?;
             if members.is_empty() {
+                self.delete_scope_phases(scope, &tag).await?;
                 return Ok(purged);
             }
             let script = &self.scripts.purge_scope;
@@ -189,6 +202,41 @@ impl Inner {
                 .timed(OPERATION, self.run(script, &cmd))
                 .await?;
             purged += deleted;
+            kept += members.len() as isize - removed;
+        }
+    }
+
+    /// Deletes `scope`'s recovery points (not counted: they are not
+    /// records), batch by batch through its phase index.
+    async fn delete_scope_phases(&self, scope: &Scope, tag: &Tag<'_>) -> Result<(), StoreError> {
+        let index = tag.phase_index().to_string();
+        let mut kept: isize = 0;
+        loop {
+            let members: Vec<String> = self
+                .settings
+                .timed(OPERATION, async {
+                    self.count_round_trip();
+                    redis::cmd("ZRANGE")
+                        .arg(&index)
+                        .arg(kept)
+                        .arg(kept + PURGE_BATCH - 1)
+                        .query_async(&mut self.connection.clone())
+                        .await
+                        .map_err(backend)
+                })
+                .await?;
+            if members.is_empty() {
+                return Ok(());
+            }
+            let mut invocation = self.scripts.purge_scope_phases.key(&index);
+            invocation.arg(scope.as_str());
+            for member in &members {
+                invocation.key(tag.phases(member).to_string()).arg(member);
+            }
+            let removed: isize = self
+                .settings
+                .timed(OPERATION, self.invoke(&invocation))
+                .await?;
             kept += members.len() as isize - removed;
         }
     }
@@ -525,7 +573,7 @@ impl Inspect for RedisStore {
             .arg(token.0)
             .arg(&inner.channel)
             .arg(record)
-            .arg(millis(inner.settings.lock_timeout() / 2));
+            .arg(millis(inner.settings.lock_timeout() / 10));
         let outcome = inner
             .settings
             .timed(OPERATION, inner.run::<i64>(script, &cmd))

@@ -229,10 +229,10 @@ end
 return {'u', string.format('%d', expiry)}
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, token, channel, id, half the lock
-/// in ms. `RELEASE` for an operator: replies 1 (released), 2 (the token owns
-/// the claim but its lock was extended within the last half lock: its owner
-/// is alive), 0 (the token does not own the claim) or -1 (no record of the
+/// KEYS: record, index. ARGV: scope, key, token, channel, id, a tenth of the
+/// lock in ms. `RELEASE` for an operator: replies 1 (released), 2 (the token
+/// owns the claim but more than a tenth of its lock is left: its owner may be
+/// alive), 0 (the token does not own the claim) or -1 (no record of the
 /// key).
 const RELEASE_STUCK: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
@@ -294,6 +294,75 @@ end
 return {deleted, removed}
 "#;
 
+/// KEYS: record, phases, phase index. ARGV: scope, key, token. Replies
+/// `{0}` when the token does not hold the claim, else `{1, name, output,
+/// ...}`: the phases recorded by the claim's request (`fp`), none when the
+/// hash is another request's.
+const PHASES: &str = r#"
+local rec, ph = KEYS[1], KEYS[2]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
+if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
+local collision = same_record(v)
+if collision then return collision end
+local out = {1}
+local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
+if p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then return out end
+local all = redis.call('HGETALL', ph)
+for i = 1, #all, 2 do
+  local name = string.match(all[i], '^o:(.*)$')
+  if name then
+    out[#out + 1] = name
+    out[#out + 1] = all[i + 1]
+  end
+end
+return out
+"#;
+
+/// KEYS: record, phases, phase index. ARGV: scope, key, token, phase,
+/// output, keep ms. Replies `{0}` when the token does not hold the claim,
+/// `{1}` once the output is recorded, `{2, earlier output}` when the
+/// request recorded the phase before. A hash of another request (the key's
+/// earlier one, released) is replaced. The hash lives for the lock plus the
+/// retention from its last record; its scope's phase index names it, for
+/// `purge_scope`.
+const RECORD_PHASE: &str = r#"
+local rec, ph, pidx = KEYS[1], KEYS[2], KEYS[3]
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
+if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
+local collision = same_record(v)
+if collision then return collision end
+local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
+if p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then
+  redis.call('DEL', ph)
+  redis.call('HSET', ph, 'sc', ARGV[1], 'k', ARGV[2], 'fp', v[5])
+else
+  local earlier = redis.call('HGET', ph, 'o:' .. ARGV[4])
+  if earlier then return {2, earlier} end
+end
+redis.call('HSET', ph, 'o:' .. ARGV[4], ARGV[5])
+local keep = tonumber(ARGV[6])
+redis.call('PEXPIRE', ph, keep)
+index(pidx, ARGV[2], keep, now_ms(), true)
+return {1}
+"#;
+
+/// KEYS: phase index, then phase hashes of its members. ARGV: scope, then
+/// the members (`ARGV[i]` names `KEYS[i]`). Deletes the hashes of `scope`
+/// and their entries, and the entries of hashes already gone. Replies how
+/// many entries it removed.
+const PURGE_SCOPE_PHASES: &str = r#"
+local removed = 0
+for i = 2, #KEYS do
+  local sc = redis.call('HGET', KEYS[i], 'sc')
+  if sc == ARGV[1] or not sc then
+    if sc then redis.call('DEL', KEYS[i]) end
+    redis.call('ZREM', KEYS[1], ARGV[i])
+    removed = removed + 1
+  end
+end
+return removed
+"#;
+
 /// KEYS: index. Removes the entries of expired records; replies how many.
 const TRIM_INDEX: &str = r#"
 local t = redis.call('TIME')
@@ -312,6 +381,9 @@ pub(super) struct Scripts {
     pub(super) release_stuck: Script,
     pub(super) purge_scope: Script,
     pub(super) trim_index: Script,
+    pub(super) phases: Script,
+    pub(super) record_phase: Script,
+    pub(super) purge_scope_phases: Script,
 }
 
 impl Scripts {
@@ -327,6 +399,9 @@ impl Scripts {
             release_stuck: with_prelude(RELEASE_STUCK),
             purge_scope: Script::new(PURGE_SCOPE),
             trim_index: Script::new(TRIM_INDEX),
+            phases: with_prelude(PHASES),
+            record_phase: with_prelude(RECORD_PHASE),
+            purge_scope_phases: Script::new(PURGE_SCOPE_PHASES),
         }
     }
 }

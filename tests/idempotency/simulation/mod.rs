@@ -12,10 +12,15 @@
 //! (`MemoryStore` reads `tokio::time::Instant`). A run is a function of its
 //! seed: `SIM_SEED=n` replays seed `n` and prints its figures; `SIM_SEEDS=k`
 //! (and `SIM_SEED_START`) runs `k` seeds instead of the default few.
+//!
+//! `phases` checks histories of recovery points the same way, on tokio's
+//! paused clock rather than turmoil's network: instances that crash between
+//! and inside the phases of a checkout.
 
 mod checker;
 mod faults;
 mod instance;
+mod phases;
 mod verdicts;
 mod wire;
 

@@ -16,6 +16,7 @@ mod layer;
 mod lock_claims;
 mod near_cache;
 mod outages;
+mod phases;
 mod purge_running;
 mod retention;
 mod schema;
@@ -57,6 +58,7 @@ async fn postgres_store(d: Durations) -> Option<PostgresStore> {
 tower_idempotency::store_conformance_tests!(postgres_store);
 tower_idempotency::store_conformance_tests!(inspect: postgres_store);
 tower_idempotency::engine_conformance_tests!(postgres_store);
+tower_idempotency::phase_store_conformance_tests!(postgres_store);
 
 /// A layer over a handler of `Full` bodies, boxed.
 type OrderService =

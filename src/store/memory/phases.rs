@@ -1,0 +1,106 @@
+//! `MemoryStore`'s recovery points: a second map, by record id, of each
+//! request's recorded phase outputs.
+//!
+//! A crash here is the process's, which takes the map with it: phases only
+//! let a retry resume within one process (after a handler's error, a panic,
+//! a stalled claim taken over). Checked and written under the record's shard
+//! lock, so a takeover (which needs its write lock) cannot come in between.
+
+use super::record::{saturate, Nanos};
+use super::MemoryStore;
+use crate::fingerprint::LocalDigest;
+use crate::store::phases::check_phase;
+use crate::store::{FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordedPhases, StoreError};
+use bytes::Bytes;
+use std::sync::atomic::Ordering;
+
+/// One request's recorded phases.
+pub(super) struct Phased {
+    pub(super) key: RecordKey,
+    /// The request that recorded them: another request of the key sees none.
+    local: LocalDigest,
+    outputs: RecordedPhases,
+    /// Kept until then (the lock timeout plus the retention from the last
+    /// record), unless the record completes first.
+    pub(super) deadline: Nanos,
+}
+
+impl MemoryStore {
+    /// The claim `token` holds of `key`: its request's local digest.
+    fn owner<T>(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        then: impl FnOnce(LocalDigest) -> T,
+    ) -> Result<T, StoreError> {
+        let id = self.shared.ids.of(key);
+        let record = self.shared.records.get(&id);
+        match record {
+            Some(r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => {
+                // Still under the record's read lock.
+                Ok(then(r.local()))
+            }
+            _ => Err(StoreError::ClaimLost),
+        }
+    }
+}
+
+impl PhaseStore for MemoryStore {
+    async fn phases(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> Result<RecordedPhases, StoreError> {
+        let id = self.shared.ids.of(key);
+        self.owner(key, token, |local| match self.shared.phases.get(&id) {
+            Some(p) if p.key == *key && p.local == local => p.outputs.clone(),
+            _ => RecordedPhases::new(),
+        })
+    }
+
+    async fn record_phase(
+        &self,
+        key: &RecordKey,
+        token: FencingToken,
+        phase: &str,
+        output: Bytes,
+    ) -> Result<PhaseRecord, StoreError> {
+        check_phase(phase, &output)?;
+        let id = self.shared.ids.of(key);
+        let settings = &self.shared.settings;
+        let keep = settings.lock_timeout().saturating_add(settings.retention());
+        let deadline = self.now().saturating_add(saturate(keep));
+        let (recorded, fresh) = self.owner(key, token, |local| {
+            self.shared.phased.store(true, Ordering::Relaxed);
+            let mut entry = self.shared.phases.entry(id).or_insert_with(|| Phased {
+                key: key.clone(),
+                local,
+                outputs: RecordedPhases::new(),
+                deadline,
+            });
+            let fresh = entry.outputs.is_empty();
+            // Another request's (or another key's with this id): replaced.
+            if entry.key != *key || entry.local != local {
+                *entry = Phased {
+                    key: key.clone(),
+                    local,
+                    outputs: RecordedPhases::new(),
+                    deadline,
+                };
+            }
+            if let Some(first) = entry.outputs.get(phase) {
+                return (PhaseRecord::AlreadyRecorded(first.clone()), false);
+            }
+            entry.outputs.insert(phase, output);
+            entry.deadline = deadline;
+            (PhaseRecord::Recorded, fresh)
+        })?;
+        // A new request's first phase: drop what has expired, so that
+        // released requests nobody retries do not pile up between purges.
+        if fresh && self.shared.phases.len() > self.shared.capacity {
+            let now = self.now();
+            self.shared.phases.retain(|_, p| p.deadline > now);
+        }
+        Ok(recorded)
+    }
+}
