@@ -3,7 +3,7 @@
 
 use super::transaction::{rollback, Guarded, Held, PostgresTransaction, OPEN};
 use super::{backend, Inner, PostgresStore, TransactionClient, OPERATION};
-use crate::store::phases::{check_name, check_phase};
+use crate::store::phases::{check_name, check_phase, phases_of_another_request};
 use crate::store::{FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordedPhases, StoreError};
 use bytes::Bytes;
 use deadpool_postgres::Object;
@@ -39,6 +39,10 @@ impl Inner {
         let owned: bool = row.try_get(0).map_err(backend)?;
         let written: bool = row.try_get(1).map_err(backend)?;
         let earlier: Option<Vec<u8>> = row.try_get(2).map_err(backend)?;
+        let held: bool = row.try_get(3).map_err(backend)?;
+        if owned && held {
+            return Err(phases_of_another_request());
+        }
         Ok(match (owned, written, earlier) {
             (false, _, _) => Recorded::Lost,
             (true, true, _) => Recorded::Written,

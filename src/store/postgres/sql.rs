@@ -91,8 +91,11 @@ pub(super) struct Sql {
     /// `(phase, output)` for each.
     pub(super) phases: String,
     /// Records phase `$4` with output `$5` under the claim `$3`: whether the
-    /// token owns the claim, whether the output was written, and the output
-    /// of the request's earlier record of that phase. Locks the claim's row
+    /// token owns the claim, whether the output was written, the output of
+    /// the request's earlier record of that phase, and whether another
+    /// request's unexpired phases refused it. Renews the request's other
+    /// phases (kept for the lock, the retention and the tombstone window
+    /// from the last record). Locks the claim's row
     /// (shared) until the transaction ends: in a local phase's transaction,
     /// no takeover commits between this check and the commit.
     pub(super) record_phase: String,
@@ -124,7 +127,7 @@ impl Sql {
         let p = format!(r#""{schema}"."{phases_name}""#);
         let phases_index = derived_name(table, "phases_expires_at_idx");
         let lock_ms = millis(lock);
-        let keep_ms = millis(lock.saturating_add(retention));
+        let phase_keep_ms = millis(lock.saturating_add(retention).saturating_add(tombstone));
         let retention_ms = millis(retention);
         let tombstone_ms = millis(tombstone);
         // Until when a row holds its key: a completed row for its tombstone
@@ -608,29 +611,46 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 UNION ALL
 SELECT p.phase, p.output FROM {p} AS p JOIN {t} AS r
     ON r.scope = p.scope AND r.key = p.key AND r.fingerprint = p.fingerprint
-WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_progress'"#
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_progress'
+    AND p.expires_at > now()"#
         );
-        // A phase of another request (an earlier one of the key, released)
-        // is replaced; the request's own first record of it stands.
+        // Refused while another request of the key (an earlier one,
+        // released) has unexpired phases: they are kept for its retry. An
+        // expired row of the phase is replaced; the request's own first
+        // record of it stands, and the record renews the request's others.
+        let phase_expiry = format!("now() + interval '{phase_keep_ms} milliseconds'");
         let record_phase = format!(
             r#"WITH owner AS (
     SELECT fingerprint FROM {t}
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
     FOR SHARE
+), other AS (
+    SELECT 1 FROM {p} AS p, owner
+    WHERE p.scope = $1 AND p.key = $2 AND p.fingerprint <> owner.fingerprint
+      AND p.expires_at > now()
+    LIMIT 1
 ), recorded AS (
     INSERT INTO {p} AS p (scope, key, phase, fingerprint, output, expires_at)
-    SELECT $1, $2, $4, fingerprint, $5, now() + interval '{keep_ms} milliseconds' FROM owner
+    SELECT $1, $2, $4, fingerprint, $5, {phase_expiry} FROM owner
+    WHERE NOT EXISTS (SELECT 1 FROM other)
     ON CONFLICT (scope, key, phase) DO UPDATE
     SET fingerprint = excluded.fingerprint, output = excluded.output,
         created_at = now(), expires_at = excluded.expires_at
-    WHERE p.fingerprint <> excluded.fingerprint
+    WHERE p.fingerprint <> excluded.fingerprint OR p.expires_at <= now()
     RETURNING 1
+), renewed AS (
+    UPDATE {p} AS p SET expires_at = {phase_expiry}
+    FROM owner
+    WHERE p.scope = $1 AND p.key = $2 AND p.phase <> $4
+      AND p.fingerprint = owner.fingerprint AND p.expires_at > now()
+      AND NOT EXISTS (SELECT 1 FROM other)
 )
 SELECT EXISTS (SELECT 1 FROM owner) AS owned,
        EXISTS (SELECT 1 FROM recorded) AS recorded,
        (SELECT output FROM {p}
-        WHERE scope = $1 AND key = $2 AND phase = $4
-          AND fingerprint = (SELECT fingerprint FROM owner)) AS earlier"#
+        WHERE scope = $1 AND key = $2 AND phase = $4 AND expires_at > now()
+          AND fingerprint = (SELECT fingerprint FROM owner)) AS earlier,
+       EXISTS (SELECT 1 FROM other) AS held"#
         );
         let purge_scope_phases = format!("DELETE FROM {p} WHERE scope = $1");
 

@@ -362,6 +362,13 @@ impl Inner {
         s.lock_timeout().saturating_add(s.retention())
     }
 
+    /// How long a request's phases are kept from its last record: past its
+    /// claim's key by the tombstone window, so a retry as late as the
+    /// tombstone answers still resumes.
+    fn phases_kept(&self) -> Duration {
+        self.claim_kept().saturating_add(self.settings.tombstone())
+    }
+
     fn count_round_trip(&self) {
         self.count_round_trips(1);
     }

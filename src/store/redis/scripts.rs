@@ -308,10 +308,11 @@ return out
 /// KEYS: record, phases, phase index. ARGV: scope, key, token, phase,
 /// output, keep ms. Replies `{0}` when the token does not hold the claim,
 /// `{1}` once the output is recorded, `{2, earlier output}` when the
-/// request recorded the phase before. A hash of another request (the key's
-/// earlier one, released) is replaced. The hash lives for the lock plus the
-/// retention from its last record; its scope's phase index names it, for
-/// `purge_scope`.
+/// request recorded the phase before, `{3}` when the hash is another
+/// request's (the key's earlier one, released): kept for its retry until it
+/// expires. The hash lives for the lock plus the retention plus the
+/// tombstone window from its last record; its scope's phase index names
+/// it, for `purge_scope`.
 const RECORD_PHASE: &str = r#"
 local rec, ph, pidx = KEYS[1], KEYS[2], KEYS[3]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
@@ -319,9 +320,11 @@ if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
 local collision = same_record(v)
 if collision then return collision end
 local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
-if p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then
-  redis.call('DEL', ph)
+if not p[1] then
   redis.call('HSET', ph, 'sc', ARGV[1], 'k', ARGV[2], 'fp', v[5])
+elseif p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then
+  -- Another request's, unexpired (its TTL): kept for its retry.
+  return {3}
 else
   local earlier = redis.call('HGET', ph, 'o:' .. ARGV[4])
   if earlier then return {2, earlier} end
