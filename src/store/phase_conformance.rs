@@ -202,6 +202,26 @@ pub async fn phases_are_kept_from_the_last_record<S: PhaseStore>(store: S) {
     assert_eq!(phases.get("p1").unwrap().as_ref(), b"3");
 }
 
+/// Needs a store built with [`SHORT`] durations. A completion deletes the
+/// request's phases: once the completed record has expired, the next claim
+/// of the same request runs from the start (its phases would still be kept).
+#[doc(hidden)]
+pub async fn a_completion_deletes_its_phases<S: PhaseStore>(store: S) {
+    let key = record(&unique("phases"), "phase-key-7");
+    let fp = fingerprint("{\"done\":1}");
+    let claim = claimed(&store, &key, &fp).await;
+    record_phase(&store, &key, claim.token, "p", b"1")
+        .await
+        .unwrap();
+    let done = Completion::Unavailable;
+    store.complete(&key, claim.token, done).await.unwrap();
+    tokio::time::sleep(SHORT.retention + Duration::from_millis(150)).await;
+
+    let again = claimed(&store, &key, &fp).await;
+    let phases = store.phases(&key, again.token).await.unwrap();
+    assert!(phases.is_empty(), "{phases:?}");
+}
+
 /// An output over the limit and a bad name are errors, never panics, and
 /// record nothing; an output of exactly the limit is recorded.
 #[doc(hidden)]
@@ -272,6 +292,7 @@ macro_rules! phase_store_conformance_tests {
         $crate::phase_store_conformance_tests!(@tests $factory, SHORT:
             a_takeover_resumes_and_the_stale_token_is_refused,
             phases_are_kept_from_the_last_record,
+            a_completion_deletes_its_phases,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {

@@ -426,6 +426,8 @@ SELECT 1 / (SELECT count(*)::int FROM done)"#
         // In the handler's transaction it also checks that it runs in the
         // transaction that claimed (`xact`, the parameter after the others): a
         // transaction ended by its handler does not record, whatever ran after.
+        // The key's recovery points are done with once it completes: deleted
+        // with it (an empty range of the primary key when it used none).
         let completion = |set: &str, xact: Option<u8>| {
             let (select, same_transaction) = match xact {
                 Some(n) => (
@@ -440,6 +442,8 @@ SELECT 1 / (SELECT count(*)::int FROM done)"#
     SET {set}, expires_at = now() + interval '{retention_ms} milliseconds'
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'{same_transaction}
     RETURNING 1
+), phases_done AS (
+    DELETE FROM {p} WHERE scope = $1 AND key = $2 AND EXISTS (SELECT 1 FROM done)
 )
 {select}"#
             )

@@ -1,7 +1,7 @@
 //! The [`Store`] operations of [`RedisStore`]: one script each.
 
 use super::listen::PURGED;
-use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
+use super::{backend, millis, phase_names, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::{decode_headers, encode_headers};
 use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
 use crate::store::near_cache::Completed;
@@ -101,10 +101,12 @@ impl Inner {
         response: Option<&StoredResponse>,
     ) -> Result<(), StoreError> {
         let names = self.names(key);
+        let phases = phase_names(&self.config.prefix, key);
         let mut invocation = self.scripts.complete.key(&names.record);
         invocation
             .key(&names.index)
             .key(&names.tombstone)
+            .key(&phases.phases)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())

@@ -125,11 +125,12 @@ if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
 
-/// KEYS: record, index, tombstone. ARGV: scope, key, token, retention ms,
-/// channel, id, tombstone window ms (0: none), state (`c` or `u`), then for
-/// `c`: status, headers, body. Replies 1, or 0 when the token does not hold
-/// the claim (its lock may have run out: only a takeover, which changes the
-/// token, fences it).
+/// KEYS: record, index, tombstone, phases. ARGV: scope, key, token,
+/// retention ms, channel, id, tombstone window ms (0: none), state (`c` or
+/// `u`), then for `c`: status, headers, body. Replies 1, or 0 when the token
+/// does not hold the claim (its lock may have run out: only a takeover, which
+/// changes the token, fences it). The key's recovery points are deleted: the
+/// key is done (their index entry goes at `purge_scope`).
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp')
@@ -145,6 +146,7 @@ else
 end
 redis.call('HDEL', rec, 'lx')
 redis.call('PEXPIRE', rec, retention)
+redis.call('DEL', KEYS[4])
 -- The index entry lives as long as the tombstone, for `purge_scope`.
 local kept = retention
 if window > 0 then
