@@ -540,8 +540,8 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
 
-        // Each purge batch also deletes as many expired phases (not counted:
-        // they are not records).
+        // Each purge batch also deletes as many expired phases, counted apart
+        // (they are not records): the purge goes on while either fills it.
         let expired_phases = |limit: &str| {
             format!(
                 r#"phases_gone AS (
@@ -552,6 +552,7 @@ FOR UPDATE"#
         LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     )
+    RETURNING 1
 )"#
             )
         };
@@ -561,7 +562,8 @@ FOR UPDATE"#
         // next batch does not see it again), every other row is deleted
         // (tombstones whose window ended among them). The `(expires_at)` index
         // yields the oldest first, so a batch reads about as many index entries
-        // as it changes rows; it answers how many it changed.
+        // as it changes rows; it answers how many it changed, then how many
+        // phases it deleted.
         let purge_statement = |limit: &str| {
             let entombed = format!(
                 "doomed.state IN ('completed', 'unavailable') \
@@ -587,7 +589,8 @@ FOR UPDATE"#
     WHERE r.scope = doomed.scope AND r.key = doomed.key AND {entombed}
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM entombed)"#
+SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM entombed),
+       (SELECT count(*) FROM phases_gone)"#
             )
         };
         let purge = purge_statement(&PURGE_BATCH.to_string());
