@@ -718,8 +718,11 @@ impl Maintenance for MemoryStore {
     }
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        let removed = self.remove_all(|_, r| r.is_in_scope(scope)) as u64;
+        // After the records: a phase is recorded under its claim's record
+        // lock, so none of the scope can be recorded past this point.
         self.shared.phases.retain(|_, p| p.key.scope() != scope);
-        Ok(self.remove_all(|_, r| r.is_in_scope(scope)) as u64)
+        Ok(removed)
     }
 }
 

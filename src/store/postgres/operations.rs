@@ -186,13 +186,6 @@ impl Maintenance for PostgresStore {
                 locked.map_err(backend).map(drop)
             })
             .await?;
-        inner
-            .settings
-            .timed(
-                OPERATION,
-                inner.execute(client, &inner.sql.purge_scope_phases, &[&name]),
-            )
-            .await?;
         let mut purged = 0;
         loop {
             let deleted = inner
@@ -207,6 +200,16 @@ impl Maintenance for PostgresStore {
                 break;
             }
         }
+        // After the records: a phase recorded meanwhile (its claim's row
+        // locked before the records' DELETE reached it) has committed by now,
+        // and goes too; no claim of the scope is left to record another.
+        inner
+            .settings
+            .timed(
+                OPERATION,
+                inner.execute(client, &inner.sql.purge_scope_phases, &[&name]),
+            )
+            .await?;
         inner
             .settings
             .timed(OPERATION, async {

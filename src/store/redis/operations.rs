@@ -165,6 +165,9 @@ impl Inner {
     async fn delete_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
         let tag = super::scope_tag(&self.config.prefix, scope.as_str());
         let index = format!("{tag}i");
+        // The phases first: one recorded after this pass has a record,
+        // deleted below with its phase hash.
+        self.delete_scope_phases(scope, &tag).await?;
         let mut purged = 0u64;
         // Entries of other scopes sharing the tag stay: skip past them.
         let mut kept: isize = 0;
@@ -183,7 +186,6 @@ impl Inner {
                 })
                 .await?;
             if members.is_empty() {
-                self.delete_scope_phases(scope, &tag).await?;
                 return Ok(purged);
             }
             let mut invocation = self.scripts.purge_scope.key(&index);
@@ -192,6 +194,7 @@ impl Inner {
                 invocation
                     .key(format!("{tag}r:{member}"))
                     .key(format!("{tag}x:{member}"))
+                    .key(format!("{tag}p:{member}"))
                     .arg(member);
             }
             let (deleted, removed): (u64, isize) = self

@@ -255,21 +255,23 @@ redis.call('HSET', KEYS[1], 'w', '1')
 return remaining
 "#;
 
-/// KEYS: index, then the record and the tombstone of each member. ARGV:
-/// scope, then the members (`ARGV[i]` names `KEYS[2i - 2]` and
-/// `KEYS[2i - 1]`). Deletes the records and tombstones of `scope` and their
-/// index entries, and the entries of records already gone; entries of
-/// another scope sharing the hash tag stay. Replies `{deleted, entries
-/// removed}`: a key counts once, whether its record, its tombstone or both
-/// went.
+/// KEYS: index, then the record, the tombstone and the phase hash of each
+/// member. ARGV: scope, then the members (`ARGV[i]` names `KEYS[3i - 4]`,
+/// `KEYS[3i - 3]` and `KEYS[3i - 2]`). Deletes the records, tombstones and
+/// phase hashes of `scope` and their index entries, and the entries of
+/// records already gone; entries of another scope sharing the hash tag
+/// stay. Deleting a record's phases with it leaves none that a claim
+/// recorded after the phase pass ran. Replies `{deleted, entries removed}`:
+/// a key counts once, whether its record, its tombstone or both went.
 const PURGE_SCOPE: &str = r#"
 local deleted, removed = 0, 0
 for i = 2, #ARGV do
-  local rec, tomb = KEYS[2 * i - 2], KEYS[2 * i - 1]
+  local rec, tomb, ph = KEYS[3 * i - 4], KEYS[3 * i - 3], KEYS[3 * i - 2]
   local v = redis.call('HMGET', rec, 'sc', 'st')
   if v[1] == ARGV[1] or not v[1] then
     local gone = v[1] and v[2] ~= 'r'
     if gone then redis.call('DEL', rec) end
+    if redis.call('HGET', ph, 'sc') == ARGV[1] then redis.call('DEL', ph) end
     local t = redis.call('GET', tomb)
     if t and string.sub(t, 33) == ARGV[1] then
       redis.call('DEL', tomb)
