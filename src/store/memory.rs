@@ -658,6 +658,10 @@ impl Store for MemoryStore {
             Some(mut r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => {
                 r.deadline =
                     now.saturating_add(record::saturate(self.shared.settings.lock_timeout()));
+                // A live claim's recovery points live on with it.
+                if self.shared.phased.load(Ordering::Relaxed) {
+                    self.keep_phases(&id, key, r.local(), now);
+                }
                 Ok(())
             }
             _ => Err(StoreError::ClaimLost),

@@ -222,6 +222,27 @@ pub async fn a_completion_deletes_its_phases<S: PhaseStore>(store: S) {
     assert!(phases.is_empty(), "{phases:?}");
 }
 
+/// Needs a store built with [`SHORT`] durations. A claim kept alive by
+/// its heartbeats keeps its phases too: an early phase outlives its own keep
+/// while the run goes on without recording another.
+#[doc(hidden)]
+pub async fn a_live_claim_keeps_its_phases<S: PhaseStore>(store: S) {
+    let key = record(&unique("phases"), "phase-key-8");
+    let fp = fingerprint("{\"long\":1}");
+    let claim = claimed(&store, &key, &fp).await;
+    record_phase(&store, &key, claim.token, "early", b"1")
+        .await
+        .unwrap();
+    let keep = SHORT.lock + SHORT.retention + SHORT.tombstone;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < keep + Duration::from_millis(400) {
+        tokio::time::sleep(SHORT.lock / 4).await;
+        store.extend(&key, claim.token).await.unwrap();
+    }
+    let phases = store.phases(&key, claim.token).await.unwrap();
+    assert_eq!(phases.get("early").map(|o| o.as_ref()), Some(&b"1"[..]));
+}
+
 /// An output over the limit and a bad name are errors, never panics, and
 /// record nothing; an output of exactly the limit is recorded.
 #[doc(hidden)]
@@ -293,6 +314,7 @@ macro_rules! phase_store_conformance_tests {
             a_takeover_resumes_and_the_stale_token_is_refused,
             phases_are_kept_from_the_last_record,
             a_completion_deletes_its_phases,
+            a_live_claim_keeps_its_phases,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {

@@ -9,7 +9,8 @@
 //! request under the key (after a release) sees none of it and records none
 //! of its own ([`PhasesOfAnotherRequest`]) until they expire: they are kept
 //! for the store's lock timeout plus its retention plus its tombstone window
-//! from the request's last record (each record renews them all), deleted
+//! from the request's last record (each record, and each `extend` of its
+//! live claim, renews them all), deleted
 //! when the request completes, and deleted with their scope.
 
 use super::{FencingToken, RecordKey, StoreError};

@@ -6,7 +6,7 @@
 //! a stalled claim taken over). Checked and written under the record's shard
 //! lock, so a takeover (which needs its write lock) cannot come in between.
 
-use super::record::{saturate, Nanos};
+use super::record::{saturate, Id, Nanos};
 use super::MemoryStore;
 use crate::fingerprint::LocalDigest;
 use crate::store::phases::{check_phase, phases_of_another_request};
@@ -26,7 +26,26 @@ pub(super) struct Phased {
     pub(super) deadline: Nanos,
 }
 
+/// How long a request's phases are kept from its last record or heartbeat.
+fn phases_kept(settings: &crate::store::settings::Settings) -> std::time::Duration {
+    settings
+        .lock_timeout()
+        .saturating_add(settings.retention())
+        .saturating_add(settings.tombstone())
+}
+
 impl MemoryStore {
+    /// Renews the unexpired phases of `key`'s request `local`, under its
+    /// claim's record lock (a heartbeat).
+    pub(super) fn keep_phases(&self, id: &Id, key: &RecordKey, local: LocalDigest, now: Nanos) {
+        if let Some(mut p) = self.shared.phases.get_mut(id) {
+            if p.key == *key && p.local == local && p.deadline > now {
+                let kept = now.saturating_add(saturate(phases_kept(&self.shared.settings)));
+                p.deadline = p.deadline.max(kept);
+            }
+        }
+    }
+
     /// The claim `token` holds of `key`: its request's local digest.
     fn owner<T>(
         &self,
@@ -70,10 +89,7 @@ impl PhaseStore for MemoryStore {
         check_phase(phase, &output)?;
         let id = self.shared.ids.of(key);
         let settings = &self.shared.settings;
-        let keep = settings
-            .lock_timeout()
-            .saturating_add(settings.retention())
-            .saturating_add(settings.tombstone());
+        let keep = phases_kept(settings);
         let now = self.now();
         let deadline = now.saturating_add(saturate(keep));
         let (recorded, fresh) = self.owner(key, token, |local| {

@@ -455,11 +455,21 @@ SELECT 1 / (SELECT count(*)::int FROM done)"#
         let complete_unavailable = completion(unavailable, None);
         let complete_locked_unavailable = completion(unavailable, Some(4));
 
+        // A live claim's recovery points live on with it (an empty range of
+        // the phases' primary key for a claim that recorded none).
         let extend = format!(
-            r#"UPDATE {t}
-SET expires_at = now() + interval '{lock_ms} milliseconds'
-WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-RETURNING 1"#
+            r#"WITH held AS (
+    UPDATE {t}
+    SET expires_at = now() + interval '{lock_ms} milliseconds'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    RETURNING fingerprint
+), kept AS (
+    UPDATE {p} AS p SET expires_at = now() + interval '{phase_keep_ms} milliseconds'
+    FROM held
+    WHERE p.scope = $1 AND p.key = $2 AND p.fingerprint = held.fingerprint
+      AND p.expires_at > now()
+)
+SELECT 1 FROM held"#
         );
 
         let release = format!(

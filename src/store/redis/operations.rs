@@ -417,14 +417,18 @@ impl Store for RedisStore {
     async fn extend(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
         let names = inner.names(key);
+        let phases = phase_names(&inner.config.prefix, key);
         let mut invocation = inner.scripts.extend.key(&names.record);
         invocation
             .key(&names.index)
+            .key(&phases.phases)
+            .key(&phases.index)
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0.to_string())
             .arg(millis(inner.settings.lock_timeout()))
-            .arg(millis(inner.claim_kept()));
+            .arg(millis(inner.claim_kept()))
+            .arg(millis(inner.phases_kept()));
         let extended: i64 = inner
             .settings
             .timed(OPERATION, inner.invoke(&invocation))

@@ -158,12 +158,13 @@ if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, token, lock ms, keep ms. Replies 1,
-/// or 0 when the token does not hold the claim; a claim past its lock that
-/// nobody took over is held again.
+/// KEYS: record, index, phases, phase index. ARGV: scope, key, token, lock
+/// ms, keep ms, phases' keep ms. Replies 1, or 0 when the token does not hold the claim;
+/// a claim past its lock that nobody took over is held again. The claim's
+/// request's phase hash, if any, lives on with it.
 const EXTEND: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
@@ -172,6 +173,10 @@ local now = now_ms()
 redis.call('HSET', rec, 'lx', string.format('%d', now + tonumber(ARGV[4])))
 redis.call('PEXPIRE', rec, keep)
 reindex(idx, ARGV[2], keep, now)
+if redis.call('HGET', KEYS[3], 'fp') == v[5] then
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[6]))
+  index(KEYS[4], ARGV[2], tonumber(ARGV[6]), now, false)
+end
 return 1
 "#;
 
