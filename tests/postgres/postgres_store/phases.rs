@@ -239,3 +239,61 @@ FROM generate_series(1, 2500) AS g"#
         .get(0);
     assert_eq!(left, 0, "expired phases left after a purge");
 }
+
+/// Another request under the key (another body, after the first was
+/// released with a recovery point) runs a local phase: its record is
+/// refused and its writes roll back; the first request's retry resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_requests_local_phase_commits_nothing_while_the_first_ones_phases_live() {
+    use tower_idempotency::store::phases::PhasesOfAnotherRequest;
+    let Some(url) = pg::database_url("local phases") else {
+        return;
+    };
+    let table = pg::unique_table("phases");
+    let store = pg::store(&url, &table, |s| s).await;
+    let (sql, orders) = orders(&url, &table).await;
+    let engine = Engine::phased(store);
+    let (scope, key) = key();
+
+    let first = |fail: bool| {
+        let orders = orders.clone();
+        move |context: RunContext| async move {
+            let reserved = insert(&context, &orders, "reserve", "reserved", false).await;
+            let reserved = reserved.map_err(|e| e.to_string())?;
+            match fail {
+                true => Err(format!("{reserved}, then failed")),
+                false => Ok(reserved),
+            }
+        }
+    };
+    let failed = engine
+        .run(&scope, &key, Identity::Bytes(b"a"), first(true))
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+
+    let other = {
+        let orders = orders.clone();
+        move |context: RunContext| async move {
+            match insert(&context, &orders, "reserve", "other", false).await {
+                Err(PhaseError::Store(StoreError::Backend(e)))
+                    if e.downcast_ref::<PhasesOfAnotherRequest>().is_some() =>
+                {
+                    Err::<String, _>("refused".to_owned())
+                }
+                other => Err(format!("expected a refusal, got {other:?}")),
+            }
+        }
+    };
+    let refused = engine.run(&scope, &key, Identity::Bytes(b"b"), other).await;
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("refused")),
+        "{refused:?}"
+    );
+    assert_eq!(items(&sql, &orders).await, ["reserved"]);
+
+    let retry = engine
+        .run(&scope, &key, Identity::Bytes(b"a"), first(false))
+        .await;
+    assert_eq!(retry.unwrap(), Outcome::Executed("reserved".into()));
+    assert_eq!(items(&sql, &orders).await, ["reserved"]);
+}
