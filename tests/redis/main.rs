@@ -16,6 +16,8 @@ mod redis_eviction;
 mod redis_failover;
 #[cfg(feature = "test-util")]
 mod redis_near_cache;
+#[cfg(feature = "test-util")]
+mod redis_phases;
 mod redis_processes;
 #[cfg(feature = "test-util")]
 mod redis_store;
