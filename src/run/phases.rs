@@ -15,9 +15,11 @@ use crate::store::{FencingToken, PhaseRecord, RecordKey, RecordedPhases, StoreEr
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use tokio::sync::OwnedMutexGuard;
 
 /// The phases of one claimed run: each runs once per request, its output
 /// recorded as the request's recovery point, and a retry (after the run
@@ -27,7 +29,11 @@ use std::sync::Arc;
 /// [`IdempotencyLayer::phased`](crate::IdempotencyLayer::phased) puts one
 /// in the request extensions of every claimed request (`Extension<Phases>`
 /// in axum); an [`Engine::phased`](crate::engine::Engine::phased) operation finds it
-/// with [`RunContext::phases`](crate::engine::RunContext::phases). Clones share the run's phases.
+/// with [`RunContext::phases`](crate::engine::RunContext::phases). Clones share the run's phases:
+/// clones running one phase at once run it once (the others wait for its
+/// output), and after a record that failed (its reply may be lost after it
+/// committed) the next phase reads the store again rather than trust what
+/// this run knew.
 ///
 /// - [`run`](Self::run): a local step, run then recorded. A crash between
 ///   the two runs it again on the retry, so its writes should be idempotent
@@ -73,8 +79,13 @@ struct Inner {
     record: RecordKey,
     token: FencingToken,
     keys: DownstreamKeys,
-    /// Read from the store on first use, then kept up to date here.
+    /// Read from the store on first use, then kept up to date here; dropped
+    /// when a record's outcome is unknown (its reply lost), so the next
+    /// use reads it again.
     recorded: tokio::sync::Mutex<Option<RecordedPhases>>,
+    /// One lock per phase name, held from its check through its run to its
+    /// record: clones running the same phase at once run it once.
+    running: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl fmt::Debug for Phases {
@@ -144,6 +155,7 @@ impl Phases {
                 token,
                 keys: DownstreamKeys::derived(record.scope(), record.key(), secret),
                 recorded: tokio::sync::Mutex::new(None),
+                running: std::sync::Mutex::default(),
             }),
         });
     }
@@ -181,6 +193,7 @@ impl Phases {
         F: FnOnce() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let _running = self.hold(name).await?;
         if let Some(output) = self.done(name).await? {
             return decode(&output);
         }
@@ -198,6 +211,7 @@ impl Phases {
         F: FnOnce(DownstreamKey) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let _running = self.hold(name).await?;
         if let Some(output) = self.done(name).await? {
             return decode(&output);
         }
@@ -225,6 +239,7 @@ impl Phases {
         let Some(postgres) = inner.store.postgres() else {
             return Err(PhaseError::Unsupported);
         };
+        let _running = self.hold(name).await?;
         if let Some(output) = self.done(name).await? {
             return decode(&output);
         }
@@ -232,12 +247,33 @@ impl Phases {
             let value = phase(client).await.map_err(PhaseError::Phase)?;
             encode(&value)
         };
-        let (_, output) = postgres
-            .local_phase(&inner.record, inner.token, name, run)
-            .await
-            .map_err(PhaseError::Store)??;
+        let local = postgres.local_phase(&inner.record, inner.token, name, run);
+        let (_, output) = match local.await {
+            Ok(ran) => ran?,
+            Err(error) => return Err(self.unknown(error).await),
+        };
         self.remember(name, output.clone()).await;
         decode(&output)
+    }
+
+    /// Holds phase `name`'s lock (after checking the name) until dropped.
+    async fn hold<E>(&self, name: &str) -> Result<OwnedMutexGuard<()>, PhaseError<E>> {
+        check_name(name).map_err(PhaseError::Store)?;
+        let lock = {
+            let mut running = match self.inner.running.lock() {
+                Ok(running) => running,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            running.entry(name.to_owned()).or_default().clone()
+        };
+        Ok(lock.lock_owned().await)
+    }
+
+    /// A record that failed may have committed (its reply lost): the cache
+    /// is dropped, so the next phase reads what the store holds.
+    async fn unknown<E>(&self, error: StoreError) -> PhaseError<E> {
+        *self.inner.recorded.lock().await = None;
+        PhaseError::Store(error)
     }
 
     /// The recorded output of `name`, after checking the name.
@@ -256,8 +292,11 @@ impl Phases {
         let recorded = inner
             .store
             .record_phase(&inner.record, inner.token, name, output.clone())
-            .await
-            .map_err(PhaseError::Store)?;
+            .await;
+        let recorded = match recorded {
+            Ok(recorded) => recorded,
+            Err(error) => return Err(self.unknown(error).await),
+        };
         match recorded {
             PhaseRecord::Recorded => {
                 self.remember(name, output).await;

@@ -658,6 +658,10 @@ impl Store for MemoryStore {
             Some(mut r) if r.token == token && r.in_progress().is_some() && r.is_record_of(key) => {
                 r.deadline =
                     now.saturating_add(record::saturate(self.shared.settings.lock_timeout()));
+                // A live claim's recovery points live on with it.
+                if self.shared.phased.load(Ordering::Relaxed) {
+                    self.keep_phases(&id, key, r.local(), now);
+                }
                 Ok(())
             }
             _ => Err(StoreError::ClaimLost),
@@ -718,8 +722,11 @@ impl Maintenance for MemoryStore {
     }
 
     async fn purge_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
+        let removed = self.remove_all(|_, r| r.is_in_scope(scope)) as u64;
+        // After the records: a phase is recorded under its claim's record
+        // lock, so none of the scope can be recorded past this point.
         self.shared.phases.retain(|_, p| p.key.scope() != scope);
-        Ok(self.remove_all(|_, r| r.is_in_scope(scope)) as u64)
+        Ok(removed)
     }
 }
 

@@ -20,7 +20,9 @@
 pub use crate::phase_store_conformance_tests;
 
 use super::conformance::{fingerprint, record, SHORT};
-use super::phases::{InvalidPhaseName, PhaseOutputTooLarge, MAX_PHASE_OUTPUT};
+use super::phases::{
+    InvalidPhaseName, PhaseOutputTooLarge, PhasesOfAnotherRequest, MAX_PHASE_OUTPUT,
+};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::{
     Begin, Claim, Completion, FencingToken, Maintenance, PhaseRecord, PhaseStore, RecordKey,
@@ -118,8 +120,13 @@ pub async fn a_takeover_resumes_and_the_stale_token_is_refused<S: PhaseStore>(st
     assert_eq!(phases.get("charge").unwrap().as_ref(), b"\"ch_2\"");
 }
 
+fn is_another_requests(result: &Result<PhaseRecord, StoreError>) -> bool {
+    matches!(result, Err(StoreError::Backend(e)) if e.downcast_ref::<PhasesOfAnotherRequest>().is_some())
+}
+
 /// Phases outlive a release for the same request only: a claim of another
-/// request under the key (after the release) sees none, and records its own.
+/// request under the key (after the release) sees none, and may not record
+/// any while they are unexpired, so the first request's retry still resumes.
 /// A completed claim records no more.
 #[doc(hidden)]
 pub async fn phases_belong_to_their_request<S: PhaseStore>(store: S) {
@@ -138,15 +145,102 @@ pub async fn phases_belong_to_their_request<S: PhaseStore>(store: S) {
 
     let another = claimed(&store, &key, &other).await;
     assert!(store.phases(&key, another.token).await.unwrap().is_empty());
-    let own = record_phase(&store, &key, another.token, "reserve", b"\"r-2\"").await;
-    assert_eq!(own.unwrap(), PhaseRecord::Recorded);
-    let phases = store.phases(&key, another.token).await.unwrap();
-    assert_eq!(phases.get("reserve").unwrap().as_ref(), b"\"r-2\"");
+    for name in ["reserve", "charge"] {
+        let own = record_phase(&store, &key, another.token, name, b"\"r-2\"").await;
+        assert!(is_another_requests(&own), "{name}: {own:?}");
+    }
+    assert!(store.phases(&key, another.token).await.unwrap().is_empty());
+    store.release(&key, another.token).await.unwrap();
+
+    let resumed = claimed(&store, &key, &same).await;
+    let phases = store.phases(&key, resumed.token).await.unwrap();
+    assert_eq!(phases.len(), 1, "{phases:?}");
+    assert_eq!(phases.get("reserve").unwrap().as_ref(), b"\"r-1\"");
+    record_phase(&store, &key, resumed.token, "charge", b"\"c-1\"")
+        .await
+        .unwrap();
 
     let done = Completion::Unavailable;
-    store.complete(&key, another.token, done).await.unwrap();
-    let late = record_phase(&store, &key, another.token, "ship", b"1").await;
+    store.complete(&key, resumed.token, done).await.unwrap();
+    let late = record_phase(&store, &key, resumed.token, "ship", b"1").await;
     assert!(matches!(late, Err(StoreError::ClaimLost)), "{late:?}");
+}
+
+/// Needs a store built with [`SHORT`] durations. Each record renews the
+/// request's phases: its first phase outlives its own keep while later ones
+/// are recorded. Once they all expire, another request under the key
+/// records its own.
+#[doc(hidden)]
+pub async fn phases_are_kept_from_the_last_record<S: PhaseStore>(store: S) {
+    let key = record(&unique("phases"), "phase-key-6");
+    let (same, other) = (fingerprint("{\"n\":1}"), fingerprint("{\"n\":2}"));
+    let keep = SHORT.lock + SHORT.retention + SHORT.tombstone;
+    let step = keep * 2 / 3;
+    let mut claim = claimed(&store, &key, &same).await;
+    record_phase(&store, &key, claim.token, "p1", b"1")
+        .await
+        .unwrap();
+    for (i, name) in ["p2", "p3"].into_iter().enumerate() {
+        store.release(&key, claim.token).await.unwrap();
+        tokio::time::sleep(step).await;
+        claim = claimed(&store, &key, &same).await;
+        let phases = store.phases(&key, claim.token).await.unwrap();
+        assert_eq!(phases.len(), i + 1, "after {step:?}: {phases:?}");
+        assert_eq!(phases.get("p1").unwrap().as_ref(), b"1");
+        record_phase(&store, &key, claim.token, name, b"2")
+            .await
+            .unwrap();
+    }
+    store.release(&key, claim.token).await.unwrap();
+
+    tokio::time::sleep(keep + Duration::from_millis(300)).await;
+    let another = claimed(&store, &key, &other).await;
+    let own = record_phase(&store, &key, another.token, "p1", b"3").await;
+    assert_eq!(own.unwrap(), PhaseRecord::Recorded);
+    let phases = store.phases(&key, another.token).await.unwrap();
+    assert_eq!(phases.len(), 1, "{phases:?}");
+    assert_eq!(phases.get("p1").unwrap().as_ref(), b"3");
+}
+
+/// Needs a store built with [`SHORT`] durations. A completion deletes the
+/// request's phases: once the completed record has expired, the next claim
+/// of the same request runs from the start (its phases would still be kept).
+#[doc(hidden)]
+pub async fn a_completion_deletes_its_phases<S: PhaseStore>(store: S) {
+    let key = record(&unique("phases"), "phase-key-7");
+    let fp = fingerprint("{\"done\":1}");
+    let claim = claimed(&store, &key, &fp).await;
+    record_phase(&store, &key, claim.token, "p", b"1")
+        .await
+        .unwrap();
+    let done = Completion::Unavailable;
+    store.complete(&key, claim.token, done).await.unwrap();
+    tokio::time::sleep(SHORT.retention + Duration::from_millis(150)).await;
+
+    let again = claimed(&store, &key, &fp).await;
+    let phases = store.phases(&key, again.token).await.unwrap();
+    assert!(phases.is_empty(), "{phases:?}");
+}
+
+/// Needs a store built with [`SHORT`] durations. A claim kept alive by
+/// its heartbeats keeps its phases too: an early phase outlives its own keep
+/// while the run goes on without recording another.
+#[doc(hidden)]
+pub async fn a_live_claim_keeps_its_phases<S: PhaseStore>(store: S) {
+    let key = record(&unique("phases"), "phase-key-8");
+    let fp = fingerprint("{\"long\":1}");
+    let claim = claimed(&store, &key, &fp).await;
+    record_phase(&store, &key, claim.token, "early", b"1")
+        .await
+        .unwrap();
+    let keep = SHORT.lock + SHORT.retention + SHORT.tombstone;
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < keep + Duration::from_millis(400) {
+        tokio::time::sleep(SHORT.lock / 4).await;
+        store.extend(&key, claim.token).await.unwrap();
+    }
+    let phases = store.phases(&key, claim.token).await.unwrap();
+    assert_eq!(phases.get("early").map(|o| o.as_ref()), Some(&b"1"[..]));
 }
 
 /// An output over the limit and a bad name are errors, never panics, and
@@ -218,6 +312,9 @@ macro_rules! phase_store_conformance_tests {
         );
         $crate::phase_store_conformance_tests!(@tests $factory, SHORT:
             a_takeover_resumes_and_the_stale_token_is_refused,
+            phases_are_kept_from_the_last_record,
+            a_completion_deletes_its_phases,
+            a_live_claim_keeps_its_phases,
         );
     };
     (@tests $factory:path, $durations:ident: $($name:ident),* $(,)?) => {

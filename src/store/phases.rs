@@ -6,9 +6,12 @@
 //! kept with the fingerprint of the request that recorded it, survives a
 //! release and a takeover of the claim, and is read back by the next claim
 //! of the same request (same scope, key and fingerprint). A claim of another
-//! request under the key (after a release) sees none of it, and its own
-//! phases replace it. Outputs are kept for the store's lock timeout plus its
-//! retention from their recording, and deleted with their scope.
+//! request under the key (after a release) sees none of it and records none
+//! of its own ([`PhasesOfAnotherRequest`]) until they expire: they are kept
+//! for the store's lock timeout plus its retention plus its tombstone window
+//! from the request's last record (each record, and each `extend` of its
+//! live claim, renews them all), deleted
+//! when the request completes, and deleted with their scope.
 
 use super::{FencingToken, RecordKey, StoreError};
 use bytes::Bytes;
@@ -58,6 +61,25 @@ impl fmt::Display for InvalidPhaseName {
 }
 
 impl std::error::Error for InvalidPhaseName {}
+
+/// A phase record refused (inside [`StoreError::Backend`]) because another
+/// request under the key (another body, released or taken over) has
+/// recovery points there that have not expired: they are kept for that
+/// request's retry, never replaced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PhasesOfAnotherRequest;
+
+impl fmt::Display for PhasesOfAnotherRequest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("another request under this key has recovery points that have not expired")
+    }
+}
+
+impl std::error::Error for PhasesOfAnotherRequest {}
+
+pub(crate) fn phases_of_another_request() -> StoreError {
+    StoreError::Backend(Box::new(PhasesOfAnotherRequest))
+}
 
 /// Checks what every store refuses: a bad name, an output over the limit.
 pub(crate) fn check_phase(phase: &str, output: &[u8]) -> Result<(), StoreError> {
@@ -164,7 +186,10 @@ pub trait PhaseStore: super::Store {
     /// Records `output` as `phase`'s recovery point, if `token` still owns
     /// the claim and the request has not recorded `phase` yet. An output over
     /// [`MAX_PHASE_OUTPUT`] fails with [`PhaseOutputTooLarge`], a bad name
-    /// with [`InvalidPhaseName`] (both inside [`StoreError::Backend`]).
+    /// with [`InvalidPhaseName`], a request whose key holds unexpired phases
+    /// of another request with [`PhasesOfAnotherRequest`] (all inside
+    /// [`StoreError::Backend`]). Renews the expiry of all the request's
+    /// phases.
     fn record_phase(
         &self,
         key: &RecordKey,

@@ -27,6 +27,7 @@ mod clock_step;
 mod memory_store;
 mod memory_store_adversarial;
 mod phases;
+mod phases_within_a_run;
 mod proptest_fingerprint;
 mod replay_fidelity;
 mod store_panics;

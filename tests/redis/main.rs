@@ -17,6 +17,8 @@ mod redis_failover;
 mod redis_index;
 #[cfg(feature = "test-util")]
 mod redis_near_cache;
+#[cfg(feature = "test-util")]
+mod redis_phases;
 mod redis_processes;
 #[cfg(feature = "test-util")]
 mod redis_store;

@@ -6,10 +6,10 @@
 //! a stalled claim taken over). Checked and written under the record's shard
 //! lock, so a takeover (which needs its write lock) cannot come in between.
 
-use super::record::{saturate, Nanos};
+use super::record::{saturate, Id, Nanos};
 use super::MemoryStore;
 use crate::fingerprint::LocalDigest;
-use crate::store::phases::check_phase;
+use crate::store::phases::{check_phase, phases_of_another_request};
 use crate::store::{FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordedPhases, StoreError};
 use bytes::Bytes;
 use std::sync::atomic::Ordering;
@@ -20,12 +20,32 @@ pub(super) struct Phased {
     /// The request that recorded them: another request of the key sees none.
     local: LocalDigest,
     outputs: RecordedPhases,
-    /// Kept until then (the lock timeout plus the retention from the last
-    /// record), unless the record completes first.
+    /// Kept until then (the lock timeout plus the retention plus the
+    /// tombstone window from the last record), unless the record completes
+    /// first.
     pub(super) deadline: Nanos,
 }
 
+/// How long a request's phases are kept from its last record or heartbeat.
+fn phases_kept(settings: &crate::store::settings::Settings) -> std::time::Duration {
+    settings
+        .lock_timeout()
+        .saturating_add(settings.retention())
+        .saturating_add(settings.tombstone())
+}
+
 impl MemoryStore {
+    /// Renews the unexpired phases of `key`'s request `local`, under its
+    /// claim's record lock (a heartbeat).
+    pub(super) fn keep_phases(&self, id: &Id, key: &RecordKey, local: LocalDigest, now: Nanos) {
+        if let Some(mut p) = self.shared.phases.get_mut(id) {
+            if p.key == *key && p.local == local && p.deadline > now {
+                let kept = now.saturating_add(saturate(phases_kept(&self.shared.settings)));
+                p.deadline = p.deadline.max(kept);
+            }
+        }
+    }
+
     /// The claim `token` holds of `key`: its request's local digest.
     fn owner<T>(
         &self,
@@ -52,8 +72,9 @@ impl PhaseStore for MemoryStore {
         token: FencingToken,
     ) -> Result<RecordedPhases, StoreError> {
         let id = self.shared.ids.of(key);
+        let now = self.now();
         self.owner(key, token, |local| match self.shared.phases.get(&id) {
-            Some(p) if p.key == *key && p.local == local => p.outputs.clone(),
+            Some(p) if p.key == *key && p.local == local && p.deadline > now => p.outputs.clone(),
             _ => RecordedPhases::new(),
         })
     }
@@ -68,8 +89,9 @@ impl PhaseStore for MemoryStore {
         check_phase(phase, &output)?;
         let id = self.shared.ids.of(key);
         let settings = &self.shared.settings;
-        let keep = settings.lock_timeout().saturating_add(settings.retention());
-        let deadline = self.now().saturating_add(saturate(keep));
+        let keep = phases_kept(settings);
+        let now = self.now();
+        let deadline = now.saturating_add(saturate(keep));
         let (recorded, fresh) = self.owner(key, token, |local| {
             self.shared.phased.store(true, Ordering::Relaxed);
             let mut entry = self.shared.phases.entry(id).or_insert_with(|| Phased {
@@ -78,9 +100,12 @@ impl PhaseStore for MemoryStore {
                 outputs: RecordedPhases::new(),
                 deadline,
             });
-            let fresh = entry.outputs.is_empty();
-            // Another request's (or another key's with this id): replaced.
             if entry.key != *key || entry.local != local {
+                // Another request's (or another key's with this id): kept for
+                // its retry until it expires.
+                if entry.deadline > now {
+                    return Err(phases_of_another_request());
+                }
                 *entry = Phased {
                     key: key.clone(),
                     local,
@@ -88,13 +113,14 @@ impl PhaseStore for MemoryStore {
                     deadline,
                 };
             }
+            let fresh = entry.outputs.is_empty();
             if let Some(first) = entry.outputs.get(phase) {
-                return (PhaseRecord::AlreadyRecorded(first.clone()), false);
+                return Ok((PhaseRecord::AlreadyRecorded(first.clone()), false));
             }
             entry.outputs.insert(phase, output);
             entry.deadline = deadline;
-            (PhaseRecord::Recorded, fresh)
-        })?;
+            Ok((PhaseRecord::Recorded, fresh))
+        })??;
         // A new request's first phase: drop what has expired, so that
         // released requests nobody retries do not pile up between purges.
         if fresh && self.shared.phases.len() > self.shared.capacity {

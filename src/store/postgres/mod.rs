@@ -449,19 +449,18 @@ impl Inner {
         client.execute(&statement, params).await.map_err(backend)
     }
 
-    /// Runs `sql`, whose one row is a count (a purge's rows changed).
-    async fn count(
+    /// Runs a purge batch: the records it changed, the phases it deleted.
+    async fn purged(
         &self,
         client: &Object,
         sql: &str,
         params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
+    ) -> Result<(u64, u64), StoreError> {
         let rows = self.query(client, sql, params).await?;
-        let count: i64 = match rows.first() {
-            Some(row) => row.try_get(0).map_err(backend)?,
-            None => 0,
-        };
-        Ok(count.max(0) as u64)
+        let row = rows.first().ok_or_else(|| backend("no answer"))?;
+        let records: i64 = row.try_get(0).map_err(backend)?;
+        let phases: i64 = row.try_get(1).map_err(backend)?;
+        Ok((records.max(0) as u64, phases.max(0) as u64))
     }
 
     /// Runs `begin`'s statement; a flight's `leader` stops taking followers just

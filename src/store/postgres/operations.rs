@@ -129,31 +129,35 @@ impl Maintenance for PostgresStore {
         let client = inner.settings.timed(OPERATION, inner.client()).await?;
         let mut purged = 0;
         // Bounded batches: each statement deletes (or reduces to tombstones)
-        // at most `PURGE_BATCH` rows.
+        // at most `PURGE_BATCH` rows, and as many expired phases.
         loop {
-            let deleted = inner
+            let (records, phases) = inner
                 .settings
-                .timed(OPERATION, inner.count(&client, &inner.sql.purge, &[]))
+                .timed(OPERATION, inner.purged(&client, &inner.sql.purge, &[]))
                 .await?;
-            purged += deleted;
-            if deleted < PURGE_BATCH {
+            purged += records;
+            if records.max(phases) < PURGE_BATCH {
                 return Ok(purged);
             }
         }
     }
 
+    /// Answers the larger of the records changed and the expired phases
+    /// deleted, so that [`PurgeTask`](crate::store::purge::PurgeTask) goes on
+    /// while either fills a batch.
     async fn purge_expired_batch(&self, limit: std::num::NonZeroU32) -> Result<u64, StoreError> {
         let inner = &self.inner;
         let limit = i64::from(limit.get());
-        inner
+        let (records, phases) = inner
             .settings
             .timed(OPERATION, async {
                 let client = inner.client().await?;
                 inner
-                    .count(&client, &inner.sql.purge_batch, &[&limit])
+                    .purged(&client, &inner.sql.purge_batch, &[&limit])
                     .await
             })
-            .await
+            .await?;
+        Ok(records.max(phases))
     }
 
     async fn purge_scope(&self, scope: &crate::Scope) -> Result<u64, StoreError> {
@@ -182,13 +186,6 @@ impl Maintenance for PostgresStore {
                 locked.map_err(backend).map(drop)
             })
             .await?;
-        inner
-            .settings
-            .timed(
-                OPERATION,
-                inner.execute(client, &inner.sql.purge_scope_phases, &[&name]),
-            )
-            .await?;
         let mut purged = 0;
         loop {
             let deleted = inner
@@ -203,6 +200,16 @@ impl Maintenance for PostgresStore {
                 break;
             }
         }
+        // After the records: a phase recorded meanwhile (its claim's row
+        // locked before the records' DELETE reached it) has committed by now,
+        // and goes too; no claim of the scope is left to record another.
+        inner
+            .settings
+            .timed(
+                OPERATION,
+                inner.execute(client, &inner.sql.purge_scope_phases, &[&name]),
+            )
+            .await?;
         inner
             .settings
             .timed(OPERATION, async {

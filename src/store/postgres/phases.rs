@@ -3,7 +3,7 @@
 
 use super::transaction::{rollback, Guarded, Held, PostgresTransaction, OPEN};
 use super::{backend, Inner, PostgresStore, TransactionClient, OPERATION};
-use crate::store::phases::{check_name, check_phase};
+use crate::store::phases::{check_name, check_phase, phases_of_another_request};
 use crate::store::{FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordedPhases, StoreError};
 use bytes::Bytes;
 use deadpool_postgres::Object;
@@ -14,6 +14,8 @@ use tokio::sync::Mutex;
 /// What the phase's record statement answered.
 enum Recorded {
     Lost,
+    /// Refused: another request's unexpired phases are under the key.
+    Held,
     Written,
     Earlier(Bytes),
 }
@@ -39,6 +41,10 @@ impl Inner {
         let owned: bool = row.try_get(0).map_err(backend)?;
         let written: bool = row.try_get(1).map_err(backend)?;
         let earlier: Option<Vec<u8>> = row.try_get(2).map_err(backend)?;
+        let held: bool = row.try_get(3).map_err(backend)?;
+        if owned && held {
+            return Ok(Recorded::Held);
+        }
         Ok(match (owned, written, earlier) {
             (false, _, _) => Recorded::Lost,
             (true, true, _) => Recorded::Written,
@@ -105,6 +111,7 @@ impl PhaseStore for PostgresStore {
             .await?;
         match recorded {
             Recorded::Lost => Err(StoreError::ClaimLost),
+            Recorded::Held => Err(phases_of_another_request()),
             Recorded::Written => Ok(PhaseRecord::Recorded),
             Recorded::Earlier(earlier) => Ok(PhaseRecord::AlreadyRecorded(earlier)),
         }
@@ -180,6 +187,10 @@ impl PostgresStore {
             Recorded::Lost => {
                 rollback(inner, connection, None).await;
                 return Err(StoreError::ClaimLost);
+            }
+            Recorded::Held => {
+                rollback(inner, connection, None).await;
+                return Err(phases_of_another_request());
             }
             // Done before: this run's writes are a duplicate of its.
             Recorded::Earlier(earlier) => {

@@ -91,8 +91,11 @@ pub(super) struct Sql {
     /// `(phase, output)` for each.
     pub(super) phases: String,
     /// Records phase `$4` with output `$5` under the claim `$3`: whether the
-    /// token owns the claim, whether the output was written, and the output
-    /// of the request's earlier record of that phase. Locks the claim's row
+    /// token owns the claim, whether the output was written, the output of
+    /// the request's earlier record of that phase, and whether another
+    /// request's unexpired phases refused it. Renews the request's other
+    /// phases (kept for the lock, the retention and the tombstone window
+    /// from the last record). Locks the claim's row
     /// (shared) until the transaction ends: in a local phase's transaction,
     /// no takeover commits between this check and the commit.
     pub(super) record_phase: String,
@@ -124,7 +127,7 @@ impl Sql {
         let p = format!(r#""{schema}"."{phases_name}""#);
         let phases_index = derived_name(table, "phases_expires_at_idx");
         let lock_ms = millis(lock);
-        let keep_ms = millis(lock.saturating_add(retention));
+        let phase_keep_ms = millis(lock.saturating_add(retention).saturating_add(tombstone));
         let retention_ms = millis(retention);
         let tombstone_ms = millis(tombstone);
         // Until when a row holds its key: a completed row for its tombstone
@@ -423,6 +426,8 @@ SELECT 1 / (SELECT count(*)::int FROM done)"#
         // In the handler's transaction it also checks that it runs in the
         // transaction that claimed (`xact`, the parameter after the others): a
         // transaction ended by its handler does not record, whatever ran after.
+        // The key's recovery points are done with once it completes: deleted
+        // with it (an empty range of the primary key when it used none).
         let completion = |set: &str, xact: Option<u8>| {
             let (select, same_transaction) = match xact {
                 Some(n) => (
@@ -437,6 +442,8 @@ SELECT 1 / (SELECT count(*)::int FROM done)"#
     SET {set}, expires_at = now() + interval '{retention_ms} milliseconds'
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'{same_transaction}
     RETURNING 1
+), phases_done AS (
+    DELETE FROM {p} WHERE scope = $1 AND key = $2 AND EXISTS (SELECT 1 FROM done)
 )
 {select}"#
             )
@@ -448,11 +455,21 @@ SELECT 1 / (SELECT count(*)::int FROM done)"#
         let complete_unavailable = completion(unavailable, None);
         let complete_locked_unavailable = completion(unavailable, Some(4));
 
+        // A live claim's recovery points live on with it (an empty range of
+        // the phases' primary key for a claim that recorded none).
         let extend = format!(
-            r#"UPDATE {t}
-SET expires_at = now() + interval '{lock_ms} milliseconds'
-WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
-RETURNING 1"#
+            r#"WITH held AS (
+    UPDATE {t}
+    SET expires_at = now() + interval '{lock_ms} milliseconds'
+    WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
+    RETURNING fingerprint
+), kept AS (
+    UPDATE {p} AS p SET expires_at = now() + interval '{phase_keep_ms} milliseconds'
+    FROM held
+    WHERE p.scope = $1 AND p.key = $2 AND p.fingerprint = held.fingerprint
+      AND p.expires_at > now()
+)
+SELECT 1 FROM held"#
         );
 
         let release = format!(
@@ -533,8 +550,8 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 FOR UPDATE"#
         );
 
-        // Each purge batch also deletes as many expired phases (not counted:
-        // they are not records).
+        // Each purge batch also deletes as many expired phases, counted apart
+        // (they are not records): the purge goes on while either fills it.
         let expired_phases = |limit: &str| {
             format!(
                 r#"phases_gone AS (
@@ -545,6 +562,7 @@ FOR UPDATE"#
         LIMIT {limit}
         FOR UPDATE SKIP LOCKED
     )
+    RETURNING 1
 )"#
             )
         };
@@ -554,7 +572,8 @@ FOR UPDATE"#
         // next batch does not see it again), every other row is deleted
         // (tombstones whose window ended among them). The `(expires_at)` index
         // yields the oldest first, so a batch reads about as many index entries
-        // as it changes rows; it answers how many it changed.
+        // as it changes rows; it answers how many it changed, then how many
+        // phases it deleted.
         let purge_statement = |limit: &str| {
             let entombed = format!(
                 "doomed.state IN ('completed', 'unavailable') \
@@ -580,7 +599,8 @@ FOR UPDATE"#
     WHERE r.scope = doomed.scope AND r.key = doomed.key AND {entombed}
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM entombed)"#
+SELECT (SELECT count(*) FROM deleted) + (SELECT count(*) FROM entombed),
+       (SELECT count(*) FROM phases_gone)"#
             )
         };
         let purge = purge_statement(&PURGE_BATCH.to_string());
@@ -608,29 +628,46 @@ WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
 UNION ALL
 SELECT p.phase, p.output FROM {p} AS p JOIN {t} AS r
     ON r.scope = p.scope AND r.key = p.key AND r.fingerprint = p.fingerprint
-WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_progress'"#
+WHERE r.scope = $1 AND r.key = $2 AND r.token = $3 AND r.state = 'in_progress'
+    AND p.expires_at > now()"#
         );
-        // A phase of another request (an earlier one of the key, released)
-        // is replaced; the request's own first record of it stands.
+        // Refused while another request of the key (an earlier one,
+        // released) has unexpired phases: they are kept for its retry. An
+        // expired row of the phase is replaced; the request's own first
+        // record of it stands, and the record renews the request's others.
+        let phase_expiry = format!("now() + interval '{phase_keep_ms} milliseconds'");
         let record_phase = format!(
             r#"WITH owner AS (
     SELECT fingerprint FROM {t}
     WHERE scope = $1 AND key = $2 AND token = $3 AND state = 'in_progress'
     FOR SHARE
+), other AS (
+    SELECT 1 FROM {p} AS p, owner
+    WHERE p.scope = $1 AND p.key = $2 AND p.fingerprint <> owner.fingerprint
+      AND p.expires_at > now()
+    LIMIT 1
 ), recorded AS (
     INSERT INTO {p} AS p (scope, key, phase, fingerprint, output, expires_at)
-    SELECT $1, $2, $4, fingerprint, $5, now() + interval '{keep_ms} milliseconds' FROM owner
+    SELECT $1, $2, $4, fingerprint, $5, {phase_expiry} FROM owner
+    WHERE NOT EXISTS (SELECT 1 FROM other)
     ON CONFLICT (scope, key, phase) DO UPDATE
     SET fingerprint = excluded.fingerprint, output = excluded.output,
         created_at = now(), expires_at = excluded.expires_at
-    WHERE p.fingerprint <> excluded.fingerprint
+    WHERE p.fingerprint <> excluded.fingerprint OR p.expires_at <= now()
     RETURNING 1
+), renewed AS (
+    UPDATE {p} AS p SET expires_at = {phase_expiry}
+    FROM owner
+    WHERE p.scope = $1 AND p.key = $2 AND p.phase <> $4
+      AND p.fingerprint = owner.fingerprint AND p.expires_at > now()
+      AND NOT EXISTS (SELECT 1 FROM other)
 )
 SELECT EXISTS (SELECT 1 FROM owner) AS owned,
        EXISTS (SELECT 1 FROM recorded) AS recorded,
        (SELECT output FROM {p}
-        WHERE scope = $1 AND key = $2 AND phase = $4
-          AND fingerprint = (SELECT fingerprint FROM owner)) AS earlier"#
+        WHERE scope = $1 AND key = $2 AND phase = $4 AND expires_at > now()
+          AND fingerprint = (SELECT fingerprint FROM owner)) AS earlier,
+       EXISTS (SELECT 1 FROM other) AS held"#
         );
         let purge_scope_phases = format!("DELETE FROM {p} WHERE scope = $1");
 

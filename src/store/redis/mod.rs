@@ -341,6 +341,13 @@ impl Inner {
     /// How long a claim's index entry is kept: past its key, by the tombstone
     /// window, so that its completion (within the lock) need not move it.
     fn index_kept(&self) -> Duration {
+        self.phases_kept()
+    }
+
+    /// How long a request's phases are kept from its last record: past its
+    /// claim's key by the tombstone window, so a retry as late as the
+    /// tombstone answers still resumes.
+    fn phases_kept(&self) -> Duration {
         self.claim_kept().saturating_add(self.settings.tombstone())
     }
 

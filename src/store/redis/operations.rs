@@ -107,10 +107,11 @@ impl Inner {
         let tag = self.tag(key);
         let record = tag.record(key.key().as_str());
         let script = &self.scripts.complete;
-        let mut cmd = eval(script, 3, response.map_or(0, |r| r.body.len() + 256));
+        let mut cmd = eval(script, 4, response.map_or(0, |r| r.body.len() + 256));
         cmd.arg(record)
             .arg(tag.index())
             .arg(tag.tombstone(key.key().as_str()))
+            .arg(tag.phases(key.key().as_str()))
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0)
@@ -169,6 +170,9 @@ impl Inner {
     async fn delete_scope(&self, scope: &Scope) -> Result<u64, StoreError> {
         let tag = super::command::Tag::of(&self.config.prefix, scope.as_str());
         let index = tag.index();
+        // The phases first: one recorded after this pass has a record,
+        // deleted below with its phase hash.
+        self.delete_scope_phases(scope, &tag).await?;
         let mut purged = 0u64;
         // Entries of other scopes sharing the tag stay: skip past them.
         let mut kept: isize = 0;
@@ -187,14 +191,15 @@ impl Inner {
                 })
                 .await?;
             if members.is_empty() {
-                self.delete_scope_phases(scope, &tag).await?;
                 return Ok(purged);
             }
             let script = &self.scripts.purge_scope;
-            let mut cmd = eval(script, 1 + 2 * members.len(), 0);
+            let mut cmd = eval(script, 1 + 3 * members.len(), 0);
             cmd.arg(index);
             for member in &members {
-                cmd.arg(tag.record(member)).arg(tag.tombstone(member));
+                cmd.arg(tag.record(member))
+                    .arg(tag.tombstone(member))
+                    .arg(tag.phases(member));
             }
             cmd.arg(scope.as_str()).arg(&members);
             let (deleted, removed): (u64, isize) = self
@@ -420,15 +425,18 @@ impl Store for RedisStore {
         let inner = &self.inner;
         let tag = inner.tag(key);
         let script = &inner.scripts.extend;
-        let mut cmd = eval(script, 2, 0);
+        let mut cmd = eval(script, 4, 0);
         cmd.arg(tag.record(key.key().as_str()))
             .arg(tag.index())
+            .arg(tag.phases(key.key().as_str()))
+            .arg(tag.phase_index())
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0)
             .arg(millis(inner.settings.lock_timeout()))
             .arg(millis(inner.claim_kept()))
-            .arg(millis(inner.index_kept()));
+            .arg(millis(inner.index_kept()))
+            .arg(millis(inner.phases_kept()));
         let extended: i64 = inner
             .settings
             .timed(OPERATION, inner.run(script, &cmd))

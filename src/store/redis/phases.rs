@@ -7,7 +7,7 @@
 //! phase with its downstream key.
 
 use super::{backend, millis, phase_names, RedisStore, OPERATION};
-use crate::store::phases::check_phase;
+use crate::store::phases::{check_phase, phases_of_another_request};
 use crate::store::{FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordedPhases, StoreError};
 use bytes::Bytes;
 use redis::Value;
@@ -74,7 +74,7 @@ impl PhaseStore for RedisStore {
             .arg(token.0.to_string())
             .arg(phase)
             .arg(&output[..])
-            .arg(millis(inner.claim_kept()));
+            .arg(millis(inner.phases_kept()));
         inner
             .settings
             .timed(OPERATION, async {
@@ -93,6 +93,7 @@ impl PhaseStore for RedisStore {
                             redis::from_redis_value(earlier.clone()).map_err(backend)?;
                         Ok(PhaseRecord::AlreadyRecorded(Bytes::from(earlier)))
                     }
+                    3 => Err(phases_of_another_request()),
                     _ => Err(StoreError::ClaimLost),
                 }
             })

@@ -135,11 +135,12 @@ if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
 
-/// KEYS: record, index, tombstone. ARGV: scope, key, token, retention ms,
-/// channel, id, tombstone window ms (0: none), state (`c` or `u`), then for
-/// `c`: status, headers, body. Replies 1, or 0 when the token does not hold
-/// the claim (its lock may have run out: only a takeover, which changes the
-/// token, fences it).
+/// KEYS: record, index, tombstone, phases. ARGV: scope, key, token,
+/// retention ms, channel, id, tombstone window ms (0: none), state (`c` or
+/// `u`), then for `c`: status, headers, body. Replies 1, or 0 when the token
+/// does not hold the claim (its lock may have run out: only a takeover, which
+/// changes the token, fences it). The key's recovery points are deleted: the
+/// key is done (their index entry goes at `purge_scope`).
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw')
@@ -161,19 +162,21 @@ else
 end
 -- `lx` stays: only a claim's (`p`) is ever read.
 redis.call('PEXPIRE', rec, retention)
+redis.call('DEL', KEYS[4])
 if window > 0 then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept) end
 if not covered then reindex(idx, ARGV[2], kept, now_ms()) end
 if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
 "#;
 
-/// KEYS: record, index. ARGV: scope, key, token, lock ms, keep ms, index ms
-/// (as `BEGIN`'s). Replies 1,
-/// or 0 when the token does not hold the claim; a claim past its lock that
-/// nobody took over is held again.
+/// KEYS: record, index, phases, phase index. ARGV: scope, key, token, lock
+/// ms, keep ms, index ms (as `BEGIN`'s), phases' keep ms. Replies 1, or 0
+/// when the token does not hold the claim; a claim past its lock that nobody
+/// took over is held again. The claim's request's phase hash, if any, lives
+/// on with it.
 const EXTEND: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
@@ -183,6 +186,10 @@ redis.call('HSET', rec, 'lx', string.format('%d', now + tonumber(ARGV[4])),
   'iw', string.format('%d', tonumber(ARGV[6]) - keep))
 redis.call('PEXPIRE', rec, keep)
 reindex(idx, ARGV[2], tonumber(ARGV[6]), now)
+if redis.call('HGET', KEYS[3], 'fp') == v[5] then
+  redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]))
+  index(KEYS[4], ARGV[2], tonumber(ARGV[7]), now, false)
+end
 return 1
 "#;
 
@@ -266,21 +273,23 @@ redis.call('HSET', KEYS[1], 'w', '1')
 return remaining
 "#;
 
-/// KEYS: index, then the record and the tombstone of each member. ARGV:
-/// scope, then the members (`ARGV[i]` names `KEYS[2i - 2]` and
-/// `KEYS[2i - 1]`). Deletes the records and tombstones of `scope` and their
-/// index entries, and the entries of records already gone; entries of
-/// another scope sharing the hash tag stay. Replies `{deleted, entries
-/// removed}`: a key counts once, whether its record, its tombstone or both
-/// went.
+/// KEYS: index, then the record, the tombstone and the phase hash of each
+/// member. ARGV: scope, then the members (`ARGV[i]` names `KEYS[3i - 4]`,
+/// `KEYS[3i - 3]` and `KEYS[3i - 2]`). Deletes the records, tombstones and
+/// phase hashes of `scope` and their index entries, and the entries of
+/// records already gone; entries of another scope sharing the hash tag
+/// stay. Deleting a record's phases with it leaves none that a claim
+/// recorded after the phase pass ran. Replies `{deleted, entries removed}`:
+/// a key counts once, whether its record, its tombstone or both went.
 const PURGE_SCOPE: &str = r#"
 local deleted, removed = 0, 0
 for i = 2, #ARGV do
-  local rec, tomb = KEYS[2 * i - 2], KEYS[2 * i - 1]
+  local rec, tomb, ph = KEYS[3 * i - 4], KEYS[3 * i - 3], KEYS[3 * i - 2]
   local v = redis.call('HMGET', rec, 'sc', 'st')
   if v[1] == ARGV[1] or not v[1] then
     local gone = v[1] and v[2] ~= 'r'
     if gone then redis.call('DEL', rec) end
+    if redis.call('HGET', ph, 'sc') == ARGV[1] then redis.call('DEL', ph) end
     local t = redis.call('GET', tomb)
     if t and string.sub(t, 33) == ARGV[1] then
       redis.call('DEL', tomb)
@@ -321,10 +330,11 @@ return out
 /// KEYS: record, phases, phase index. ARGV: scope, key, token, phase,
 /// output, keep ms. Replies `{0}` when the token does not hold the claim,
 /// `{1}` once the output is recorded, `{2, earlier output}` when the
-/// request recorded the phase before. A hash of another request (the key's
-/// earlier one, released) is replaced. The hash lives for the lock plus the
-/// retention from its last record; its scope's phase index names it, for
-/// `purge_scope`.
+/// request recorded the phase before, `{3}` when the hash is another
+/// request's (the key's earlier one, released): kept for its retry until it
+/// expires. The hash lives for the lock plus the retention plus the
+/// tombstone window from its last record; its scope's phase index names
+/// it, for `purge_scope`.
 const RECORD_PHASE: &str = r#"
 local rec, ph, pidx = KEYS[1], KEYS[2], KEYS[3]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
@@ -332,9 +342,11 @@ if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
 local collision = same_record(v)
 if collision then return collision end
 local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
-if p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then
-  redis.call('DEL', ph)
+if not p[1] then
   redis.call('HSET', ph, 'sc', ARGV[1], 'k', ARGV[2], 'fp', v[5])
+elseif p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then
+  -- Another request's, unexpired (its TTL): kept for its retry.
+  return {3}
 else
   local earlier = redis.call('HGET', ph, 'o:' .. ARGV[4])
   if earlier then return {2, earlier} end

@@ -4,7 +4,7 @@
 use super::*;
 use tokio::sync::Notify;
 use tower_idempotency::engine::{Engine, Identity, Outcome, PhaseError, RunContext};
-use tower_idempotency::store::StoreError;
+use tower_idempotency::store::{Maintenance, StoreError};
 use tower_idempotency::IdempotencyKey;
 
 async fn orders(url: &str, table: &str) -> (tokio_postgres::Client, String) {
@@ -209,4 +209,91 @@ async fn a_phase_costs_one_round_trip_and_a_local_phase_three() {
     );
     assert_eq!(local, [2 + 1 + 3, 2 + 1 + 3 * 3], "1 and 3 local phases");
     assert_eq!(items(&sql, &orders).await.len(), 3 + 9);
+}
+
+/// Expired recovery points are purged however many there are, even when
+/// few records expire with them: each batch deletes as many phases as
+/// records, and the purge goes on while either fills its batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_goes_on_while_expired_phases_fill_its_batches() {
+    let Some(url) = pg::database_url("phase purge") else {
+        return;
+    };
+    let table = pg::unique_table("phases");
+    let store = pg::store(&url, &table, |s| s).await;
+    let sql = pg::connect(&url).await;
+    let phases = format!("{table}_phases");
+    sql.batch_execute(&format!(
+        r#"INSERT INTO "{phases}" (scope, key, phase, fingerprint, output, expires_at)
+SELECT 'shop', 'key-' || g, 'reserve', '\x00', '\x00', now() - interval '1 second'
+FROM generate_series(1, 2500) AS g"#
+    ))
+    .await
+    .unwrap();
+
+    store.purge_expired().await.unwrap();
+    let left: i64 = sql
+        .query_one(&format!(r#"SELECT count(*) FROM "{phases}""#), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "expired phases left after a purge");
+}
+
+/// Another request under the key (another body, after the first was
+/// released with a recovery point) runs a local phase: its record is
+/// refused and its writes roll back; the first request's retry resumes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_requests_local_phase_commits_nothing_while_the_first_ones_phases_live() {
+    use tower_idempotency::store::phases::PhasesOfAnotherRequest;
+    let Some(url) = pg::database_url("local phases") else {
+        return;
+    };
+    let table = pg::unique_table("phases");
+    let store = pg::store(&url, &table, |s| s).await;
+    let (sql, orders) = orders(&url, &table).await;
+    let engine = Engine::phased(store);
+    let (scope, key) = key();
+
+    let first = |fail: bool| {
+        let orders = orders.clone();
+        move |context: RunContext| async move {
+            let reserved = insert(&context, &orders, "reserve", "reserved", false).await;
+            let reserved = reserved.map_err(|e| e.to_string())?;
+            match fail {
+                true => Err(format!("{reserved}, then failed")),
+                false => Ok(reserved),
+            }
+        }
+    };
+    let failed = engine
+        .run(&scope, &key, Identity::Bytes(b"a"), first(true))
+        .await;
+    assert!(failed.is_err(), "{failed:?}");
+
+    let other = {
+        let orders = orders.clone();
+        move |context: RunContext| async move {
+            match insert(&context, &orders, "reserve", "other", false).await {
+                Err(PhaseError::Store(StoreError::Backend(e)))
+                    if e.downcast_ref::<PhasesOfAnotherRequest>().is_some() =>
+                {
+                    Err::<String, _>("refused".to_owned())
+                }
+                other => Err(format!("expected a refusal, got {other:?}")),
+            }
+        }
+    };
+    let refused = engine.run(&scope, &key, Identity::Bytes(b"b"), other).await;
+    assert!(
+        matches!(&refused, Err(e) if e.to_string().contains("refused")),
+        "{refused:?}"
+    );
+    assert_eq!(items(&sql, &orders).await, ["reserved"]);
+
+    let retry = engine
+        .run(&scope, &key, Identity::Bytes(b"a"), first(false))
+        .await;
+    assert_eq!(retry.unwrap(), Outcome::Executed("reserved".into()));
+    assert_eq!(items(&sql, &orders).await, ["reserved"]);
 }
