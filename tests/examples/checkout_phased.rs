@@ -196,17 +196,7 @@ async fn killed_at_every_step_finishes_once(store: &str, env: &[(&str, Option<&s
 }
 
 #[cfg(feature = "postgres")]
-fn database_url(what: &str) -> Option<String> {
-    let url = std::env::var("DATABASE_URL").ok();
-    if url.is_none() {
-        assert!(
-            std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
-        );
-        eprintln!("\n*** SKIPPED {what}: DATABASE_URL is not set ***\n");
-    }
-    url
-}
+use tower_idempotency_tests::support::pg::database_url;
 
 /// The PostgreSQL store: the order and the paid mark with its email are
 /// local phases, their writes committed with their recovery points.
@@ -229,12 +219,8 @@ async fn phased_checkout_on_redis_killed_at_every_step_finishes_once() {
     let Some(url) = database_url("phased checkout killed, Redis") else {
         return;
     };
-    let Ok(redis) = std::env::var("REDIS_URL") else {
-        assert!(
-            std::env::var("REQUIRE_REDIS").as_deref() != Ok("1"),
-            "REQUIRE_REDIS=1 but REDIS_URL is not set"
-        );
-        eprintln!("\n*** SKIPPED phased checkout killed, Redis: REDIS_URL is not set ***\n");
+    let Some(redis) = tower_idempotency_tests::support::redis::url("phased checkout killed, Redis")
+    else {
         return;
     };
     let env = [

@@ -151,17 +151,7 @@ async fn killed_at_every_step_charges_once(store: &str, env: &[(&str, Option<&st
 }
 
 #[cfg(feature = "postgres")]
-fn database_url(what: &str) -> Option<String> {
-    let url = std::env::var("DATABASE_URL").ok();
-    if url.is_none() {
-        assert!(
-            std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
-        );
-        eprintln!("\n*** SKIPPED {what}: DATABASE_URL is not set ***\n");
-    }
-    url
-}
+use tower_idempotency_tests::support::pg::database_url;
 
 /// Transactional mode: a kill before the commit rolls the order back and
 /// frees the key at once; the run after it charges again under the same
@@ -195,12 +185,7 @@ async fn redis_killed_at_every_step_charges_the_processor_once() {
     let Some(url) = database_url("checkout killed, Redis") else {
         return;
     };
-    let Ok(redis) = std::env::var("REDIS_URL") else {
-        assert!(
-            std::env::var("REQUIRE_REDIS").as_deref() != Ok("1"),
-            "REQUIRE_REDIS=1 but REDIS_URL is not set"
-        );
-        eprintln!("\n*** SKIPPED checkout killed, Redis: REDIS_URL is not set ***\n");
+    let Some(redis) = tower_idempotency_tests::support::redis::url("checkout killed, Redis") else {
         return;
     };
     let env = [

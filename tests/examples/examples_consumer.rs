@@ -246,17 +246,7 @@ async fn phased_consumer_resumes(store: &str, env: &[(&str, Option<&str>)]) {
 }
 
 #[cfg(feature = "postgres")]
-fn database_url(what: &str) -> Option<String> {
-    let url = std::env::var("DATABASE_URL").ok();
-    if url.is_none() {
-        assert!(
-            std::env::var("REQUIRE_POSTGRES").as_deref() != Ok("1"),
-            "REQUIRE_POSTGRES=1 but DATABASE_URL is not set"
-        );
-        eprintln!("\n*** SKIPPED {what}: DATABASE_URL is not set ***\n");
-    }
-    url
-}
+use tower_idempotency_tests::support::pg::database_url;
 
 /// On PostgreSQL the effect is a local phase: its row commits with its
 /// recovery point, so a kill inside it leaves no row.
@@ -280,12 +270,8 @@ async fn a_phased_consumer_on_redis_killed_between_and_inside_its_phases_resumes
     let Some(url) = database_url("phased consumer on Redis") else {
         return;
     };
-    let Ok(redis) = std::env::var("REDIS_URL") else {
-        assert!(
-            std::env::var("REQUIRE_REDIS").as_deref() != Ok("1"),
-            "REQUIRE_REDIS=1 but REDIS_URL is not set"
-        );
-        eprintln!("\n*** SKIPPED phased consumer on Redis: REDIS_URL is not set ***\n");
+    let Some(redis) = tower_idempotency_tests::support::redis::url("phased consumer on Redis")
+    else {
         return;
     };
     let env = [
