@@ -18,6 +18,7 @@ pub(crate) fn key_id(key: &super::RecordKey) -> String {
 }
 
 /// Lower-case hex digits of `bytes`, in one allocation.
+#[cfg(any(feature = "postgres", test))]
 pub(crate) fn hex(bytes: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut out = String::with_capacity(bytes.len() * 2);
@@ -30,6 +31,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
 
 /// Headers as `name:value\r\n` lines, in order: names contain no `:` and values
 /// no CR or LF, so the encoding is exact for any (even non-UTF-8) value.
+/// (`RedisStore` writes the same encoding straight into its commands.)
+#[cfg(any(feature = "postgres", test))]
 pub(crate) fn encode_headers(headers: &[(HeaderName, HeaderValue)]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, value) in headers {
