@@ -47,7 +47,10 @@ thread_local! {
 /// forgetting a record it promised to keep. A completed record past its
 /// retention leaves a tombstone (its identity and digest, packed without the
 /// response) for [`with_tombstone`](MemoryStoreBuilder::with_tombstone), which
-/// counts against the capacity too.
+/// counts against the capacity too. So do recovery points
+/// ([`PhaseStore`](crate::store::PhaseStore)): at most as many requests as
+/// the capacity keep phases, and a new request's first phase is refused with
+/// [`MemoryStoreError::Full`] while they are all unexpired.
 ///
 /// One tenant cannot lock the others out: with
 /// [`with_scope_quota`](MemoryStoreBuilder::with_scope_quota) a scope that

@@ -261,3 +261,60 @@ async fn an_engine_retry_after_a_failed_operation_resumes_after_phase_two() {
 async fn an_engine_retry_after_a_panicked_operation_resumes_after_phase_two() {
     an_engine_retry_finishes_the_run(Stop::Panic).await;
 }
+
+/// The memory store's capacity bounds its requests with recovery points:
+/// requests that record a phase and are released (nobody retries them)
+/// fill it, a new request's first phase is refused as the store is full,
+/// and the phases of a request already recorded are still served.
+#[tokio::test]
+async fn memory_phases_are_bounded_by_the_store_capacity() {
+    use tower_idempotency::fingerprint::Fingerprint;
+    use tower_idempotency::store::{
+        Begin, MemoryStoreError, PhaseRecord, PhaseStore, RecordKey, Store,
+    };
+
+    let store = MemoryStore::builder()
+        .with_capacity(std::num::NonZeroUsize::new(2).unwrap())
+        .build();
+    let fp = Fingerprint::from_bytes([4; 32]).into();
+    let key = |n: u32| {
+        RecordKey::new(
+            Scope::new("acme"),
+            IdempotencyKey::parse(format!("order-{n:04}").as_bytes()).unwrap(),
+        )
+    };
+    for n in 0..3 {
+        let Ok(Begin::Claimed(claim)) = store.begin(&key(n), &fp).await else {
+            panic!("a fresh key is claimed");
+        };
+        let recorded = store
+            .record_phase(
+                &key(n),
+                claim.token,
+                "charge",
+                bytes::Bytes::from_static(b"1"),
+            )
+            .await;
+        match n {
+            0 | 1 => assert_eq!(recorded.unwrap(), PhaseRecord::Recorded),
+            _ => assert!(
+                matches!(&recorded, Err(StoreError::Backend(e))
+                    if matches!(e.downcast_ref(), Some(MemoryStoreError::Full))),
+                "{recorded:?}"
+            ),
+        }
+        store.release(&key(n), claim.token).await.unwrap();
+    }
+    // The first request's retry still finds its phase.
+    let Ok(Begin::Claimed(retry)) = store.begin(&key(0), &fp).await else {
+        panic!("the released key is claimed again");
+    };
+    assert_eq!(
+        store
+            .phases(&key(0), retry.token)
+            .await
+            .unwrap()
+            .get("charge"),
+        Some(&bytes::Bytes::from_static(b"1"))
+    );
+}

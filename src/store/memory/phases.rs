@@ -7,7 +7,7 @@
 //! lock, so a takeover (which needs its write lock) cannot come in between.
 
 use super::record::{saturate, Id, Nanos};
-use super::MemoryStore;
+use super::{MemoryStore, MemoryStoreError};
 use crate::fingerprint::LocalDigest;
 use crate::store::phases::{check_phase, phases_of_another_request};
 use crate::store::{FencingToken, PhaseRecord, PhaseStore, RecordKey, RecordedPhases, StoreError};
@@ -92,7 +92,17 @@ impl PhaseStore for MemoryStore {
         let keep = phases_kept(settings);
         let now = self.now();
         let deadline = now.saturating_add(saturate(keep));
-        let (recorded, fresh) = self.owner(key, token, |local| {
+        // The store's capacity bounds the requests with phases too: a new
+        // one first drops what has expired, then is refused if still full
+        // (released requests nobody retries keep theirs until they expire).
+        let phases = &self.shared.phases;
+        if !phases.contains_key(&id) && phases.len() >= self.shared.capacity {
+            phases.retain(|_, p| p.deadline > now);
+            if phases.len() >= self.shared.capacity {
+                return Err(StoreError::Backend(Box::new(MemoryStoreError::Full)));
+            }
+        }
+        let recorded = self.owner(key, token, |local| {
             self.shared.phased.store(true, Ordering::Relaxed);
             let mut entry = self.shared.phases.entry(id).or_insert_with(|| Phased {
                 key: key.clone(),
@@ -113,20 +123,13 @@ impl PhaseStore for MemoryStore {
                     deadline,
                 };
             }
-            let fresh = entry.outputs.is_empty();
             if let Some(first) = entry.outputs.get(phase) {
-                return Ok((PhaseRecord::AlreadyRecorded(first.clone()), false));
+                return Ok(PhaseRecord::AlreadyRecorded(first.clone()));
             }
             entry.outputs.insert(phase, output);
             entry.deadline = deadline;
-            Ok((PhaseRecord::Recorded, fresh))
+            Ok(PhaseRecord::Recorded)
         })??;
-        // A new request's first phase: drop what has expired, so that
-        // released requests nobody retries do not pile up between purges.
-        if fresh && self.shared.phases.len() > self.shared.capacity {
-            let now = self.now();
-            self.shared.phases.retain(|_, p| p.deadline > now);
-        }
         Ok(recorded)
     }
 }
