@@ -23,6 +23,29 @@ use std::time::{Duration, UNIX_EPOCH};
 const PURGE_BATCH: isize = 500;
 
 impl Inner {
+    /// The command of `release` and of an operator's `release_stuck`
+    /// (which adds its own arguments): the record and its scope's index,
+    /// then scope, key, token, channel and the record's name, which already
+    /// names it uniquely: the wake-up message's id.
+    fn release_command(
+        &self,
+        script: &redis::Script,
+        key: &RecordKey,
+        token: FencingToken,
+    ) -> redis::Cmd {
+        let tag = self.tag(key);
+        let record = tag.record(key.key().as_str());
+        let mut cmd = eval(script, 2, 0);
+        cmd.arg(record)
+            .arg(tag.index())
+            .arg(key.scope().as_str())
+            .arg(key.key().as_str())
+            .arg(token.0)
+            .arg(&self.channel)
+            .arg(record);
+        cmd
+    }
+
     pub(super) async fn invoke<T: redis::FromRedisValue>(
         &self,
         invocation: &redis::ScriptInvocation<'_>,
@@ -453,18 +476,8 @@ impl Store for RedisStore {
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
         inner.forget_claim(key, token);
-        let tag = inner.tag(key);
-        let record = tag.record(key.key().as_str());
         let script = &inner.scripts.release;
-        let mut cmd = eval(script, 2, 0);
-        cmd.arg(record)
-            .arg(tag.index())
-            .arg(key.scope().as_str())
-            .arg(key.key().as_str())
-            .arg(token.0)
-            .arg(&inner.channel)
-            // The record's name already names it uniquely: the message's id.
-            .arg(record);
+        let cmd = inner.release_command(script, key, token);
         let _released: i64 = inner
             .settings
             .timed(OPERATION, inner.run(script, &cmd))
@@ -570,18 +583,9 @@ impl Inspect for RedisStore {
         actor: &str,
     ) -> Result<Release, StoreError> {
         let inner = &self.inner;
-        let tag = inner.tag(key);
-        let record = tag.record(key.key().as_str());
         let script = &inner.scripts.release_stuck;
-        let mut cmd = eval(script, 2, 0);
-        cmd.arg(record)
-            .arg(tag.index())
-            .arg(key.scope().as_str())
-            .arg(key.key().as_str())
-            .arg(token.0)
-            .arg(&inner.channel)
-            .arg(record)
-            .arg(millis(inner.settings.lock_timeout() / 10));
+        let mut cmd = inner.release_command(script, key, token);
+        cmd.arg(millis(inner.settings.lock_timeout() / 10));
         let outcome = inner
             .settings
             .timed(OPERATION, inner.run::<i64>(script, &cmd))
