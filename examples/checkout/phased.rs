@@ -122,14 +122,7 @@ async fn phased_order(
                           VALUES ($1, $2, $3, $4)";
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&merchant, &sku, &(qty as i32), &order_key.as_str()];
-            let statements = Statements {
-                local: format!("{insert} RETURNING 'ord_' || lpad(id::text, 6, '0')"),
-                own_commit: format!(
-                    "{insert} ON CONFLICT (order_key) DO UPDATE \
-                     SET writes = checkout_phased_orders.writes + 1 \
-                     RETURNING 'ord_' || lpad(id::text, 6, '0')"
-                ),
-            };
+            let statements = Statements::new(insert, "checkout_phased_orders", "order_key", "ord_");
             postgres_phase(phases, pool, "order", &statements, &params, pause, key).await
         }
     }
@@ -180,14 +173,7 @@ async fn phased_order(
                           SELECT merchant, $3, 'receipt', $4 FROM paid";
             let params: [&(dyn tokio_postgres::types::ToSql + Sync); 4] =
                 [&number, &charge, &order, &email_key.as_str()];
-            let statements = Statements {
-                local: format!("{insert} RETURNING 'em_' || lpad(id::text, 6, '0')"),
-                own_commit: format!(
-                    "{insert} ON CONFLICT (email_key) DO UPDATE \
-                     SET writes = checkout_emails.writes + 1 \
-                     RETURNING 'em_' || lpad(id::text, 6, '0')"
-                ),
-            };
+            let statements = Statements::new(insert, "checkout_emails", "email_key", "em_");
             postgres_phase(phases, pool, "paid", &statements, &params, pause, key).await
         }
     }
@@ -206,6 +192,23 @@ async fn phased_order(
 struct Statements {
     local: String,
     own_commit: String,
+}
+
+#[cfg(feature = "postgres")]
+impl Statements {
+    /// `insert` into `table`, answering the row's id as `prefix` and six
+    /// digits; committed on its own, keyed by `key_column`, a second write
+    /// counts itself and returns the first row.
+    fn new(insert: &str, table: &str, key_column: &str, prefix: &str) -> Self {
+        let id = format!("RETURNING '{prefix}' || lpad(id::text, 6, '0')");
+        Self {
+            local: format!("{insert} {id}"),
+            own_commit: format!(
+                "{insert} ON CONFLICT ({key_column}) DO UPDATE \
+                 SET writes = {table}.writes + 1 {id}"
+            ),
+        }
+    }
 }
 
 /// Runs phase `name` as a local phase (the PostgreSQL store: the write and
