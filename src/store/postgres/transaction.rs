@@ -366,6 +366,20 @@ async fn begin_locked(
         begun => begun,
     };
     inner.remember_read(key, key_fp, &begun, &row, sent, epoch);
+    kept_if_claimed(inner, connection, begun, &row, Record::Insert)
+}
+
+/// A claim keeps its transaction open (`row` carries its id), to be
+/// recorded by `record`; any other answer (a replay, a refusal, "in
+/// progress") had the transaction for nothing, and it is ended in the
+/// background so that the answer is not delayed.
+fn kept_if_claimed(
+    inner: &Arc<Inner>,
+    connection: Guarded,
+    begun: Begin,
+    row: &Row,
+    record: Record,
+) -> Result<(Begin, Option<Opened>), StoreError> {
     Ok(match begun {
         Begin::Claimed(_) => {
             let xact: Option<i64> = row.try_get(9).map_err(backend)?;
@@ -373,13 +387,11 @@ async fn begin_locked(
             let opened = Opened {
                 connection,
                 xact,
-                record: Record::Insert,
+                record,
             };
             (begun, Some(opened))
         }
         _ => {
-            // A replay, a refusal or "in progress": the transaction was for
-            // nothing. Ended in the background so the answer is not delayed.
             let inner = inner.clone();
             tokio::spawn(async move { rollback(&inner, connection, None).await });
             (begun, None)
@@ -439,23 +451,7 @@ async fn begin_row_claim(
         };
         let begun = super::decode_begin(row)?;
         inner.remember_read(key, key_fp, &begun, row, sent, epoch);
-        return Ok(match begun {
-            Begin::Claimed(_) => {
-                let xact: Option<i64> = row.try_get(9).map_err(backend)?;
-                let xact = xact.ok_or_else(|| backend("a claim without its transaction's id"))?;
-                let opened = Opened {
-                    connection,
-                    xact,
-                    record: Record::Update,
-                };
-                (begun, Some(opened))
-            }
-            _ => {
-                let inner = inner.clone();
-                tokio::spawn(async move { rollback(&inner, connection, None).await });
-                (begun, None)
-            }
-        });
+        return kept_if_claimed(inner, connection, begun, row, Record::Update);
     }
     Err(backend(format!(
         "begin saw the record change under it {} times in a row",
