@@ -22,7 +22,10 @@ fn stop_bytes(x: u64, non_ascii: bool) -> u64 {
 /// From `i`: the index of the first `"`, `\` or control byte, and also of the
 /// first non-ASCII one if `non_ascii` (`input.len()` if none). Sixteen bytes
 /// at a time where SSE2 is there (every x86-64), then as [`run_end_swar`].
-#[inline(always)]
+// Not inlined in an unoptimised build, where its vector locals would swell
+// every frame of the recursion through nested values (see `flat_object`).
+#[cfg_attr(debug_assertions, inline(never))]
+#[cfg_attr(not(debug_assertions), inline(always))]
 fn run_end(input: &[u8], mut i: usize, non_ascii: bool) -> usize {
     #[cfg(all(
         any(target_arch = "x86", target_arch = "x86_64"),
