@@ -14,8 +14,10 @@
 //! and `bg` when it was made in server milliseconds,
 //! `w` set once a waiter checked the claim (only then do `complete` and
 //! `release` publish), `iw` how far past its key's expiry the claim scored
-//! its index entry (ms), and for `c` the response: `status`, `hd`, `bd`.
-//! `lx` and `iw` stay after the completion: only a claim's are read.
+//! its index entry (ms), `ph` once a request recorded (or resumed) phases
+//! under the record (carried to the claim that takes it over), and for `c`
+//! the response: `status`, `hd`, `bd`. A first attempt has no `n` (read as
+//! 1). `lx` and `iw` stay after the completion: only a claim's are read.
 //!
 //! A claim's key lives for its lock plus the retention (`keep`), past its
 //! lock: a claim whose lock ran out stays its owner's until a `begin` takes
@@ -33,22 +35,42 @@
 //! key's expiry in server milliseconds, for `purge_scope`; it expires no
 //! earlier than its highest score. A claim scores its entry past its key's
 //! expiry by the tombstone window (`iw`), so that a completion within the
-//! lock, whose tombstone expires no later, leaves the entry as it is.
+//! lock, whose tombstone expires no later, leaves the entry as it is. Two
+//! marker entries (`''` and `'.'`) tell claims whether the index's TTL was
+//! checked in the current bucket of time (see `claim_index`).
 
 use redis::Script;
 
-/// Shared by the scripts: the server's time in milliseconds, and the index
-/// kept at least as long as the record it names (`ttl` ms from now). The
-/// index's TTL is set a sixteenth further than needed, so that the claims that
-/// follow (each a few milliseconds later) find it long enough and leave it.
+/// Shared by the scripts: the server's time in milliseconds, and an index
+/// (a scope's, or its phase index) kept at least as long as the record it
+/// names (`ttl` ms from now). `index` sets a phase index's TTL a sixteenth
+/// further than needed, so that the records that follow find it long enough
+/// and leave it; `claim_index` checks a scope index's once per sixteenth.
 const PRELUDE: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- A claim's entry. Its index is kept until the end of the current bucket
+-- (a sixteenth of `ttl`) plus `ttl`, and its TTL checked once per bucket:
+-- two marker entries (`''` and `'.'`, never keys: keys have 8 bytes or
+-- more) are scored that far by the same `ZADD`, which counts them (2) only
+-- when a claim moves them to a new bucket (or they were gone), and that
+-- claim checks. They move together: removed only together (by score, or
+-- with the whole index; `purge_scope` leaves them), so a count of 0 or 1
+-- (the key's own entry) means a claim of this bucket checked already.
+local function claim_index(idx, member, ttl, now, trim)
+  if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
+  local bucket = math.floor(ttl / 16) + 1
+  local horizon = (math.floor(now / bucket) + 1) * bucket + ttl
+  local changed = redis.call('ZADD', idx, 'CH', now + ttl, member, horizon, '', horizon, '.')
+  if changed >= 2 and redis.call('PTTL', idx) < horizon - now then
+    redis.call('PEXPIRE', idx, horizon - now)
+  end
+end
 local function index(idx, member, ttl, now, trim)
-  -- Claims trim the entries of expired records (each is removed once), one
-  -- claim in eight: the others spare the call.
+  -- The entries of expired records go (each is removed once) when `trim`:
+  -- claims trim one time in eight, the others spare the call.
   if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
   redis.call('ZADD', idx, now + ttl, member)
   if redis.call('PTTL', idx) < ttl then
@@ -83,7 +105,7 @@ end
 const BEGIN: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx',
-  'n', 'bg')
+  'n', 'bg', 'ph')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local floor = 0
@@ -126,11 +148,23 @@ local keep = tonumber(ARGV[5])
 -- A tombstone's or an expired claim's other fields go.
 if v[4] then redis.call('DEL', rec) end
 local indexed = tonumber(ARGV[6])
-redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
-  'lx', string.format('%d', now + tonumber(ARGV[4])), 'n', string.format('%d', attempt),
-  'bg', string.format('%d', now), 'iw', string.format('%d', indexed - keep))
+local fields = {'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
+  'lx', string.format('%d', now + tonumber(ARGV[4])), 'bg', string.format('%d', now),
+  'iw', string.format('%d', indexed - keep)}
+-- A first attempt's `n` is read as 1 when absent.
+if attempt > 1 then
+  fields[#fields + 1] = 'n'
+  fields[#fields + 1] = string.format('%d', attempt)
+end
+-- The phases of the claim it replaces, if any, are the key's: its
+-- completion deletes them.
+if v[12] then
+  fields[#fields + 1] = 'ph'
+  fields[#fields + 1] = '1'
+end
+redis.call('HSET', rec, unpack(fields))
 redis.call('PEXPIRE', rec, keep)
-index(idx, ARGV[2], indexed, now, tonumber(t[2]) % 8 == 0)
+claim_index(idx, ARGV[2], indexed, now, tonumber(t[2]) % 8 == 0)
 if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
@@ -139,31 +173,40 @@ return {'claimed', token}
 /// retention ms, channel, id, tombstone window ms (0: none), state (`c` or
 /// `u`), then for `c`: status, headers, body. Replies 1, or 0 when the token
 /// does not hold the claim (its lock may have run out: only a takeover, which
-/// changes the token, fences it). The key's recovery points are deleted: the
-/// key is done (their index entry goes at `purge_scope`).
+/// changes the token, fences it). The key's recovery points, if a request
+/// recorded any under the record (`ph`), are deleted: the key is done (their
+/// index entry goes at `purge_scope`).
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw', 'ph')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
 local retention = tonumber(ARGV[4])
-local window = tonumber(ARGV[7])
 -- The index entry lives as long as the tombstone, for `purge_scope`.
-local kept = retention
-if window > 0 then kept = retention + window end
--- The claim scored its entry `iw` past its key's expiry: enough unless its
--- lock ran out (or an earlier version, without `iw`, made it).
-local covered = v[7] and redis.call('PTTL', rec) + tonumber(v[7]) >= kept
+local kept = retention + tonumber(ARGV[7])
 if ARGV[8] == 'c' then
   redis.call('HSET', rec, 'st', 'c', 'status', ARGV[9], 'hd', ARGV[10], 'bd', ARGV[11])
 else
   redis.call('HSET', rec, 'st', 'u')
 end
 -- `lx` stays: only a claim's (`p`) is ever read.
-redis.call('PEXPIRE', rec, retention)
-redis.call('DEL', KEYS[4])
-if window > 0 then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept) end
+-- The claim scored its entry `iw` past its key's expiry: enough while that
+-- expiry is at least `kept` - `iw` away, which is the retention (the claim
+-- wrote `iw` as the window) unless its lock ran out. Then `PEXPIRE ... LT`
+-- both shortens the key to the retention and says the entry covers it; a
+-- claim of another window (or without `iw`: an earlier version) reads `PTTL`.
+local iw = tonumber(v[7])
+local covered
+if iw and kept - iw == retention then
+  covered = redis.call('PEXPIRE', rec, retention, 'LT') == 1
+  if not covered then redis.call('PEXPIRE', rec, retention) end
+else
+  covered = iw and redis.call('PTTL', rec) + iw >= kept
+  redis.call('PEXPIRE', rec, retention)
+end
+if v[8] then redis.call('DEL', KEYS[4]) end
+if kept > retention then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept) end
 if not covered then reindex(idx, ARGV[2], kept, now_ms()) end
 if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
 return 1
@@ -278,15 +321,16 @@ return remaining
 /// `KEYS[3i - 3]` and `KEYS[3i - 2]`). Deletes the records, tombstones and
 /// phase hashes of `scope` and their index entries, and the entries of
 /// records already gone; entries of another scope sharing the hash tag
-/// stay. Deleting a record's phases with it leaves none that a claim
-/// recorded after the phase pass ran. Replies `{deleted, entries removed}`:
+/// stay, as do the claims' bucket markers. Deleting a record's phases with
+/// it leaves none that a claim recorded after the phase pass ran. Replies `{deleted, entries removed}`:
 /// a key counts once, whether its record, its tombstone or both went.
 const PURGE_SCOPE: &str = r#"
 local deleted, removed = 0, 0
 for i = 2, #ARGV do
   local rec, tomb, ph = KEYS[3 * i - 4], KEYS[3 * i - 3], KEYS[3 * i - 2]
   local v = redis.call('HMGET', rec, 'sc', 'st')
-  if v[1] == ARGV[1] or not v[1] then
+  -- The claims' bucket markers stay (see `claim_index`).
+  if ARGV[i] ~= '' and ARGV[i] ~= '.' and (v[1] == ARGV[1] or not v[1]) then
     local gone = v[1] and v[2] ~= 'r'
     if gone then redis.call('DEL', rec) end
     if redis.call('HGET', ph, 'sc') == ARGV[1] then redis.call('DEL', ph) end
@@ -306,16 +350,19 @@ return {deleted, removed}
 /// KEYS: record, phases, phase index. ARGV: scope, key, token. Replies
 /// `{0}` when the token does not hold the claim, else `{1, name, output,
 /// ...}`: the phases recorded by the claim's request (`fp`), none when the
-/// hash is another request's.
+/// hash is another request's. Marks the record (`ph`) when there are some.
 const PHASES: &str = r#"
 local rec, ph = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp', 'ph')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
 local collision = same_record(v)
 if collision then return collision end
 local out = {1}
 local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
 if p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then return out end
+-- The request's own phases (kept past an earlier record of the key): its
+-- completion deletes them.
+if not v[6] then redis.call('HSET', rec, 'ph', '1') end
 local all = redis.call('HGETALL', ph)
 for i = 1, #all, 2 do
   local name = string.match(all[i], '^o:(.*)$')
@@ -337,16 +384,19 @@ return out
 /// it, for `purge_scope`.
 const RECORD_PHASE: &str = r#"
 local rec, ph, pidx = KEYS[1], KEYS[2], KEYS[3]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp', 'ph')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
 local collision = same_record(v)
 if collision then return collision end
 local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
-if not p[1] then
-  redis.call('HSET', ph, 'sc', ARGV[1], 'k', ARGV[2], 'fp', v[5])
-elseif p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then
+if p[1] and (p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5]) then
   -- Another request's, unexpired (its TTL): kept for its retry.
   return {3}
+end
+-- The record says it has phases: its completion deletes them.
+if not v[6] then redis.call('HSET', rec, 'ph', '1') end
+if not p[1] then
+  redis.call('HSET', ph, 'sc', ARGV[1], 'k', ARGV[2], 'fp', v[5])
 else
   local earlier = redis.call('HGET', ph, 'o:' .. ARGV[4])
   if earlier then return {2, earlier} end
@@ -375,7 +425,8 @@ end
 return removed
 "#;
 
-/// KEYS: index. Removes the entries of expired records; replies how many.
+/// KEYS: index. Removes the entries of expired records (and the claims' bucket
+/// markers once past); replies how many.
 const TRIM_INDEX: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
