@@ -130,6 +130,10 @@ impl Inner {
         let tag = self.tag(key);
         let record = tag.record(key.key().as_str());
         let script = &self.scripts.complete;
+        let (retention, window) = (
+            millis(self.settings.retention()),
+            millis(self.settings.tombstone()),
+        );
         let mut cmd = eval(script, 4, response.map_or(0, |r| r.body.len() + 256));
         cmd.arg(record)
             .arg(tag.index())
@@ -138,11 +142,10 @@ impl Inner {
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
             .arg(token.0)
-            .arg(millis(self.settings.retention()))
+            .arg(retention)
             .arg(&self.channel)
-            // The record's name already names it uniquely: the message's id.
-            .arg(record)
-            .arg(millis(self.settings.tombstone()));
+            .arg(window)
+            .arg(retention.saturating_add(window));
         match response {
             Some(response) => cmd
                 .arg("c")
@@ -503,6 +506,8 @@ impl RedisStore {
         let tag = inner.tag(key);
         let record = tag.record(key.key().as_str());
         let script = &inner.scripts.begin;
+        // The index entry outlives the key by at least the tombstone window.
+        let (keep, indexed) = (millis(inner.claim_kept()), millis(inner.index_kept()));
         let mut cmd = eval(script, 3, 0);
         cmd.arg(record)
             .arg(tag.index())
@@ -511,8 +516,9 @@ impl RedisStore {
             .arg(key.key().as_str())
             .arg(&fingerprint[..])
             .arg(millis(inner.settings.lock_timeout()))
-            .arg(millis(inner.claim_kept()))
-            .arg(millis(inner.index_kept()));
+            .arg(keep)
+            .arg(indexed)
+            .arg(indexed - keep);
         inner
             .settings
             .timed(OPERATION, async {

@@ -41,16 +41,24 @@
 
 use redis::Script;
 
-/// Shared by the scripts: the server's time in milliseconds, and an index
-/// (a scope's, or its phase index) kept at least as long as the record it
-/// names (`ttl` ms from now). `index` sets a phase index's TTL a sixteenth
-/// further than needed, so that the records that follow find it long enough
-/// and leave it; `claim_index` checks a scope index's once per sixteenth.
-const PRELUDE: &str = r#"
+/// The functions the scripts share, each script taking only those it calls
+/// (a function defined is a closure made on every run): the server's time
+/// in milliseconds, and an index (a scope's, or its phase index) kept at
+/// least as long as the record it names (`ttl` ms from now). `index` sets a
+/// phase index's TTL a sixteenth further than needed, so that the records
+/// that follow find it long enough and leave it; `claim_index` checks a scope
+/// index's once per sixteenth. The hot paths hand `redis.call` strings, not
+/// numbers: a number argument is formatted with `%.17g`, which costs more
+/// than the command it is for.
+const NOW_MS: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+"#;
+
+/// See [`NOW_MS`].
+const CLAIM_INDEX: &str = r#"
 -- A claim's entry. Its index is kept until the end of the current bucket
 -- (a sixteenth of `ttl`) plus `ttl`, and its TTL checked once per bucket:
 -- two marker entries (`''` and `'.'`, never keys: keys have 8 bytes or
@@ -59,24 +67,34 @@ end
 -- claim checks. They move together: removed only together (by score, or
 -- with the whole index; `purge_scope` leaves them), so a count of 0 or 1
 -- (the key's own entry) means a claim of this bucket checked already.
-local function claim_index(idx, member, ttl, now, trim)
-  if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
+-- `at` is `now` as a string.
+local function claim_index(idx, member, ttl, now, at, trim)
+  if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', at) end
   local bucket = math.floor(ttl / 16) + 1
   local horizon = (math.floor(now / bucket) + 1) * bucket + ttl
-  local changed = redis.call('ZADD', idx, 'CH', now + ttl, member, horizon, '', horizon, '.')
+  local mark = string.format('%d', horizon)
+  local changed = redis.call('ZADD', idx, 'CH', string.format('%d', now + ttl), member, mark, '',
+    mark, '.')
   if changed >= 2 and redis.call('PTTL', idx) < horizon - now then
     redis.call('PEXPIRE', idx, horizon - now)
   end
 end
+"#;
+
+/// See [`NOW_MS`].
+const INDEX: &str = r#"
 local function index(idx, member, ttl, now, trim)
-  -- The entries of expired records go (each is removed once) when `trim`:
-  -- claims trim one time in eight, the others spare the call.
+  -- The entries of expired records go (each is removed once) when `trim`.
   if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
   redis.call('ZADD', idx, now + ttl, member)
   if redis.call('PTTL', idx) < ttl then
     redis.call('PEXPIRE', idx, ttl + math.floor(ttl / 16))
   end
 end
+"#;
+
+/// See [`NOW_MS`].
+const REINDEX: &str = r#"
 -- An entry's score only grows (GT): a record's expiry that comes before its
 -- entry's score needs no update, and the index already outlives that score.
 local function reindex(idx, member, ttl, now)
@@ -85,6 +103,10 @@ local function reindex(idx, member, ttl, now)
     redis.call('PEXPIRE', idx, ttl)
   end
 end
+"#;
+
+/// See [`NOW_MS`].
+const SAME_RECORD: &str = r#"
 local function same_record(v)
   -- Two identities on one key name (a hash collision of scopes): refused.
   if v[1] ~= ARGV[1] or v[2] ~= ARGV[2] then
@@ -95,7 +117,8 @@ end
 
 /// KEYS: record, index, tombstone. ARGV: scope, key, fingerprint, lock ms,
 /// keep ms, index ms (keep plus the tombstone window: the index entry's score
-/// then already covers a completion within the lock, which leaves it).
+/// then already covers a completion within the lock, which leaves it), index
+/// ms less keep ms (`iw`).
 /// Replies `{'claimed', token}` (`{'claimed', token, attempt,
 /// previous token, previous start ms}` for a takeover of a dead claim),
 /// `{'replay', status, headers, body, ttl ms}`, `{'mismatch'}`,
@@ -107,9 +130,16 @@ local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx',
   'n', 'bg', 'ph')
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local floor = 0
+-- The server's clock in microseconds and in milliseconds, written from its
+-- digits (no formatting of numbers).
+local us = t[2]
+us = string.rep('0', 6 - #us) .. us
+local at = t[1] .. string.sub(us, 1, 3)
+local now = tonumber(at)
 local attempt, previous, began = 1, nil, nil
+-- At least the server's clock in microseconds (exact in a Lua double until
+-- the year 2255), so tokens keep growing after a record expired and is gone.
+local token = t[1] .. us
 if not v[4] or v[4] == 'r' then
   -- No record (or a released claim): a tombstone of this scope's key, if
   -- any, still holds the key.
@@ -131,7 +161,8 @@ if v[4] then
     if v[4] == 'u' then return {'unavailable', redis.call('PTTL', rec)} end
     return {'in_progress', lx and (lx - now) or redis.call('PTTL', rec)}
   end
-  floor = tonumber(v[5])
+  local floor = tonumber(v[5])
+  if floor >= tonumber(token) then token = string.format('%d', floor + 1) end
   if expired then
     -- A dead claim: the count goes on. A claim without `bg` (made by an
     -- earlier version) began no later than its token, in microseconds.
@@ -139,76 +170,60 @@ if v[4] then
     previous = v[5]
     began = v[11] or string.format('%d', math.floor(floor / 1000))
   end
+  -- A tombstone's or an expired claim's other fields go.
+  redis.call('DEL', rec)
 end
--- At least the server's clock in microseconds (exact in a Lua double until
--- the year 2255), so tokens keep growing after a record expired and is gone.
-local token = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), floor + 1)
-token = string.format('%d', token)
-local keep = tonumber(ARGV[5])
--- A tombstone's or an expired claim's other fields go.
-if v[4] then redis.call('DEL', rec) end
-local indexed = tonumber(ARGV[6])
-local fields = {'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
-  'lx', string.format('%d', now + tonumber(ARGV[4])), 'bg', string.format('%d', now),
-  'iw', string.format('%d', indexed - keep)}
--- A first attempt's `n` is read as 1 when absent.
-if attempt > 1 then
-  fields[#fields + 1] = 'n'
-  fields[#fields + 1] = string.format('%d', attempt)
-end
--- The phases of the claim it replaces, if any, are the key's: its
--- completion deletes them.
-if v[12] then
-  fields[#fields + 1] = 'ph'
-  fields[#fields + 1] = '1'
-end
-redis.call('HSET', rec, unpack(fields))
-redis.call('PEXPIRE', rec, keep)
-claim_index(idx, ARGV[2], indexed, now, tonumber(t[2]) % 8 == 0)
+redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
+  'lx', string.format('%d', now + tonumber(ARGV[4])), 'bg', at, 'iw', ARGV[7])
+-- A first attempt's `n` is read as 1 when absent. The phases of the claim
+-- it replaces, if any, are the key's: its completion deletes them.
+if attempt > 1 then redis.call('HSET', rec, 'n', string.format('%d', attempt)) end
+if v[12] then redis.call('HSET', rec, 'ph', '1') end
+redis.call('PEXPIRE', rec, ARGV[5])
+claim_index(idx, ARGV[2], tonumber(ARGV[6]), now, at, now % 8 == 0)
 if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
 
 /// KEYS: record, index, tombstone, phases. ARGV: scope, key, token,
-/// retention ms, channel, id, tombstone window ms (0: none), state (`c` or
-/// `u`), then for `c`: status, headers, body. Replies 1, or 0 when the token
-/// does not hold the claim (its lock may have run out: only a takeover, which
-/// changes the token, fences it). The key's recovery points, if a request
-/// recorded any under the record (`ph`), are deleted: the key is done (their
-/// index entry goes at `purge_scope`).
+/// retention ms, channel, tombstone window ms (0: none), retention plus
+/// window ms, state (`c` or `u`), then for `c`: status, headers, body.
+/// Replies 1, or 0 when the token does not hold the claim (its lock may have
+/// run out: only a takeover, which changes the token, fences it). The key's
+/// recovery points, if a request recorded any under the record (`ph`), are
+/// deleted: the key is done (their index entry goes at `purge_scope`). A
+/// waiter is told the record's name.
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw', 'ph')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
-local retention = tonumber(ARGV[4])
--- The index entry lives as long as the tombstone, for `purge_scope`.
-local kept = retention + tonumber(ARGV[7])
 if ARGV[8] == 'c' then
   redis.call('HSET', rec, 'st', 'c', 'status', ARGV[9], 'hd', ARGV[10], 'bd', ARGV[11])
 else
   redis.call('HSET', rec, 'st', 'u')
 end
 -- `lx` stays: only a claim's (`p`) is ever read.
--- The claim scored its entry `iw` past its key's expiry: enough while that
--- expiry is at least `kept` - `iw` away, which is the retention (the claim
--- wrote `iw` as the window) unless its lock ran out. Then `PEXPIRE ... LT`
--- both shortens the key to the retention and says the entry covers it; a
--- claim of another window (or without `iw`: an earlier version) reads `PTTL`.
-local iw = tonumber(v[7])
+-- The claim scored its index entry `iw` past its key's expiry; the entry
+-- must last as long as the tombstone (retention plus window), for
+-- `purge_scope`. With `iw` the window, the entry covers it while the key's
+-- expiry is at least the retention away (its lock has not run out): then
+-- `PEXPIRE ... LT` both shortens the key to the retention and says so. A
+-- claim of another window (or without `iw`: an earlier version) reads
+-- `PTTL`.
 local covered
-if iw and kept - iw == retention then
-  covered = redis.call('PEXPIRE', rec, retention, 'LT') == 1
-  if not covered then redis.call('PEXPIRE', rec, retention) end
+if v[7] == ARGV[6] then
+  covered = redis.call('PEXPIRE', rec, ARGV[4], 'LT') == 1
+  if not covered then redis.call('PEXPIRE', rec, ARGV[4]) end
 else
-  covered = iw and redis.call('PTTL', rec) + iw >= kept
-  redis.call('PEXPIRE', rec, retention)
+  covered = v[7] and redis.call('PTTL', rec) + tonumber(v[7]) >= tonumber(ARGV[7])
+  redis.call('PEXPIRE', rec, ARGV[4])
 end
 if v[8] then redis.call('DEL', KEYS[4]) end
-if kept > retention then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept) end
-if not covered then reindex(idx, ARGV[2], kept, now_ms()) end
-if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
+if ARGV[6] ~= '0' then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', ARGV[7]) end
+if not covered then reindex(idx, ARGV[2], tonumber(ARGV[7]), now_ms()) end
+if v[5] then redis.call('PUBLISH', ARGV[5], rec) end
 return 1
 "#;
 
@@ -451,19 +466,19 @@ pub(super) struct Scripts {
 
 impl Scripts {
     pub(super) fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+        let with = |shared: &[&str], body: &str| Script::new(&format!("{}{body}", shared.concat()));
         Self {
-            begin: with_prelude(BEGIN),
-            complete: with_prelude(COMPLETE),
-            extend: with_prelude(EXTEND),
-            release: with_prelude(RELEASE),
-            lock_remaining: with_prelude(LOCK_REMAINING),
-            inspect: with_prelude(INSPECT),
-            release_stuck: with_prelude(RELEASE_STUCK),
+            begin: with(&[SAME_RECORD, CLAIM_INDEX], BEGIN),
+            complete: with(&[SAME_RECORD, NOW_MS, REINDEX], COMPLETE),
+            extend: with(&[SAME_RECORD, NOW_MS, INDEX, REINDEX], EXTEND),
+            release: with(&[SAME_RECORD], RELEASE),
+            lock_remaining: with(&[NOW_MS], LOCK_REMAINING),
+            inspect: with(&[NOW_MS], INSPECT),
+            release_stuck: with(&[NOW_MS], RELEASE_STUCK),
             purge_scope: Script::new(PURGE_SCOPE),
             trim_index: Script::new(TRIM_INDEX),
-            phases: with_prelude(PHASES),
-            record_phase: with_prelude(RECORD_PHASE),
+            phases: with(&[SAME_RECORD], PHASES),
+            record_phase: with(&[SAME_RECORD, NOW_MS, INDEX], RECORD_PHASE),
             purge_scope_phases: Script::new(PURGE_SCOPE_PHASES),
         }
     }
