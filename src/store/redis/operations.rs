@@ -130,10 +130,6 @@ impl Inner {
         let tag = self.tag(key);
         let record = tag.record(key.key().as_str());
         let script = &self.scripts.complete;
-        let (retention, window) = (
-            millis(self.settings.retention()),
-            millis(self.settings.tombstone()),
-        );
         let mut cmd = eval(script, 4, response.map_or(0, |r| r.body.len() + 256));
         cmd.arg(record)
             .arg(tag.index())
@@ -141,11 +137,7 @@ impl Inner {
             .arg(tag.phases(key.key().as_str()))
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(token.0)
-            .arg(retention)
-            .arg(&self.channel)
-            .arg(window)
-            .arg(retention.saturating_add(window));
+            .arg(token.0);
         match response {
             Some(response) => cmd
                 .arg("c")
@@ -506,19 +498,13 @@ impl RedisStore {
         let tag = inner.tag(key);
         let record = tag.record(key.key().as_str());
         let script = &inner.scripts.begin;
-        // The index entry outlives the key by at least the tombstone window.
-        let (keep, indexed) = (millis(inner.claim_kept()), millis(inner.index_kept()));
         let mut cmd = eval(script, 3, 0);
         cmd.arg(record)
             .arg(tag.index())
             .arg(tag.tombstone(key.key().as_str()))
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(&fingerprint[..])
-            .arg(millis(inner.settings.lock_timeout()))
-            .arg(keep)
-            .arg(indexed)
-            .arg(indexed - keep);
+            .arg(&fingerprint[..]);
         inner
             .settings
             .timed(OPERATION, async {

@@ -115,10 +115,10 @@ local function same_record(v)
 end
 "#;
 
-/// KEYS: record, index, tombstone. ARGV: scope, key, fingerprint, lock ms,
-/// keep ms, index ms (keep plus the tombstone window: the index entry's score
-/// then already covers a completion within the lock, which leaves it), index
-/// ms less keep ms (`iw`).
+/// KEYS: record, index, tombstone. ARGV: scope, key, fingerprint; the
+/// store's lock, keep, index and `iw` ms are [`Constants`] (the index entry
+/// is scored keep plus the tombstone window ahead: it then already covers a
+/// completion within the lock, which leaves it).
 /// Replies `{'claimed', token}` (`{'claimed', token, attempt,
 /// previous token, previous start ms}` for a takeover of a dead claim),
 /// `{'replay', status, headers, body, ttl ms}`, `{'mismatch'}`,
@@ -174,20 +174,20 @@ if v[4] then
   redis.call('DEL', rec)
 end
 redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
-  'lx', string.format('%d', now + tonumber(ARGV[4])), 'bg', at, 'iw', ARGV[7])
+  'lx', string.format('%d', now + LOCK), 'bg', at, 'iw', IW)
 -- A first attempt's `n` is read as 1 when absent. The phases of the claim
 -- it replaces, if any, are the key's: its completion deletes them.
 if attempt > 1 then redis.call('HSET', rec, 'n', string.format('%d', attempt)) end
 if v[12] then redis.call('HSET', rec, 'ph', '1') end
-redis.call('PEXPIRE', rec, ARGV[5])
-claim_index(idx, ARGV[2], tonumber(ARGV[6]), now, at, now % 8 == 0)
+redis.call('PEXPIRE', rec, KEEP)
+claim_index(idx, ARGV[2], INDEXED, now, at, now % 8 == 0)
 if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
 
-/// KEYS: record, index, tombstone, phases. ARGV: scope, key, token,
-/// retention ms, channel, tombstone window ms (0: none), retention plus
-/// window ms, state (`c` or `u`), then for `c`: status, headers, body.
+/// KEYS: record, index, tombstone, phases. ARGV: scope, key, token, state
+/// (`c` or `u`), then for `c`: status, headers, body; the store's retention,
+/// tombstone window (0: none), their sum and its channel are [`Constants`].
 /// Replies 1, or 0 when the token does not hold the claim (its lock may have
 /// run out: only a takeover, which changes the token, fences it). The key's
 /// recovery points, if a request recorded any under the record (`ph`), are
@@ -199,8 +199,8 @@ local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw', 'ph'
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
-if ARGV[8] == 'c' then
-  redis.call('HSET', rec, 'st', 'c', 'status', ARGV[9], 'hd', ARGV[10], 'bd', ARGV[11])
+if ARGV[4] == 'c' then
+  redis.call('HSET', rec, 'st', 'c', 'status', ARGV[5], 'hd', ARGV[6], 'bd', ARGV[7])
 else
   redis.call('HSET', rec, 'st', 'u')
 end
@@ -213,17 +213,17 @@ end
 -- claim of another window (or without `iw`: an earlier version) reads
 -- `PTTL`.
 local covered
-if v[7] == ARGV[6] then
-  covered = redis.call('PEXPIRE', rec, ARGV[4], 'LT') == 1
-  if not covered then redis.call('PEXPIRE', rec, ARGV[4]) end
+if v[7] == WINDOW then
+  covered = redis.call('PEXPIRE', rec, RETENTION, 'LT') == 1
+  if not covered then redis.call('PEXPIRE', rec, RETENTION) end
 else
-  covered = v[7] and redis.call('PTTL', rec) + tonumber(v[7]) >= tonumber(ARGV[7])
-  redis.call('PEXPIRE', rec, ARGV[4])
+  covered = v[7] and redis.call('PTTL', rec) + tonumber(v[7]) >= tonumber(KEPT)
+  redis.call('PEXPIRE', rec, RETENTION)
 end
 if v[8] then redis.call('DEL', KEYS[4]) end
-if ARGV[6] ~= '0' then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', ARGV[7]) end
-if not covered then reindex(idx, ARGV[2], tonumber(ARGV[7]), now_ms()) end
-if v[5] then redis.call('PUBLISH', ARGV[5], rec) end
+if WINDOW ~= '0' then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', KEPT) end
+if not covered then reindex(idx, ARGV[2], tonumber(KEPT), now_ms()) end
+if v[5] then redis.call('PUBLISH', CHANNEL, rec) end
 return 1
 "#;
 
@@ -448,6 +448,26 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 "#;
 
+/// What `begin` and `complete`, the scripts of every fresh request, take
+/// from the store's settings, written into their source as constants: an
+/// argument costs the server a string made for each run, a constant
+/// nothing. Numbers are written as decimal digits.
+pub(super) struct Constants<'a> {
+    /// The lock, ms.
+    pub(super) lock: u64,
+    /// How long a claim's key is kept, ms.
+    pub(super) keep: u64,
+    /// How far ahead a claim scores its index entry, ms (at least `keep`).
+    pub(super) indexed: u64,
+    /// The retention, ms.
+    pub(super) retention: u64,
+    /// The tombstone window, ms.
+    pub(super) window: u64,
+    /// The channel completions are published on: a validated prefix and
+    /// `:done`, safe between single quotes.
+    pub(super) channel: &'a str,
+}
+
 /// The scripts of one store, hashed once.
 pub(super) struct Scripts {
     pub(super) begin: Script,
@@ -465,11 +485,25 @@ pub(super) struct Scripts {
 }
 
 impl Scripts {
-    pub(super) fn new() -> Self {
+    pub(super) fn new(c: &Constants<'_>) -> Self {
         let with = |shared: &[&str], body: &str| Script::new(&format!("{}{body}", shared.concat()));
+        let begin = format!(
+            "local LOCK, KEEP, INDEXED, IW = {}, '{}', {}, '{}'\n",
+            c.lock,
+            c.keep,
+            c.indexed,
+            c.indexed.saturating_sub(c.keep)
+        );
+        let complete = format!(
+            "local RETENTION, WINDOW, KEPT, CHANNEL = '{}', '{}', '{}', '{}'\n",
+            c.retention,
+            c.window,
+            c.retention.saturating_add(c.window),
+            c.channel
+        );
         Self {
-            begin: with(&[SAME_RECORD, CLAIM_INDEX], BEGIN),
-            complete: with(&[SAME_RECORD, NOW_MS, REINDEX], COMPLETE),
+            begin: with(&[&begin, SAME_RECORD, CLAIM_INDEX], BEGIN),
+            complete: with(&[&complete, SAME_RECORD, NOW_MS, REINDEX], COMPLETE),
             extend: with(&[SAME_RECORD, NOW_MS, INDEX, REINDEX], EXTEND),
             release: with(&[SAME_RECORD], RELEASE),
             lock_remaining: with(&[NOW_MS], LOCK_REMAINING),
