@@ -15,7 +15,9 @@
 //! `COST_CONCURRENCY` (1: requests one after the other), `COST_RUNTIME`
 //! (`current`; `multi`: one worker thread, as the load bench), `LOAD_BODY`
 //! (1024 bytes of JSON), `COST_NEAR_CACHE` (1: ours keeps completed records
-//! near, as by default; 0: every replay asks Redis).
+//! near, as by default; 0: every replay asks Redis; any other number: a near
+//! cache of that many bytes instead of the default 16 MiB, to measure one
+//! at capacity).
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -199,6 +201,13 @@ fn main() {
                     if !near {
                         builder = builder
                             .with_near_cache(tower_idempotency::store::NearCache::disabled());
+                    } else if let Some(bytes) = std::env::var("COST_NEAR_CACHE")
+                        .ok()
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .filter(|b| *b > 1)
+                    {
+                        builder = builder
+                            .with_near_cache(tower_idempotency::store::NearCache::new(bytes));
                     }
                     let store = builder.connect(&url).await.expect("Redis");
                     ours = Some(store.clone());

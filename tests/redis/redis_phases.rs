@@ -52,3 +52,46 @@ async fn purge_scope_deletes_each_records_phases_with_it() {
     let phases = store.phases(&key, again.token).await.unwrap();
     assert!(phases.is_empty(), "{phases:?}");
 }
+
+/// A completion deletes the phases an earlier claim of its key recorded: a
+/// claim over a released one (the same request's retry, which reads no
+/// phase and records none) carries the mark that there are phases, so its
+/// completion still deletes the hash.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_deletes_the_phases_of_the_claim_it_followed() {
+    use tower_idempotency::store::{Completion, PhaseStore};
+    let Some(url) = r::url("phases of a released claim") else {
+        return;
+    };
+    let store = r::standalone(&url, |s| s).await;
+    let key = record("released-phases", "phases-then-released");
+    let fp = fingerprint("{}");
+    let Begin::Claimed(first) = store.begin(&key, &fp).await.unwrap() else {
+        panic!("expected a claim");
+    };
+    store
+        .record_phase(&key, first.token, "p", Bytes::from_static(b"1"))
+        .await
+        .unwrap();
+    store.release(&key, first.token).await.unwrap();
+    let Begin::Claimed(retry) = store.begin(&key, &fp).await.unwrap() else {
+        panic!("expected a claim after the release");
+    };
+    let redis = r::connection(&url).await;
+    let hashes = |redis: &redis::aio::MultiplexedConnection| {
+        let mut redis = redis.clone();
+        async move {
+            redis::cmd("KEYS")
+                .arg("*p:phases-then-released")
+                .query_async::<Vec<String>>(&mut redis)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(hashes(&redis).await.len(), 1);
+    store
+        .complete(&key, retry.token, Completion::Unavailable)
+        .await
+        .unwrap();
+    assert!(hashes(&redis).await.is_empty());
+}

@@ -284,6 +284,14 @@ impl RedisStore {
         config: Config,
     ) -> Self {
         let channel = format!("{}:done", config.prefix);
+        let scripts = Scripts::new(&scripts::Constants {
+            lock: millis(settings.lock_timeout()),
+            keep: millis(claim_kept(&settings)),
+            indexed: millis(phases_kept(&settings)),
+            retention: millis(settings.retention()),
+            window: millis(settings.tombstone()),
+            channel: &channel,
+        });
         Self {
             inner: Arc::new(Inner {
                 connection,
@@ -291,7 +299,7 @@ impl RedisStore {
                 channel,
                 shared: Shared::new(settings, config.near_cache),
                 config,
-                scripts: Scripts::new(),
+                scripts,
             }),
         }
     }
@@ -330,25 +338,32 @@ fn phase_names(prefix: &str, key: &RecordKey) -> PhaseNames {
     }
 }
 
+/// How long a claim's key is kept: past its lock, so that its owner's late
+/// `extend` or `complete` still finds it when nobody took it over.
+fn claim_kept(s: &Settings) -> Duration {
+    s.lock_timeout().saturating_add(s.retention())
+}
+
+/// How long a request's phases are kept from its last record: past its
+/// claim's key by the tombstone window, so a retry as late as the tombstone
+/// answers still resumes. A claim's index entry is kept as long: past its
+/// key, so that its completion (within the lock) need not move it.
+fn phases_kept(s: &Settings) -> Duration {
+    claim_kept(s).saturating_add(s.tombstone())
+}
+
 impl Inner {
-    /// How long a claim's key is kept: past its lock, so that its owner's late
-    /// `extend` or `complete` still finds it when nobody took it over.
     fn claim_kept(&self) -> Duration {
-        let s = &self.settings;
-        s.lock_timeout().saturating_add(s.retention())
+        claim_kept(&self.settings)
     }
 
-    /// How long a claim's index entry is kept: past its key, by the tombstone
-    /// window, so that its completion (within the lock) need not move it.
+    /// How long a claim's index entry is kept (see [`phases_kept`]).
     fn index_kept(&self) -> Duration {
         self.phases_kept()
     }
 
-    /// How long a request's phases are kept from its last record: past its
-    /// claim's key by the tombstone window, so a retry as late as the
-    /// tombstone answers still resumes.
     fn phases_kept(&self) -> Duration {
-        self.claim_kept().saturating_add(self.settings.tombstone())
+        phases_kept(&self.settings)
     }
 
     fn count_round_trip(&self) {

@@ -137,12 +137,7 @@ impl Inner {
             .arg(tag.phases(key.key().as_str()))
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(token.0)
-            .arg(millis(self.settings.retention()))
-            .arg(&self.channel)
-            // The record's name already names it uniquely: the message's id.
-            .arg(record)
-            .arg(millis(self.settings.tombstone()));
+            .arg(token.0);
         match response {
             Some(response) => cmd
                 .arg("c")
@@ -509,10 +504,7 @@ impl RedisStore {
             .arg(tag.tombstone(key.key().as_str()))
             .arg(key.scope().as_str())
             .arg(key.key().as_str())
-            .arg(&fingerprint[..])
-            .arg(millis(inner.settings.lock_timeout()))
-            .arg(millis(inner.claim_kept()))
-            .arg(millis(inner.index_kept()));
+            .arg(&fingerprint[..]);
         inner
             .settings
             .timed(OPERATION, async {

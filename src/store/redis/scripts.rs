@@ -14,8 +14,10 @@
 //! and `bg` when it was made in server milliseconds,
 //! `w` set once a waiter checked the claim (only then do `complete` and
 //! `release` publish), `iw` how far past its key's expiry the claim scored
-//! its index entry (ms), and for `c` the response: `status`, `hd`, `bd`.
-//! `lx` and `iw` stay after the completion: only a claim's are read.
+//! its index entry (ms), `ph` once a request recorded (or resumed) phases
+//! under the record (carried to the claim that takes it over), and for `c`
+//! the response: `status`, `hd`, `bd`. A first attempt has no `n` (read as
+//! 1). `lx` and `iw` stay after the completion: only a claim's are read.
 //!
 //! A claim's key lives for its lock plus the retention (`keep`), past its
 //! lock: a claim whose lock ran out stays its owner's until a `begin` takes
@@ -33,28 +35,66 @@
 //! key's expiry in server milliseconds, for `purge_scope`; it expires no
 //! earlier than its highest score. A claim scores its entry past its key's
 //! expiry by the tombstone window (`iw`), so that a completion within the
-//! lock, whose tombstone expires no later, leaves the entry as it is.
+//! lock, whose tombstone expires no later, leaves the entry as it is. Two
+//! marker entries (`''` and `'.'`) tell claims whether the index's TTL was
+//! checked in the current bucket of time (see `claim_index`).
 
 use redis::Script;
 
-/// Shared by the scripts: the server's time in milliseconds, and the index
-/// kept at least as long as the record it names (`ttl` ms from now). The
-/// index's TTL is set a sixteenth further than needed, so that the claims that
-/// follow (each a few milliseconds later) find it long enough and leave it.
-const PRELUDE: &str = r#"
+/// The functions the scripts share, each script taking only those it calls
+/// (a function defined is a closure made on every run): the server's time
+/// in milliseconds, and an index (a scope's, or its phase index) kept at
+/// least as long as the record it names (`ttl` ms from now). `index` sets a
+/// phase index's TTL a sixteenth further than needed, so that the records
+/// that follow find it long enough and leave it; `claim_index` checks a scope
+/// index's once per sixteenth. The hot paths hand `redis.call` strings, not
+/// numbers: a number argument is formatted with `%.17g`, which costs more
+/// than the command it is for.
+const NOW_MS: &str = r#"
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+"#;
+
+/// See [`NOW_MS`].
+const CLAIM_INDEX: &str = r#"
+-- A claim's entry. Its index is kept until the end of the current bucket
+-- (a sixteenth of `ttl`) plus `ttl`, and its TTL checked once per bucket:
+-- two marker entries (`''` and `'.'`, never keys: keys have 8 bytes or
+-- more) are scored that far by the same `ZADD`, which counts them (2) only
+-- when a claim moves them to a new bucket (or they were gone), and that
+-- claim checks. They move together: removed only together (by score, or
+-- with the whole index; `purge_scope` leaves them), so a count of 0 or 1
+-- (the key's own entry) means a claim of this bucket checked already.
+-- `at` is `now` as a string.
+local function claim_index(idx, member, ttl, now, at, trim)
+  if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', at) end
+  local bucket = math.floor(ttl / 16) + 1
+  local horizon = (math.floor(now / bucket) + 1) * bucket + ttl
+  local mark = string.format('%d', horizon)
+  local changed = redis.call('ZADD', idx, 'CH', string.format('%d', now + ttl), member, mark, '',
+    mark, '.')
+  if changed >= 2 and redis.call('PTTL', idx) < horizon - now then
+    redis.call('PEXPIRE', idx, horizon - now)
+  end
+end
+"#;
+
+/// See [`NOW_MS`].
+const INDEX: &str = r#"
 local function index(idx, member, ttl, now, trim)
-  -- Claims trim the entries of expired records (each is removed once), one
-  -- claim in eight: the others spare the call.
+  -- The entries of expired records go (each is removed once) when `trim`.
   if trim then redis.call('ZREMRANGEBYSCORE', idx, '-inf', now) end
   redis.call('ZADD', idx, now + ttl, member)
   if redis.call('PTTL', idx) < ttl then
     redis.call('PEXPIRE', idx, ttl + math.floor(ttl / 16))
   end
 end
+"#;
+
+/// See [`NOW_MS`].
+const REINDEX: &str = r#"
 -- An entry's score only grows (GT): a record's expiry that comes before its
 -- entry's score needs no update, and the index already outlives that score.
 local function reindex(idx, member, ttl, now)
@@ -63,6 +103,10 @@ local function reindex(idx, member, ttl, now)
     redis.call('PEXPIRE', idx, ttl)
   end
 end
+"#;
+
+/// See [`NOW_MS`].
+const SAME_RECORD: &str = r#"
 local function same_record(v)
   -- Two identities on one key name (a hash collision of scopes): refused.
   if v[1] ~= ARGV[1] or v[2] ~= ARGV[2] then
@@ -71,9 +115,10 @@ local function same_record(v)
 end
 "#;
 
-/// KEYS: record, index, tombstone. ARGV: scope, key, fingerprint, lock ms,
-/// keep ms, index ms (keep plus the tombstone window: the index entry's score
-/// then already covers a completion within the lock, which leaves it).
+/// KEYS: record, index, tombstone. ARGV: scope, key, fingerprint; the
+/// store's lock, keep, index and `iw` ms are [`Constants`] (the index entry
+/// is scored keep plus the tombstone window ahead: it then already covers a
+/// completion within the lock, which leaves it).
 /// Replies `{'claimed', token}` (`{'claimed', token, attempt,
 /// previous token, previous start ms}` for a takeover of a dead claim),
 /// `{'replay', status, headers, body, ttl ms}`, `{'mismatch'}`,
@@ -83,11 +128,18 @@ end
 const BEGIN: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
 local v = redis.call('HMGET', rec, 'sc', 'k', 'fp', 'st', 'tok', 'status', 'hd', 'bd', 'lx',
-  'n', 'bg')
+  'n', 'bg', 'ph')
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local floor = 0
+-- The server's clock in microseconds and in milliseconds, written from its
+-- digits (no formatting of numbers).
+local us = t[2]
+us = string.rep('0', 6 - #us) .. us
+local at = t[1] .. string.sub(us, 1, 3)
+local now = tonumber(at)
 local attempt, previous, began = 1, nil, nil
+-- At least the server's clock in microseconds (exact in a Lua double until
+-- the year 2255), so tokens keep growing after a record expired and is gone.
+local token = t[1] .. us
 if not v[4] or v[4] == 'r' then
   -- No record (or a released claim): a tombstone of this scope's key, if
   -- any, still holds the key.
@@ -109,7 +161,8 @@ if v[4] then
     if v[4] == 'u' then return {'unavailable', redis.call('PTTL', rec)} end
     return {'in_progress', lx and (lx - now) or redis.call('PTTL', rec)}
   end
-  floor = tonumber(v[5])
+  local floor = tonumber(v[5])
+  if floor >= tonumber(token) then token = string.format('%d', floor + 1) end
   if expired then
     -- A dead claim: the count goes on. A claim without `bg` (made by an
     -- earlier version) began no later than its token, in microseconds.
@@ -117,55 +170,60 @@ if v[4] then
     previous = v[5]
     began = v[11] or string.format('%d', math.floor(floor / 1000))
   end
+  -- A tombstone's or an expired claim's other fields go.
+  redis.call('DEL', rec)
 end
--- At least the server's clock in microseconds (exact in a Lua double until
--- the year 2255), so tokens keep growing after a record expired and is gone.
-local token = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), floor + 1)
-token = string.format('%d', token)
-local keep = tonumber(ARGV[5])
--- A tombstone's or an expired claim's other fields go.
-if v[4] then redis.call('DEL', rec) end
-local indexed = tonumber(ARGV[6])
 redis.call('HSET', rec, 'sc', ARGV[1], 'k', ARGV[2], 'fp', ARGV[3], 'tok', token, 'st', 'p',
-  'lx', string.format('%d', now + tonumber(ARGV[4])), 'n', string.format('%d', attempt),
-  'bg', string.format('%d', now), 'iw', string.format('%d', indexed - keep))
-redis.call('PEXPIRE', rec, keep)
-index(idx, ARGV[2], indexed, now, tonumber(t[2]) % 8 == 0)
+  'lx', string.format('%d', now + LOCK), 'bg', at, 'iw', IW)
+-- A first attempt's `n` is read as 1 when absent. The phases of the claim
+-- it replaces, if any, are the key's: its completion deletes them.
+if attempt > 1 then redis.call('HSET', rec, 'n', string.format('%d', attempt)) end
+if v[12] then redis.call('HSET', rec, 'ph', '1') end
+redis.call('PEXPIRE', rec, KEEP)
+claim_index(idx, ARGV[2], INDEXED, now, at, now % 8 == 0)
 if previous then return {'claimed', token, attempt, previous, began} end
 return {'claimed', token}
 "#;
 
-/// KEYS: record, index, tombstone, phases. ARGV: scope, key, token,
-/// retention ms, channel, id, tombstone window ms (0: none), state (`c` or
-/// `u`), then for `c`: status, headers, body. Replies 1, or 0 when the token
-/// does not hold the claim (its lock may have run out: only a takeover, which
-/// changes the token, fences it). The key's recovery points are deleted: the
-/// key is done (their index entry goes at `purge_scope`).
+/// KEYS: record, index, tombstone, phases. ARGV: scope, key, token, state
+/// (`c` or `u`), then for `c`: status, headers, body; the store's retention,
+/// tombstone window (0: none), their sum and its channel are [`Constants`].
+/// Replies 1, or 0 when the token does not hold the claim (its lock may have
+/// run out: only a takeover, which changes the token, fences it). The key's
+/// recovery points, if a request recorded any under the record (`ph`), are
+/// deleted: the key is done (their index entry goes at `purge_scope`). A
+/// waiter is told the record's name.
 const COMPLETE: &str = r#"
 local rec, idx = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'w', 'fp', 'iw', 'ph')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return 0 end
 local collision = same_record(v)
 if collision then return collision end
-local retention = tonumber(ARGV[4])
-local window = tonumber(ARGV[7])
--- The index entry lives as long as the tombstone, for `purge_scope`.
-local kept = retention
-if window > 0 then kept = retention + window end
--- The claim scored its entry `iw` past its key's expiry: enough unless its
--- lock ran out (or an earlier version, without `iw`, made it).
-local covered = v[7] and redis.call('PTTL', rec) + tonumber(v[7]) >= kept
-if ARGV[8] == 'c' then
-  redis.call('HSET', rec, 'st', 'c', 'status', ARGV[9], 'hd', ARGV[10], 'bd', ARGV[11])
+if ARGV[4] == 'c' then
+  redis.call('HSET', rec, 'st', 'c', 'status', ARGV[5], 'hd', ARGV[6], 'bd', ARGV[7])
 else
   redis.call('HSET', rec, 'st', 'u')
 end
 -- `lx` stays: only a claim's (`p`) is ever read.
-redis.call('PEXPIRE', rec, retention)
-redis.call('DEL', KEYS[4])
-if window > 0 then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', kept) end
-if not covered then reindex(idx, ARGV[2], kept, now_ms()) end
-if v[5] then redis.call('PUBLISH', ARGV[5], ARGV[6]) end
+-- The claim scored its index entry `iw` past its key's expiry; the entry
+-- must last as long as the tombstone (retention plus window), for
+-- `purge_scope`. With `iw` the window, the entry covers it while the key's
+-- expiry is at least the retention away (its lock has not run out): then
+-- `PEXPIRE ... LT` both shortens the key to the retention and says so. A
+-- claim of another window (or without `iw`: an earlier version) reads
+-- `PTTL`.
+local covered
+if v[7] == WINDOW then
+  covered = redis.call('PEXPIRE', rec, RETENTION, 'LT') == 1
+  if not covered then redis.call('PEXPIRE', rec, RETENTION) end
+else
+  covered = v[7] and redis.call('PTTL', rec) + tonumber(v[7]) >= tonumber(KEPT)
+  redis.call('PEXPIRE', rec, RETENTION)
+end
+if v[8] then redis.call('DEL', KEYS[4]) end
+if WINDOW ~= '0' then redis.call('SET', KEYS[3], v[6] .. ARGV[1], 'PX', KEPT) end
+if not covered then reindex(idx, ARGV[2], tonumber(KEPT), now_ms()) end
+if v[5] then redis.call('PUBLISH', CHANNEL, rec) end
 return 1
 "#;
 
@@ -278,15 +336,16 @@ return remaining
 /// `KEYS[3i - 3]` and `KEYS[3i - 2]`). Deletes the records, tombstones and
 /// phase hashes of `scope` and their index entries, and the entries of
 /// records already gone; entries of another scope sharing the hash tag
-/// stay. Deleting a record's phases with it leaves none that a claim
-/// recorded after the phase pass ran. Replies `{deleted, entries removed}`:
+/// stay, as do the claims' bucket markers. Deleting a record's phases with
+/// it leaves none that a claim recorded after the phase pass ran. Replies `{deleted, entries removed}`:
 /// a key counts once, whether its record, its tombstone or both went.
 const PURGE_SCOPE: &str = r#"
 local deleted, removed = 0, 0
 for i = 2, #ARGV do
   local rec, tomb, ph = KEYS[3 * i - 4], KEYS[3 * i - 3], KEYS[3 * i - 2]
   local v = redis.call('HMGET', rec, 'sc', 'st')
-  if v[1] == ARGV[1] or not v[1] then
+  -- The claims' bucket markers stay (see `claim_index`).
+  if ARGV[i] ~= '' and ARGV[i] ~= '.' and (v[1] == ARGV[1] or not v[1]) then
     local gone = v[1] and v[2] ~= 'r'
     if gone then redis.call('DEL', rec) end
     if redis.call('HGET', ph, 'sc') == ARGV[1] then redis.call('DEL', ph) end
@@ -306,16 +365,19 @@ return {deleted, removed}
 /// KEYS: record, phases, phase index. ARGV: scope, key, token. Replies
 /// `{0}` when the token does not hold the claim, else `{1, name, output,
 /// ...}`: the phases recorded by the claim's request (`fp`), none when the
-/// hash is another request's.
+/// hash is another request's. Marks the record (`ph`) when there are some.
 const PHASES: &str = r#"
 local rec, ph = KEYS[1], KEYS[2]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp', 'ph')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
 local collision = same_record(v)
 if collision then return collision end
 local out = {1}
 local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
 if p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then return out end
+-- The request's own phases (kept past an earlier record of the key): its
+-- completion deletes them.
+if not v[6] then redis.call('HSET', rec, 'ph', '1') end
 local all = redis.call('HGETALL', ph)
 for i = 1, #all, 2 do
   local name = string.match(all[i], '^o:(.*)$')
@@ -337,16 +399,19 @@ return out
 /// it, for `purge_scope`.
 const RECORD_PHASE: &str = r#"
 local rec, ph, pidx = KEYS[1], KEYS[2], KEYS[3]
-local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp')
+local v = redis.call('HMGET', rec, 'sc', 'k', 'tok', 'st', 'fp', 'ph')
 if v[4] ~= 'p' or v[3] ~= ARGV[3] then return {0} end
 local collision = same_record(v)
 if collision then return collision end
 local p = redis.call('HMGET', ph, 'sc', 'k', 'fp')
-if not p[1] then
-  redis.call('HSET', ph, 'sc', ARGV[1], 'k', ARGV[2], 'fp', v[5])
-elseif p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5] then
+if p[1] and (p[1] ~= ARGV[1] or p[2] ~= ARGV[2] or p[3] ~= v[5]) then
   -- Another request's, unexpired (its TTL): kept for its retry.
   return {3}
+end
+-- The record says it has phases: its completion deletes them.
+if not v[6] then redis.call('HSET', rec, 'ph', '1') end
+if not p[1] then
+  redis.call('HSET', ph, 'sc', ARGV[1], 'k', ARGV[2], 'fp', v[5])
 else
   local earlier = redis.call('HGET', ph, 'o:' .. ARGV[4])
   if earlier then return {2, earlier} end
@@ -375,12 +440,33 @@ end
 return removed
 "#;
 
-/// KEYS: index. Removes the entries of expired records; replies how many.
+/// KEYS: index. Removes the entries of expired records (and the claims' bucket
+/// markers once past); replies how many.
 const TRIM_INDEX: &str = r#"
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 return redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 "#;
+
+/// What `begin` and `complete`, the scripts of every fresh request, take
+/// from the store's settings, written into their source as constants: an
+/// argument costs the server a string made for each run, a constant
+/// nothing. Numbers are written as decimal digits.
+pub(super) struct Constants<'a> {
+    /// The lock, ms.
+    pub(super) lock: u64,
+    /// How long a claim's key is kept, ms.
+    pub(super) keep: u64,
+    /// How far ahead a claim scores its index entry, ms (at least `keep`).
+    pub(super) indexed: u64,
+    /// The retention, ms.
+    pub(super) retention: u64,
+    /// The tombstone window, ms.
+    pub(super) window: u64,
+    /// The channel completions are published on: a validated prefix and
+    /// `:done`, safe between single quotes.
+    pub(super) channel: &'a str,
+}
 
 /// The scripts of one store, hashed once.
 pub(super) struct Scripts {
@@ -399,20 +485,34 @@ pub(super) struct Scripts {
 }
 
 impl Scripts {
-    pub(super) fn new() -> Self {
-        let with_prelude = |body: &str| Script::new(&format!("{PRELUDE}{body}"));
+    pub(super) fn new(c: &Constants<'_>) -> Self {
+        let with = |shared: &[&str], body: &str| Script::new(&format!("{}{body}", shared.concat()));
+        let begin = format!(
+            "local LOCK, KEEP, INDEXED, IW = {}, '{}', {}, '{}'\n",
+            c.lock,
+            c.keep,
+            c.indexed,
+            c.indexed.saturating_sub(c.keep)
+        );
+        let complete = format!(
+            "local RETENTION, WINDOW, KEPT, CHANNEL = '{}', '{}', '{}', '{}'\n",
+            c.retention,
+            c.window,
+            c.retention.saturating_add(c.window),
+            c.channel
+        );
         Self {
-            begin: with_prelude(BEGIN),
-            complete: with_prelude(COMPLETE),
-            extend: with_prelude(EXTEND),
-            release: with_prelude(RELEASE),
-            lock_remaining: with_prelude(LOCK_REMAINING),
-            inspect: with_prelude(INSPECT),
-            release_stuck: with_prelude(RELEASE_STUCK),
+            begin: with(&[&begin, SAME_RECORD, CLAIM_INDEX], BEGIN),
+            complete: with(&[&complete, SAME_RECORD, NOW_MS, REINDEX], COMPLETE),
+            extend: with(&[SAME_RECORD, NOW_MS, INDEX, REINDEX], EXTEND),
+            release: with(&[SAME_RECORD], RELEASE),
+            lock_remaining: with(&[NOW_MS], LOCK_REMAINING),
+            inspect: with(&[NOW_MS], INSPECT),
+            release_stuck: with(&[NOW_MS], RELEASE_STUCK),
             purge_scope: Script::new(PURGE_SCOPE),
             trim_index: Script::new(TRIM_INDEX),
-            phases: with_prelude(PHASES),
-            record_phase: with_prelude(RECORD_PHASE),
+            phases: with(&[SAME_RECORD], PHASES),
+            record_phase: with(&[SAME_RECORD, NOW_MS, INDEX], RECORD_PHASE),
             purge_scope_phases: Script::new(PURGE_SCOPE_PHASES),
         }
     }
