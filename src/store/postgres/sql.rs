@@ -284,7 +284,8 @@ CREATE INDEX IF NOT EXISTS "{phases_index}" ON {p} (expires_at);"#
             // for this transaction and then finds its token gone); a row left
             // `in_progress` was a dead claim: the attempt goes on from it.
             // Procedural on purpose: one primary-key read in the common case
-            // costs a third of the server time one statement of CTEs did.
+            // costs the server about half what one statement of CTEs did
+            // (docs/benchmarks.md).
             // The idle timeout is switched off for the transaction (see
             // `OPEN`); a transaction that is not READ COMMITTED reads nothing
             // (its snapshot predates the lock) and says so.
