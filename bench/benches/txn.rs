@@ -15,6 +15,11 @@
 //!   cargo bench -p tower-idempotency-bench --ignore-rust-version --bench txn
 //! ```
 //!
+//! `TXN_HANDLER=payment` swaps the one-row handler for a payments-shaped one,
+//! in the same transaction: `SELECT` the account's balance `FOR UPDATE`,
+//! `INSERT` the payment row, `UPDATE` the balance (one of 10 000 accounts,
+//! chosen by the key's hash, so clients seldom wait for each other's row).
+//!
 //! `PG_DURABLE=1` keeps the server's defaults (`fsync` and `synchronous_commit`
 //! on), so a commit costs a WAL flush. Environment: `TXN_SECS` (5 per round),
 //! `TXN_ROUNDS` (3, rotating the modes' order), `TXN_CLIENTS` (`1,16`:
@@ -51,6 +56,52 @@ struct Orders {
     pool: Option<Pool>,
     /// The bare handler: its INSERT in a transaction of its own.
     own_transaction: bool,
+    /// `TXN_HANDLER=payment`: the payments-shaped handler.
+    payment: bool,
+}
+
+/// The handler's shape: `TXN_HANDLER=payment`, or the one-row order.
+fn payment_shape() -> bool {
+    std::env::var("TXN_HANDLER").is_ok_and(|v| v == "payment")
+}
+
+/// Accounts of the payments-shaped handler.
+const ACCOUNTS: i64 = 10_000;
+
+/// The account a payment's key pays from (FNV-1a of the key).
+fn account_of(key: &str) -> i64 {
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    (hash % ACCOUNTS as u64) as i64 + 1
+}
+
+const LOCK_ACCOUNT: &str = "SELECT balance FROM bench_txn_accounts WHERE id = $1 FOR UPDATE";
+const INSERT_PAYMENT: &str =
+    "INSERT INTO bench_txn_payments (account, amount, key, body) VALUES ($1, $2, $3, $4) RETURNING id";
+const DEBIT: &str = "UPDATE bench_txn_accounts SET balance = balance - $2 WHERE id = $1";
+
+/// The handler's statements on `$client` (any client with `query_one` and
+/// `execute` taking SQL text): the one-row order, or the payment.
+macro_rules! handle {
+    ($client:expr, $payment:expr, $key:expr, $body:expr) => {{
+        let client = $client;
+        if $payment {
+            let (account, amount) = (account_of($key), 1_i64);
+            async {
+                let balance: i64 = client.query_one(LOCK_ACCOUNT, &[&account]).await?.get(0);
+                assert!(balance > 0, "the bench's accounts never run dry");
+                let row = client
+                    .query_one(INSERT_PAYMENT, &[&account, &amount, &$key, &$body])
+                    .await?;
+                client.execute(DEBIT, &[&account, &amount]).await?;
+                Ok::<_, tokio_postgres::Error>(row)
+            }
+            .await
+        } else {
+            client.query_one(INSERT, &[&$key, &$body]).await
+        }
+    }};
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -82,27 +133,29 @@ async fn create_order(State(orders): State<Orders>, req: Request) -> (StatusCode
         .await
         .unwrap();
     let body = std::str::from_utf8(&body).unwrap();
+    let payment = orders.payment;
+    let key = key.as_str();
     let id: i64 = match (&tx, &orders.pool) {
-        (Some(tx), _) => {
-            tx.client()
-                .await
-                .unwrap()
-                .query_one(INSERT, &[&key, &body])
-                .await
-        }
+        (Some(tx), _) => handle!(&tx.client().await.unwrap(), payment, key, body),
         (None, Some(pool)) if orders.own_transaction => {
             let mut client = pool.get().await.unwrap();
             let tx = client.transaction().await.unwrap();
-            let row = tx.query_one(INSERT, &[&key, &body]).await;
+            let row = handle!(&tx, payment, key, body);
             tx.commit().await.unwrap();
             row
         }
         (None, Some(pool)) => {
-            pool.get()
-                .await
-                .unwrap()
-                .query_one(INSERT, &[&key, &body])
-                .await
+            // Plain mode: the payment's statements in a transaction of its own.
+            let mut client = pool.get().await.unwrap();
+            match payment {
+                true => {
+                    let tx = client.transaction().await.unwrap();
+                    let row = handle!(&tx, payment, key, body);
+                    tx.commit().await.unwrap();
+                    row
+                }
+                false => handle!(&client, payment, key, body),
+            }
         }
         (None, None) => unreachable!(),
     }
@@ -200,9 +253,11 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
         .with_table("bench_txn_records".parse().unwrap())
         .with_lock_timeout(Duration::from_secs(2))
         .build();
+    let payment = payment_shape();
     let own = |own_transaction| Orders {
         pool: Some(pool(url, clients)),
         own_transaction,
+        payment,
     };
     let router = Router::new().route(ORDERS, post(create_order));
     let app = match mode {
@@ -215,6 +270,7 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
             .with_state(Orders {
                 pool: None,
                 own_transaction: false,
+                payment,
             }),
     };
     let template = RequestTemplate::new(json_body(1024));
@@ -279,9 +335,12 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     if statements {
         print_statements(&sql, mode, clients, n).await;
     }
-    // The handler's INSERT is one round trip the store does not count; the
-    // bare handler's BEGIN and COMMIT two more.
-    let handler_trips = if mode == Mode::Bare { 3.0 } else { 1.0 };
+    // The handler's statements are round trips the store does not count
+    // (one, or three for a payment); the bare handler's BEGIN and COMMIT two
+    // more (so are a plain-mode payment's).
+    let handler_statements = if payment { 3.0 } else { 1.0 };
+    let own_transaction = mode == Mode::Bare || (mode == Mode::Plain && payment);
+    let handler_trips = handler_statements + if own_transaction { 2.0 } else { 0.0 };
     let round_trips = (store.round_trips() - trips_before) as f64 / n + handler_trips;
     // The second reading takes an id of its own: subtract it.
     let (xids, flushes) = server_counters(&sql).await;
@@ -358,13 +417,24 @@ fn main() {
         }
         sql.batch_execute(
             "DROP TABLE IF EXISTS bench_txn_orders; \
-             CREATE TABLE bench_txn_orders (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL)",
+             CREATE TABLE bench_txn_orders (id bigserial PRIMARY KEY, key text NOT NULL, body text NOT NULL); \
+             DROP TABLE IF EXISTS bench_txn_payments; DROP TABLE IF EXISTS bench_txn_accounts; \
+             CREATE TABLE bench_txn_accounts (id bigint PRIMARY KEY, balance bigint NOT NULL); \
+             INSERT INTO bench_txn_accounts SELECT id, 1000000000 FROM generate_series(1, 10000) AS id; \
+             CREATE TABLE bench_txn_payments (id bigserial PRIMARY KEY, \
+                 account bigint NOT NULL REFERENCES bench_txn_accounts, amount bigint NOT NULL, \
+                 key text NOT NULL, body text NOT NULL); \
+             ANALYZE bench_txn_accounts",
         )
         .await
         .unwrap();
         let store = PostgresStore::builder(pool(&url, 2)).with_table("bench_txn_records".parse().unwrap()).build();
         store.migrate().await.unwrap();
-        println!("## Transactional vs plain mode vs the bare handler: fresh requests inserting one row");
+        let shape = match payment_shape() {
+            true => "a payment (SELECT the account FOR UPDATE, INSERT the payment, UPDATE the balance)",
+            false => "inserting one row",
+        };
+        println!("## Transactional vs plain mode vs the bare handler: fresh requests {shape}");
         println!("{}", machine_line());
         println!(
             "fsync={fsync}, synchronous_commit={sync}; clients {clients:?}, a pool of that size \

@@ -622,7 +622,8 @@ async fn both_stores_migrate_a_fresh_schema_concurrently() {
             ("records".into(), 2),
             ("records".into(), 3),
             ("records".into(), 4),
-            ("records".into(), 5)
+            ("records".into(), 5),
+            ("records".into(), 6)
         ]
     );
     // Both work in the new schema.

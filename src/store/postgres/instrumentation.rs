@@ -35,6 +35,12 @@ impl PostgresStore {
     pub fn begins_open(&self) -> usize {
         self.inner.flights.open()
     }
+
+    /// Keys this instance's waiters hold registered on the listener's
+    /// session (one per key, shared by its waiters).
+    pub fn registered_keys(&self) -> usize {
+        self.inner.registered_keys()
+    }
 }
 
 shared_instrumentation!(PostgresStore, "listener");

@@ -147,6 +147,8 @@ struct Inner {
     sql: Sql,
     flights: Flights,
     stats: Stats,
+    /// The listener's session, where this instance's waiters register.
+    session: wait::Session,
 }
 
 embeds_shared!(Inner);
@@ -294,6 +296,7 @@ impl PostgresStore {
                 sql,
                 flights: Flights::default(),
                 stats: Stats::default(),
+                session: wait::Session::default(),
             }),
         }
     }

@@ -83,6 +83,12 @@ impl Store for PostgresStore {
 
     async fn wait(&self, key: &RecordKey, timeout: Duration) -> Result<(), StoreError> {
         let inner = &self.inner;
+        // Registered (when it can be) before the first check, for the
+        // wait's life: a transactional completion then wakes it.
+        shared::Listens::ensure_listener(inner);
+        let started = tokio::time::Instant::now();
+        let _registered = inner.register_waiter(key).await;
+        let timeout = timeout.saturating_sub(started.elapsed());
         shared::wait(inner, key_id(key), timeout, || inner.lock_remaining(key)).await
     }
 }

@@ -48,14 +48,22 @@ pub(super) struct Sql {
     /// the claim row: used when the transaction is not READ COMMITTED.
     pub(super) begin_locked: String,
     /// Transactional mode, READ COMMITTED: takes the scope's lock (shared)
-    /// and the key's for the transaction's life, without writing anything.
-    pub(super) lock_key: String,
-    /// Transactional mode, after `lock_key` (a snapshot taken after the
-    /// lock): what `begin` answers for the key, its claim written nowhere.
-    pub(super) read_key: String,
-    /// The completion of a claim `read_key` made: the record's only write.
+    /// and the key's for the transaction's life, then answers what `begin`
+    /// answers for the key on a snapshot taken after the lock, its claim
+    /// written nowhere (one call of the table's claim function).
+    pub(super) claim_key: String,
+    /// The completion of a claim `claim_key` made over nothing: the
+    /// record's only write.
     pub(super) record_locked: String,
     pub(super) record_locked_unavailable: String,
+    /// Registers a waiter of key (`$1`, `$2`) on the listener's session:
+    /// whether it did (false: a completion of the key is committing).
+    pub(super) register_waiter: String,
+    /// Undoes one `register_waiter` of the key on the same session.
+    pub(super) unregister_waiter: String,
+    /// The completion of a claim `claim_key` made over an expired row.
+    pub(super) replace_locked: String,
+    pub(super) replace_locked_unavailable: String,
     pub(super) complete: String,
     pub(super) extend: String,
     pub(super) complete_unavailable: String,
@@ -126,6 +134,7 @@ impl Sql {
         let phases_name = derived_name(table, "phases");
         let p = format!(r#""{schema}"."{phases_name}""#);
         let phases_index = derived_name(table, "phases_expires_at_idx");
+        let claim_function = derived_name(table, "claim");
         let lock_ms = millis(lock);
         let phase_keep_ms = millis(lock.saturating_add(retention).saturating_add(tombstone));
         let retention_ms = millis(retention);
@@ -142,6 +151,10 @@ impl Sql {
             )
         };
         let (until_row, until_r) = (until(""), until("r."));
+        // The claim function's `until_row`: the window is its argument.
+        let until_fn = "(CASE WHEN t.state IN ('completed', 'unavailable') \
+             THEN t.expires_at + p_tombstone_ms * interval '1 millisecond' \
+             ELSE t.expires_at END)";
         let held_recheck_ms = crate::store::waiters::RECHECK_FIRST.as_millis();
         // The key's advisory lock (seeded per table, scope and key hashed as
         // separate fields). Every claim takes it; a transactional claim holds
@@ -157,6 +170,20 @@ impl Sql {
             false => format!("hashtextextended($2, hashtextextended($1, {lock_seed}))"),
         };
         let try_lock = format!("pg_try_advisory_xact_lock({key_hash})");
+        // A key's waiters' lock (seeded apart from the keys'): held shared by
+        // the listener's session for each of its instance's waiters, tried
+        // exclusive by a transactional completion, which notifies only when
+        // it is held (see `register_waiter`). A collision only makes a
+        // completion notify for nobody, or a waiter register again.
+        let waiter_seed = i64::from_str_radix(
+            &super::hex_sha256(format!("{t} waiters").as_bytes())[..15],
+            16,
+        )
+        .expect("hex digits");
+        let waiter_hash = match colliding_key_locks {
+            true => format!("hashtextextended($1 || left($2, 0), {waiter_seed})"),
+            false => format!("hashtextextended($2, hashtextextended($1, {waiter_seed}))"),
+        };
         // The scope's lock (seeded apart from the keys'). A transactional
         // claim holds it shared until its transaction ends, since its row is
         // invisible to anyone else until then; `purge_scope` takes it
@@ -244,6 +271,96 @@ ALTER TABLE {t} ADD CONSTRAINT "{state_check}"
 );
 CREATE INDEX IF NOT EXISTS "{phases_index}" ON {p} (expires_at);"#
             ),
+            // 6: transactional mode's claim, one call (see `claim_key`). The
+            // key's lock, then its row read on a snapshot taken after it
+            // (a VOLATILE function takes one per query), then one row: the
+            // live record's answer, or a claim, or "in progress" (the lock is
+            // someone else's, or a transaction holds the expired row). A
+            // claim draws its token and returns the transaction's id, and
+            // whether it is over an expired row (the completion then
+            // replaces it, otherwise inserts). An expired row is taken over
+            // only if no transaction holds it (the `FOR UPDATE SKIP LOCKED`
+            // locks it, so a late completion by the claim it replaces waits
+            // for this transaction and then finds its token gone); a row left
+            // `in_progress` was a dead claim: the attempt goes on from it.
+            // Procedural on purpose: one primary-key read in the common case
+            // costs the server about half what one statement of CTEs did
+            // (docs/benchmarks.md).
+            // The idle timeout is switched off for the transaction (see
+            // `OPEN`); a transaction that is not READ COMMITTED reads nothing
+            // (its snapshot predates the lock) and says so.
+            format!(
+                r#"CREATE OR REPLACE FUNCTION "{schema}"."{claim_function}"(
+    p_scope text, p_key text, p_fp bytea,
+    p_scope_lock bigint, p_key_lock bigint, p_tombstone_ms bigint)
+RETURNS TABLE (o_outcome text, o_token bigint, o_status smallint, o_headers bytea,
+               o_body bytea, o_remaining bigint, o_attempt integer,
+               o_previous_token bigint, o_previous_created_at timestamptz,
+               o_xact bigint, o_over boolean, o_read_committed boolean)
+LANGUAGE plpgsql VOLATILE AS $claim$
+DECLARE
+    locked boolean;
+    found_row boolean;
+    r record;
+BEGIN
+    IF set_config('idle_in_transaction_session_timeout', '0', true) IS NULL
+       OR current_setting('transaction_isolation') <> 'read committed' THEN
+        o_read_committed := false;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    o_read_committed := true;
+    locked := pg_try_advisory_xact_lock_shared(p_scope_lock)
+              AND pg_try_advisory_xact_lock(p_key_lock);
+    SELECT t.fingerprint = p_fp AS same, t.state, t.status, t.headers, t.body, t.token,
+           t.attempt, t.created_at,
+           {until_fn} > now() AS live,
+           t.state = 'expired' OR t.expires_at <= now() AS tomb,
+           ceil(extract(epoch FROM t.expires_at - now()) * 1000)::bigint AS remaining
+    INTO r
+    FROM {t} AS t WHERE t.scope = p_scope AND t.key = p_key;
+    found_row := FOUND;
+    IF found_row AND r.live THEN
+        o_outcome := CASE WHEN NOT r.same THEN 'mismatch' WHEN r.tomb THEN 'expired'
+                          WHEN r.state = 'completed' THEN 'replay'
+                          WHEN r.state = 'unavailable' THEN 'unavailable'
+                          ELSE 'in_progress' END;
+        IF r.same AND NOT r.tomb AND r.state = 'completed' THEN
+            o_status := r.status;
+            o_headers := r.headers;
+            o_body := r.body;
+        END IF;
+        IF r.same AND NOT r.tomb AND r.state IN ('completed', 'unavailable') THEN
+            o_remaining := r.remaining;
+        END IF;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF locked AND found_row THEN
+        PERFORM 1 FROM {t} AS t
+        WHERE t.scope = p_scope AND t.key = p_key AND {until_fn} <= now()
+        FOR UPDATE SKIP LOCKED;
+        locked := FOUND;
+    END IF;
+    IF NOT locked THEN
+        o_outcome := 'in_progress';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    o_outcome := 'claimed';
+    o_token := nextval('{seq}');
+    o_xact := txid_current();
+    o_over := found_row;
+    o_attempt := 1;
+    IF found_row AND r.state = 'in_progress' THEN
+        o_attempt := r.attempt + 1;
+        o_previous_token := r.token;
+        o_previous_created_at := r.created_at;
+    END IF;
+    RETURN NEXT;
+END
+$claim$;"#
+            ),
         ];
 
         // One statement in every case. `live` is the unexpired row in the statement's
@@ -328,71 +445,48 @@ WHERE NOT EXISTS (SELECT 1 FROM live)
         // else can see an uncommitted claim, so the claim is the key's
         // advisory lock alone, held by the handler's transaction (rivals on
         // every instance try it and answer "in progress" without waiting; a
-        // dead owner's lock goes with its session). The lock is taken by a
-        // statement of its own so that the read after it, with a snapshot of
-        // its own (READ COMMITTED), sees every record committed under that
-        // lock before it was released: a commit becomes visible before its
-        // transaction's locks are let go. A hash collision of two keys only
-        // makes one answer "in progress": the record is read and written by
-        // scope and key. The idle timeout is switched off here too (see OPEN).
-        let lock_key = format!(
-            "SELECT {try_scope} AND {try_lock}, \
-             current_setting('transaction_isolation') = 'read committed', \
-             set_config('idle_in_transaction_session_timeout', '0', true)"
+        // dead owner's lock goes with its session). The lock and the read run
+        // in one call of the table's claim function (migration 6): a VOLATILE
+        // function takes a fresh snapshot for each query it runs (READ
+        // COMMITTED), so its read, after the lock, sees every record committed
+        // under that lock before it was released (a commit becomes visible
+        // before its transaction's locks are let go). The lock ids are
+        // computed here, so the function carries no seed; nor does it carry
+        // the tombstone window (an argument), only the table and sequence.
+        let claim_key = format!(
+            r#"SELECT * FROM "{schema}"."{claim_function}"($1, $2, $3, {scope_lock}, {key_hash}, {tombstone_ms})"#
         );
-        // One row: the live record's answer, or a claim. The claim re-tries
-        // the locks, which succeeds at once when `lock_key` holds them (and
-        // when it did not, the caller answers "in progress" anyway): no token,
-        // transaction id or row lock is spent on a key someone else holds.
-        // An expired row is
-        // taken over only if no transaction holds it (`free` locks it, so a
-        // late completion by the claim it replaces waits for this transaction
-        // and then finds its token gone); a row left `in_progress` was a dead
-        // claim: the attempt goes on from it.
-        let read_key = format!(
-            r#"WITH r AS (
-    SELECT fingerprint = $3 AS same, state, status, headers, body, token, attempt, created_at,
-           {until_row} > now() AS live,
-           state = 'expired' OR expires_at <= now() AS tomb,
-           ceil(extract(epoch FROM expires_at - now()) * 1000)::bigint AS remaining
-    FROM {t}
-    WHERE scope = $1 AND key = $2
-), free AS (
-    SELECT 1 FROM {t} WHERE scope = $1 AND key = $2 AND {until_row} <= now()
-    FOR UPDATE SKIP LOCKED
-)
-SELECT CASE WHEN NOT same THEN 'mismatch' WHEN tomb THEN 'expired'
-            WHEN state = 'completed' THEN 'replay'
-            WHEN state = 'unavailable' THEN 'unavailable' ELSE 'in_progress' END AS outcome,
-       NULL::bigint AS token,
-       CASE WHEN same AND NOT tomb AND state = 'completed' THEN status END AS status,
-       CASE WHEN same AND NOT tomb AND state = 'completed' THEN headers END AS headers,
-       CASE WHEN same AND NOT tomb AND state = 'completed' THEN body END AS body,
-       CASE WHEN same AND NOT tomb AND state IN ('completed', 'unavailable')
-            THEN remaining END AS remaining,
-       NULL::integer AS attempt, NULL::bigint AS previous_token,
-       NULL::timestamptz AS previous_created_at, NULL::bigint AS xact
-FROM r WHERE live
-UNION ALL
-SELECT CASE WHEN claim THEN 'claimed' ELSE 'in_progress' END,
-       CASE WHEN claim THEN nextval('{seq}') END, NULL, NULL, NULL, NULL,
-       CASE WHEN claim AND state = 'in_progress' THEN attempt + 1 WHEN claim THEN 1 END,
-       CASE WHEN claim AND state = 'in_progress' THEN token END,
-       CASE WHEN claim AND state = 'in_progress' THEN created_at END,
-       CASE WHEN claim THEN txid_current() END
-FROM (
-    SELECT r.state, r.token, r.attempt, r.created_at,
-           {try_scope} AND {try_lock}
-           AND (r.token IS NULL OR EXISTS (SELECT 1 FROM free)) AS claim
-    FROM (SELECT 1) AS one LEFT JOIN r ON true
-) AS c
-WHERE NOT EXISTS (SELECT 1 FROM r WHERE live)"#
+        // The record, written once, in the transaction that claimed (`$5`,
+        // its id), over nothing: a plain `INSERT` (no speculative insertion,
+        // no row read back). It fails unless it runs in that transaction (a
+        // division by zero in the token) or if a row is there after all (the
+        // primary key), so that the COMMIT pipelined after it rolls back
+        // instead: the handler's writes never commit unrecorded. `$6..` are
+        // the response, when there is one. It answers whether the key has
+        // waiters (their lock is held, shared, by some listener's session):
+        // its wake-up is sent only then. Tried exclusive, the waiters' lock
+        // is this transaction's until its commit is visible, so a waiter
+        // that registers meanwhile fails to, and tries again (see
+        // `register_waiter`).
+        let insert = |state: &str, response: &str, values: &str| {
+            format!(
+                r#"INSERT INTO {t} (scope, key, fingerprint, token, state, created_at, expires_at{response})
+VALUES ($1::text, $2::text, $3::bytea, $4::bigint / (txid_current() = $5::bigint)::int,
+        '{state}', now(), now() + interval '{retention_ms} milliseconds'{values})
+RETURNING NOT pg_try_advisory_xact_lock({waiter_hash}) AS waited"#
+            )
+        };
+        let record_locked = insert(
+            "completed",
+            ", status, headers, body",
+            ", $6::smallint, $7::bytea, $8::bytea",
         );
-        // The record, written once, in the transaction that claimed (`$4`,
-        // its id): over an expired row only (the one `read_key` locked). It
+        let record_locked_unavailable = insert("unavailable", "", "");
+        // The record over the expired row the claim function locked (its
+        // takeover), in the transaction that claimed (`$5`, its id). It
         // fails otherwise (a division by zero), so that the COMMIT pipelined
         // after it rolls back instead: the handler's writes never commit
-        // unrecorded. `$5..` are the response, when there is one.
+        // unrecorded. `$6..` are the response, when there is one.
         let record = |state: &str, response: &str, values: &str| {
             format!(
                 r#"WITH done AS (
@@ -411,12 +505,12 @@ WHERE NOT EXISTS (SELECT 1 FROM r WHERE live)"#
 SELECT 1 / (SELECT count(*)::int FROM done)"#
             )
         };
-        let record_locked = record(
+        let replace_locked = record(
             "completed",
             ", status, headers, body",
             ", $6::smallint, $7::bytea, $8::bytea",
         );
-        let record_locked_unavailable = record("unavailable", "", "");
+        let replace_locked_unavailable = record("unavailable", "", "");
 
         // A completion, fenced by the claim's token. In the handler's
         // transaction (`locked`) it also fails unless it completed the claim (a
@@ -675,10 +769,13 @@ SELECT EXISTS (SELECT 1 FROM owner) AS owned,
             migrations,
             begin,
             begin_locked,
-            lock_key,
-            read_key,
+            claim_key,
+            register_waiter: format!("SELECT pg_try_advisory_lock_shared({waiter_hash})"),
+            unregister_waiter: format!("SELECT pg_advisory_unlock_shared({waiter_hash})"),
             record_locked,
             record_locked_unavailable,
+            replace_locked,
+            replace_locked_unavailable,
             complete,
             extend,
             complete_unavailable,
@@ -737,10 +834,12 @@ mod tests {
         let writers = [
             &sql.begin,
             &sql.begin_locked,
-            &sql.lock_key,
-            &sql.read_key,
+            &sql.claim_key,
             &sql.record_locked,
             &sql.record_locked_unavailable,
+            &sql.replace_locked,
+            &sql.replace_locked_unavailable,
+            &sql.migrations[5],
             &sql.complete,
             &sql.complete_locked,
             &sql.complete_unavailable,

@@ -333,40 +333,33 @@ async fn begin_locked(
     let fp = fp.as_slice();
     let connection = Guarded::new(inner.client().await?);
     leader.close();
-    let lock = inner
-        .prepare(connection.client(), &inner.sql.lock_key)
-        .await?;
-    let read = inner
-        .prepare(connection.client(), &inner.sql.read_key)
+    let claim = inner
+        .prepare(connection.client(), &inner.sql.claim_key)
         .await?;
     inner.count_round_trips(1);
     let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
     let client = connection.client();
-    let (opened, (locked, read)) = pipelined(
+    let (opened, row) = pipelined(
         client.batch_execute("BEGIN"),
-        pipelined(
-            client.query_one(&lock, &[&scope, &k]),
-            client.query_one(&read, &[&scope, &k, &fp]),
-        ),
+        client.query_one(&claim, &[&scope, &k, &fp]),
     )
     .await;
     opened.map_err(backend)?;
-    let locked = locked.map_err(backend)?;
-    let row = read.map_err(backend)?;
-    let read_committed: bool = locked.try_get(1).map_err(backend)?;
+    let row = row.map_err(backend)?;
+    let read_committed: bool = row.try_get(11).map_err(backend)?;
     if !read_committed {
         inner.stats.row_claims.store(true, Ordering::Relaxed);
         rollback(inner, connection, None).await;
         return begin_row_claim(inner, key, key_fp, leader).await;
     }
-    let locked: bool = locked.try_get(0).map_err(backend)?;
-    let begun = match super::decode_begin(&row)? {
-        // Someone else's claim holds the key's lock (or a purge the scope's).
-        Begin::Claimed(_) if !locked => Begin::InProgress,
-        begun => begun,
-    };
+    let begun = super::decode_begin(&row)?;
     inner.remember_read(key, key_fp, &begun, &row, sent, epoch);
-    kept_if_claimed(inner, connection, begun, &row, Record::Insert)
+    let over: Option<bool> = row.try_get(10).map_err(backend)?;
+    let record = match over {
+        Some(true) => Record::Replace,
+        _ => Record::Insert,
+    };
+    kept_if_claimed(inner, connection, begun, &row, record)
 }
 
 /// A claim keeps its transaction open (`row` carries its id), to be
@@ -399,6 +392,16 @@ fn kept_if_claimed(
     })
 }
 
+/// When a completion sends its key's wake-up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Wake {
+    /// After its commit, pipelined with it.
+    Always,
+    /// After its commit, only if its statement answered that the key has
+    /// waiters (see `Sql::register_waiter`), or failed.
+    IfWaited,
+}
+
 /// A claim's transaction, open.
 struct Opened {
     connection: Guarded,
@@ -409,8 +412,12 @@ struct Opened {
 /// How a claim's completion records its response.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Record {
-    /// The claim is the key's lock alone: the record is inserted.
+    /// The claim is the key's lock alone, over no row: the record is
+    /// inserted.
     Insert,
+    /// The claim is the key's lock alone, over an expired row it locked: the
+    /// record replaces it.
+    Replace,
     /// The claim is a row (made in the transaction, or committed before it):
     /// the completion updates it.
     Update,
@@ -609,15 +616,19 @@ impl PostgresRecordTransaction {
     }
 
     /// Runs the completion `sql` pipelined with `COMMIT` and, after it, the
-    /// key's wake-up (never inside the transaction: see `Sql::notify`). The
-    /// completion fails (and so aborts the transaction, which turns the COMMIT
-    /// into a rollback) unless it matched the claim: the handler's writes never
-    /// commit unrecorded.
+    /// key's wake-up (never inside the transaction: see `Sql::notify`):
+    /// pipelined too, or, for a statement that answers whether the key has
+    /// waiters (`Wake::IfWaited`), sent only when it has (or when the
+    /// completion failed: the key is free again). The completion fails (and
+    /// so aborts the transaction, which turns the COMMIT into a rollback)
+    /// unless it matched the claim: the handler's writes never commit
+    /// unrecorded.
     async fn complete_and_commit(
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
         completed: impl FnOnce() -> Completed,
+        wake: Wake,
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
         let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
@@ -632,14 +643,37 @@ impl PostgresRecordTransaction {
                     .await?;
                 inner.count_round_trips(1);
                 let client = connection.client();
-                let (completed, (commit, _woken)) = pipelined(
-                    client.query(&statement, params),
-                    pipelined(
-                        client.batch_execute("COMMIT"),
-                        client.execute(&notify, &[&id]),
-                    ),
-                )
-                .await;
+                let (completed, commit) = match wake {
+                    Wake::Always => {
+                        let (completed, (commit, _woken)) = pipelined(
+                            client.query(&statement, params),
+                            pipelined(
+                                client.batch_execute("COMMIT"),
+                                client.execute(&notify, &[&id]),
+                            ),
+                        )
+                        .await;
+                        (completed, commit)
+                    }
+                    Wake::IfWaited => {
+                        let (completed, commit) = pipelined(
+                            client.query(&statement, params),
+                            client.batch_execute("COMMIT"),
+                        )
+                        .await;
+                        let waited = match &completed {
+                            Ok(rows) => !rows
+                                .first()
+                                .is_some_and(|row| matches!(row.try_get::<_, bool>(0), Ok(false))),
+                            Err(_) => true,
+                        };
+                        if waited && commit.is_ok() {
+                            inner.count_round_trips(1);
+                            let _woken = client.execute(&notify, &[&id]).await;
+                        }
+                        (completed, commit)
+                    }
+                };
                 completed.map_err(backend)?;
                 // A wake-up that failed only delays waiters (they re-check):
                 // it never makes a commit that happened look failed.
@@ -686,10 +720,11 @@ impl RecordTransaction for PostgresRecordTransaction {
         // A lock-only claim inserts the record: it needs the request's
         // fingerprint, which such a claim always keeps.
         let fp = match (self.record, &self.fingerprint) {
-            (Record::Insert, Some(fp)) => Some(fp.as_slice()),
-            (Record::Insert, None) => return Err(backend("a claim without its fingerprint")),
             (Record::Update, _) => None,
+            (_, Some(fp)) => Some(fp.as_slice()),
+            (_, None) => return Err(backend("a claim without its fingerprint")),
         };
+        let replace = self.record == Record::Replace;
         let response = match completion {
             Completion::Response(response) => response,
             Completion::Unavailable => {
@@ -698,14 +733,19 @@ impl RecordTransaction for PostgresRecordTransaction {
                     Some(fp) => {
                         let params: [&(dyn ToSql + Sync); 5] =
                             [&scope, &k, &fp, &self.token.0, &self.xact];
-                        let sql = &sql.record_locked_unavailable;
-                        self.complete_and_commit(sql, &params, unavailable).await
+                        let (sql, wake) = match replace {
+                            true => (&sql.replace_locked_unavailable, Wake::Always),
+                            false => (&sql.record_locked_unavailable, Wake::IfWaited),
+                        };
+                        self.complete_and_commit(sql, &params, unavailable, wake)
+                            .await
                     }
                     None => {
                         let params: [&(dyn ToSql + Sync); 4] =
                             [&scope, &k, &self.token.0, &self.xact];
                         let sql = &sql.complete_locked_unavailable;
-                        self.complete_and_commit(sql, &params, unavailable).await
+                        self.complete_and_commit(sql, &params, unavailable, Wake::Always)
+                            .await
                     }
                 };
             }
@@ -728,8 +768,11 @@ impl RecordTransaction for PostgresRecordTransaction {
                     &headers,
                     &body,
                 ];
-                self.complete_and_commit(&sql.record_locked, &params, stored)
-                    .await
+                let (sql, wake) = match replace {
+                    true => (&sql.replace_locked, Wake::Always),
+                    false => (&sql.record_locked, Wake::IfWaited),
+                };
+                self.complete_and_commit(sql, &params, stored, wake).await
             }
             None => {
                 let params: [&(dyn ToSql + Sync); 7] = [
@@ -741,7 +784,7 @@ impl RecordTransaction for PostgresRecordTransaction {
                     &body,
                     &self.xact,
                 ];
-                self.complete_and_commit(&sql.complete_locked, &params, stored)
+                self.complete_and_commit(&sql.complete_locked, &params, stored, Wake::Always)
                     .await
             }
         }

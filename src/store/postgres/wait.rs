@@ -4,12 +4,26 @@
 //! `complete` and `release` send `pg_notify(channel, key_id)` in a statement of
 //! their own after their write (see `Sql::notify`). One dedicated connection per store (not a pooled one: deadpool's
 //! connection tasks drop notifications) LISTENs on the store's channel.
+//!
+//! A transactional completion notifies only when the key has waiters: each
+//! waiter first registers on its instance's listener session (the key's
+//! waiters' lock, held shared while it waits), which the completion's record
+//! statement tries exclusive. Registered before its first check, a waiter is
+//! either seen by the completion (and woken) or sees the record itself: the
+//! completion holds the lock from its record statement until its commit is
+//! visible, so a registration in between fails and is tried again at once,
+//! up to [`REGISTER_FOR`]. A waiter that cannot register (no listener
+//! session) re-checks on its backoff, as it would after a lost wake-up.
 
 use super::Inner;
 use crate::store::shared;
+use crate::store::RecordKey;
+use dashmap::DashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_postgres::tls::{MakeTlsConnect, TlsConnect};
 use tokio_postgres::{AsyncMessage, Socket};
@@ -71,11 +85,17 @@ impl shared::Listens for Inner {
         };
         self.waits.ensure_listener(|| {
             let listen_sql = self.sql.listen.clone();
+            let session = self.session.client.clone();
             shared::listen(Arc::downgrade(self), super::sql::PURGED, move |_| {
                 let (connect, listen_sql) = (connect.clone(), listen_sql.clone());
+                let session = session.clone();
                 async move {
                     let (client, notifications) = connect().await.ok()?;
                     client.batch_execute(&listen_sql).await.ok()?;
+                    let client = Arc::new(client);
+                    if let Ok(mut current) = session.lock() {
+                        *current = Some(client.clone());
+                    }
                     Some(Notifications {
                         _client: client,
                         notifications,
@@ -88,12 +108,116 @@ impl shared::Listens for Inner {
 
 /// The listener connection's notifications; the client keeps it open.
 struct Notifications {
-    _client: tokio_postgres::Client,
+    _client: Arc<tokio_postgres::Client>,
     notifications: mpsc::UnboundedReceiver<String>,
 }
 
 impl shared::Messages for Notifications {
     fn next(&mut self) -> impl Future<Output = Option<String>> + Send {
         self.notifications.recv()
+    }
+}
+
+/// How long a waiter tries to register while completions of its key hold
+/// the waiters' lock (each only from its record statement to its commit's
+/// visibility): after that it waits unregistered, re-checking on its backoff.
+pub(super) const REGISTER_FOR: Duration = Duration::from_millis(250);
+
+/// The most keys this instance holds registered at once. Each is an entry in
+/// the server's shared lock table (sized by `max_locks_per_transaction`, 64
+/// per connection by default, and shared by every session): many keys waited
+/// on at once must not fill it for everyone. Waiters of keys past the cap
+/// re-check on their backoff instead.
+pub(super) const MAX_REGISTERED: usize = 1024;
+
+/// The listener's latest session (its client), where waiters register, and
+/// the keys registered there: a key's waiters in this process share one
+/// registration.
+#[derive(Default)]
+pub(super) struct Session {
+    client: Arc<Mutex<Option<Arc<tokio_postgres::Client>>>>,
+    registered: Arc<DashMap<RecordKey, Weak<Registered>>>,
+}
+
+/// A key's registration on a listener session, shared by its waiters in
+/// this process: undone when the last drops it (on that session; a session
+/// that ended took it with it).
+pub(super) struct Registered {
+    client: Arc<tokio_postgres::Client>,
+    unregister: String,
+    key: RecordKey,
+    registered: Arc<DashMap<RecordKey, Weak<Registered>>>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.registered
+            .remove_if(&self.key, |_, entry| entry.strong_count() == 0);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, sql, key) = (
+            self.client.clone(),
+            self.unregister.clone(),
+            self.key.clone(),
+        );
+        runtime.spawn(async move {
+            let (scope, k) = (key.scope().as_str(), key.key().as_str());
+            let _ = client.execute(sql.as_str(), &[&scope, &k]).await;
+        });
+    }
+}
+
+impl Inner {
+    /// Registers a waiter of `key` on the listener's session (see the
+    /// module's documentation), before its first check, or joins the key's
+    /// registration; `None` when there is no session, or it failed, or
+    /// completions held the key's waiters' lock for [`REGISTER_FOR`], or
+    /// [`MAX_REGISTERED`] keys are registered.
+    pub(super) async fn register_waiter(&self, key: &RecordKey) -> Option<Arc<Registered>> {
+        let registered = &self.session.registered;
+        if let Some(joined) = registered.get(key).and_then(|entry| entry.upgrade()) {
+            return Some(joined);
+        }
+        if !self.waits.listening.load(Ordering::Acquire) || registered.len() >= MAX_REGISTERED {
+            return None;
+        }
+        let client = self.session.client.lock().ok()?.clone()?;
+        let (scope, k) = (key.scope().as_str(), key.key().as_str());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&scope, &k];
+        let deadline = tokio::time::Instant::now() + REGISTER_FOR;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let register = client.query_one(self.sql.register_waiter.as_str(), &params);
+            let done: bool = tokio::time::timeout_at(deadline, register)
+                .await
+                .ok()?
+                .ok()?
+                .try_get(0)
+                .ok()?;
+            if done {
+                let made = Arc::new(Registered {
+                    client,
+                    unregister: self.sql.unregister_waiter.clone(),
+                    key: key.clone(),
+                    registered: registered.clone(),
+                });
+                registered.insert(key.clone(), Arc::downgrade(&made));
+                return Some(made);
+            }
+            // A completion of the key is committing: its commit is visible
+            // as soon as its lock is free.
+            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            pause = (pause * 2).min(Duration::from_millis(16));
+        }
+    }
+
+    /// Keys registered on the listener's session by this instance's waiters.
+    #[cfg(feature = "test-util")]
+    pub(super) fn registered_keys(&self) -> usize {
+        self.session.registered.len()
     }
 }

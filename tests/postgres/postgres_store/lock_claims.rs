@@ -345,3 +345,86 @@ async fn an_expired_record_is_claimed_again_and_overwritten_once() {
         ("completed", &b"second"[..], true)
     );
 }
+
+/// A transactional completion sends its key's wake-up only when the key has
+/// waiters: none when nobody waits, and a waiter on another instance
+/// (registered on its listener's session before its first check, one
+/// registration per key) is woken by it, before its first re-check; a waiter
+/// that gave up is unregistered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transactional_completion_wakes_only_registered_waiters() {
+    let Some(url) = pg::database_url("a_transactional_completion_wakes_only_registered") else {
+        return;
+    };
+    let table = pg::unique_table("wake");
+    let owner = pg::store(&url, &table, |s| s).await;
+    let waiting = Arc::new(pg::store(&url, &table, |s| s).await);
+    until_listening(&waiting).await;
+
+    let key = fresh_key();
+    let received = waiting.notifications_received();
+    claimed(&owner, &key, "a")
+        .await
+        .commit(Completion::Response(response(b"A")))
+        .await
+        .expect("commit");
+    replays(&waiting, &key, "a", b"A").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        waiting.notifications_received(),
+        received,
+        "nobody waited: no wake-up"
+    );
+
+    let key = fresh_key();
+    let transaction = claimed(&owner, &key, "a").await;
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (store, key) = (waiting.clone(), key.clone());
+            tokio::spawn(async move {
+                store.wait(&key, NEVER).await.unwrap();
+                Instant::now()
+            })
+        })
+        .collect();
+    // Registered and checked once; their first re-check is 250 ms away.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(waiting.registered_keys(), 1, "one registration per key");
+    let committed = Instant::now();
+    transaction
+        .commit(Completion::Response(response(b"B")))
+        .await
+        .expect("commit");
+    for waiter in waiters {
+        let woken = tokio::time::timeout(NEVER, waiter)
+            .await
+            .expect("woken")
+            .unwrap();
+        eprintln!("woken {:?} after the commit", woken - committed);
+    }
+    assert!(
+        waiting.notifications_received() > received,
+        "the completion woke its waiters"
+    );
+    assert_eq!(waiting.registered_keys(), 0, "the last waiter unregistered");
+    replays(&waiting, &key, "a", b"B").await;
+
+    let key = fresh_key();
+    let transaction = claimed(&owner, &key, "a").await;
+    waiting
+        .wait(&key, Duration::from_millis(50))
+        .await
+        .expect("gives up");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let received = waiting.notifications_received();
+    transaction
+        .commit(Completion::Response(response(b"C")))
+        .await
+        .expect("commit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        waiting.notifications_received(),
+        received,
+        "the waiter that gave up was unregistered: no wake-up"
+    );
+}

@@ -117,8 +117,8 @@ async fn migrate_upgrades_a_dead_claim_of_the_first_release_to_a_first_attempt()
         .collect();
     assert_eq!(
         versions,
-        [1, 2, 3, 4, 5],
-        "adopted as version 1, upgraded by 2, 3, 4 and 5 (the phases table)"
+        [1, 2, 3, 4, 5, 6],
+        "adopted as version 1, upgraded by 2, 3, 4, 5 (the phases table) and 6 (the claim function)"
     );
 }
 
