@@ -2,15 +2,17 @@
 //!
 //! A completed record never changes until it expires or is purged, so the
 //! answer `begin` gives for it (replay, "used with another request",
-//! "response unavailable") can be given again from this process's memory: a
-//! retry of a record this instance completed or already read costs no round
-//! trip. Every entry ends at the earlier of its record's expiry (measured
+//! "response unavailable") can be given again from this process's memory:
+//! once this instance has read a record, its further retries here cost no
+//! round trip. Records are kept when read, not when written: most keys are
+//! never retried, and keeping every completion would make each request pay
+//! for the few that are. Every entry ends at the earlier of its record's expiry (measured
 //! from before the store set it, so never after it) and a short time to live,
 //! so that a purge whose notification this instance missed cannot outlive
 //! that TTL. `purge_scope` drops a scope's entries here at once; the stores
 //! tell their other instances through the wake-up channel they already run.
 
-use super::{Begin, FencingToken, RecordKey, StoredResponse};
+use super::{Begin, RecordKey, StoredResponse};
 use crate::telemetry::gauges;
 use crate::Scope;
 use dashmap::DashMap;
@@ -74,53 +76,8 @@ impl Default for NearCache {
 
 const DEFAULT_TTL: Duration = Duration::from_secs(10);
 
-/// The most claims whose fingerprints a store keeps until their completion
-/// (which knows only the key and token): a claim whose completion never
-/// reaches the store stays there, so past this, new claims are not kept near.
-pub(crate) const MAX_REMEMBERED_CLAIMS: usize = 65_536;
-
 /// What an entry costs beyond its response's bytes (key, maps, queue).
 const ENTRY_OVERHEAD: usize = 160;
-
-/// The fingerprints of a store's own claims until they end: a completion knows
-/// only the key and the token, and its record is kept near under the claim's
-/// fingerprint.
-#[derive(Default)]
-pub(crate) struct Claims(DashMap<RecordKey, (FencingToken, [u8; 32])>);
-
-impl Claims {
-    /// `key` was claimed under `token` by a request with `fingerprint`.
-    pub(crate) fn claimed(&self, key: &RecordKey, token: FencingToken, fingerprint: [u8; 32]) {
-        if self.0.len() < MAX_REMEMBERED_CLAIMS {
-            self.0.insert(key.clone(), (token, fingerprint));
-        }
-    }
-
-    /// The claim under `token` ended without a record (released, lost).
-    pub(crate) fn forget(&self, key: &RecordKey, token: FencingToken) -> Option<[u8; 32]> {
-        let (_, (_, fingerprint)) = self.0.remove_if(key, |_, (ours, _)| *ours == token)?;
-        Some(fingerprint)
-    }
-
-    /// The claim under `token` ended: its record, if `completed` says what it
-    /// is, is kept in `cache` until `expires`.
-    pub(crate) fn completed(
-        &self,
-        cache: Option<&Cache>,
-        key: &RecordKey,
-        token: FencingToken,
-        completed: Option<Completed>,
-        expires: Instant,
-        epoch: u64,
-    ) {
-        let Some(fingerprint) = self.forget(key, token) else {
-            return;
-        };
-        if let (Some(cache), Some(completed)) = (cache, completed) {
-            cache.insert(key, fingerprint, completed, expires, epoch);
-        }
-    }
-}
 
 /// A completed record's answer, as `begin` would give it.
 #[derive(Clone, Debug)]

@@ -1,12 +1,11 @@
 //! What the stores shared by many instances (PostgreSQL, Redis) keep alike
 //! around their own statements: the settings, the waiters and their listener
-//! state, the near cache with the fingerprints of this instance's claims, and
-//! the counters; and the builder setters that configure them.
+//! state, the near cache, and the counters; and the builder setters that configure them.
 
-use super::near_cache::{Cache, Claims, Completed, NearCache};
+use super::near_cache::{Cache, NearCache};
 use super::settings::Settings;
 use super::waiters::{reconnect_pause, Waits, RECONNECT_FIRST};
-use super::{Begin, FencingToken, RecordKey, StoreError};
+use super::{Begin, RecordKey, StoreError};
 use crate::fingerprint::RequestFingerprint;
 use std::fmt;
 use std::future::Future;
@@ -14,17 +13,13 @@ use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::time::Instant;
 
 /// The part of a shared store that is not its statements.
 pub(crate) struct Shared {
     pub(crate) settings: Settings,
     pub(crate) waits: Waits,
-    /// Completed records this instance wrote or read (see [`NearCache`]).
+    /// Completed records this instance read (see [`NearCache`]).
     pub(crate) near_cache: Option<Cache>,
-    /// The fingerprints of this instance's claims, until completed (a
-    /// completion knows only the key and token).
-    pub(crate) claims: Claims,
     round_trips: AtomicU64,
     notifications: AtomicU64,
 }
@@ -35,7 +30,6 @@ impl Shared {
             settings,
             waits: Waits::default(),
             near_cache: Cache::new(near_cache),
-            claims: Claims::default(),
             round_trips: AtomicU64::new(0),
             notifications: AtomicU64::new(0),
         }
@@ -64,29 +58,6 @@ impl Shared {
     /// only it is comparable across instances), with no round trip.
     pub(crate) fn known(&self, key: &RecordKey, fingerprint: &[u8; 32]) -> Option<Begin> {
         self.near().and_then(|cache| cache.get(key, fingerprint))
-    }
-
-    /// A completion sent at `sent` answered `outcome`: a completed record
-    /// (`completed` says what it is) is kept near until `sent` + the
-    /// retention (the backend set its expiry after `sent`); a lost claim is
-    /// forgotten. Other errors keep the claim's fingerprint: the layer retries.
-    pub(crate) fn remember_completion(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        outcome: &Result<(), StoreError>,
-        completed: impl FnOnce() -> Completed,
-        sent: Instant,
-        epoch: u64,
-    ) {
-        let completed = match outcome {
-            Ok(()) => Some(completed()),
-            Err(StoreError::ClaimLost) => None,
-            Err(_) => return,
-        };
-        let expires = sent + self.settings.retention();
-        self.claims
-            .completed(self.near(), key, token, completed, expires, epoch);
     }
 
     /// A message on the store's channel: `purged` forgets the near cache,
@@ -338,8 +309,11 @@ macro_rules! shared_setters {
         /// for 10 s; [`NearCache::disabled`](crate::store::NearCache::disabled)
         /// turns it off).
         ///
-        /// A retry of a record this instance completed or already read is then
-        /// answered from memory, with no round trip. It is used only while the
+        /// A retry of a record this instance already read from the backend
+        /// is then answered from memory, with no round trip. Records are kept
+        /// when read, not when written: most keys are never retried, and
+        /// keeping each completion would cost every request for the few that
+        /// are. It is used only while the
         #[doc = concat!($listener, " is connected, because that is how a")]
         /// [`purge_scope`](crate::store::Maintenance::purge_scope) on another
         /// instance reaches this one: while it is not, every `begin` asks the

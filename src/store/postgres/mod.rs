@@ -486,7 +486,9 @@ impl Inner {
                 .await?;
             if let Some(row) = rows.first() {
                 let begun = decode_begin(row)?;
-                self.remember_begun(key, fp, &begun, row, sent, epoch);
+                if let Ok(fp) = <[u8; 32]>::try_from(fp) {
+                    self.remember_read(key, &fp, &begun, row, sent, epoch);
+                }
                 return Ok(begun);
             }
             // A concurrent claim committed after this statement's snapshot.
@@ -495,26 +497,6 @@ impl Inner {
         Err(backend(format!(
             "begin saw the record change under it {BEGIN_ATTEMPTS} times in a row"
         )))
-    }
-
-    /// A completed record `begin` read is kept near; a claim's fingerprint is
-    /// kept until its completion (which knows only the key and token).
-    fn remember_begun(
-        &self,
-        key: &RecordKey,
-        fp: &[u8],
-        begun: &Begin,
-        row: &Row,
-        sent: tokio::time::Instant,
-        epoch: u64,
-    ) {
-        let (Some(_), Ok(fp)) = (self.near(), <[u8; 32]>::try_from(fp)) else {
-            return;
-        };
-        match begun {
-            Begin::Claimed(claim) => self.claims.claimed(key, claim.token, fp),
-            _ => self.remember_read(key, &fp, begun, row, sent, epoch),
-        }
     }
 
     /// A completed record a `begin` statement read (sent at `sent`) is kept near.

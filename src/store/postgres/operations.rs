@@ -7,14 +7,12 @@ use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
 use crate::store::encoding::{encode_headers, key_id};
 use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
-use crate::store::near_cache::Completed;
 use crate::store::shared;
 use crate::store::{
     Begin, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError, StoredResponse,
     Timings,
 };
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::types::ToSql;
 
@@ -55,7 +53,6 @@ impl Store for PostgresStore {
                     .query(&client, &inner.sql.extend, &[&scope, &k, &token.0])
                     .await?;
                 if rows.is_empty() {
-                    inner.claims.forget(key, token);
                     return Err(StoreError::ClaimLost);
                 }
                 Ok(())
@@ -67,7 +64,6 @@ impl Store for PostgresStore {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
         let id = key_id(key);
-        inner.claims.forget(key, token);
         inner
             .settings
             .timed(OPERATION, async {
@@ -307,9 +303,6 @@ impl Inspect for PostgresStore {
                 })
             })
             .await;
-        if matches!(outcome, Ok(Release::Released)) {
-            inner.claims.forget(key, token);
-        }
         inspect::audit(actor, key, token, &outcome);
         outcome
     }
@@ -334,8 +327,7 @@ impl PostgresStore {
         let body: &[u8] = &response.body;
         let id = key_id(key);
         let params: [&(dyn ToSql + Sync); 6] = [&scope, &k, &token.0, &status, &headers, &body];
-        let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
-        let completed = inner
+        inner
             .settings
             .timed(OPERATION, async {
                 let client = inner.client().await?;
@@ -347,10 +339,7 @@ impl PostgresStore {
                 }
                 Ok(())
             })
-            .await;
-        let stored = || Completed::Response(Arc::new(response));
-        inner.remember_completion(key, token, &completed, stored, sent, epoch);
-        completed
+            .await
     }
 
     async fn complete_unavailable(
@@ -361,8 +350,7 @@ impl PostgresStore {
         let inner = &self.inner;
         let (scope, k) = (key.scope().as_str(), key.key().as_str());
         let id = key_id(key);
-        let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
-        let completed = inner
+        inner
             .settings
             .timed(OPERATION, async {
                 let client = inner.client().await?;
@@ -374,9 +362,6 @@ impl PostgresStore {
                 }
                 Ok(())
             })
-            .await;
-        let unavailable = || Completed::Unavailable;
-        inner.remember_completion(key, token, &completed, unavailable, sent, epoch);
-        completed
+            .await
     }
 }

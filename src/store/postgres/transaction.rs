@@ -25,7 +25,6 @@
 use super::single_flight::{Join, Landed, Leader};
 use super::{backend, pipelined, Inner, PostgresStore, OPERATION};
 use crate::fingerprint::RequestFingerprint;
-use crate::store::near_cache::Completed;
 use crate::store::shared;
 use crate::store::{
     Begin, Completion, FencingToken, RecordKey, RecordTransaction, StoreError, TransactionalStore,
@@ -627,11 +626,9 @@ impl PostgresRecordTransaction {
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-        completed: impl FnOnce() -> Completed,
         wake: Wake,
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
-        let (sent, epoch) = (tokio::time::Instant::now(), inner.near_epoch());
         let connection = self.take_connection().await?;
         let id = crate::store::encoding::key_id(&self.key);
         let committed = inner
@@ -683,10 +680,6 @@ impl PostgresRecordTransaction {
         // Aborted or unknown: never back to the pool in a transaction.
         if committed.is_ok() {
             connection.ended();
-            if let (Some(cache), Some(fp)) = (inner.near(), self.fingerprint) {
-                let expires = sent + inner.settings.retention();
-                cache.insert(&self.key, fp, completed(), expires, epoch);
-            }
         }
         committed
     }
@@ -728,7 +721,6 @@ impl RecordTransaction for PostgresRecordTransaction {
         let response = match completion {
             Completion::Response(response) => response,
             Completion::Unavailable => {
-                let unavailable = || Completed::Unavailable;
                 return match fp {
                     Some(fp) => {
                         let params: [&(dyn ToSql + Sync); 5] =
@@ -737,25 +729,20 @@ impl RecordTransaction for PostgresRecordTransaction {
                             true => (&sql.replace_locked_unavailable, Wake::Always),
                             false => (&sql.record_locked_unavailable, Wake::IfWaited),
                         };
-                        self.complete_and_commit(sql, &params, unavailable, wake)
-                            .await
+                        self.complete_and_commit(sql, &params, wake).await
                     }
                     None => {
                         let params: [&(dyn ToSql + Sync); 4] =
                             [&scope, &k, &self.token.0, &self.xact];
                         let sql = &sql.complete_locked_unavailable;
-                        self.complete_and_commit(sql, &params, unavailable, Wake::Always)
-                            .await
+                        self.complete_and_commit(sql, &params, Wake::Always).await
                     }
                 };
             }
         };
-        // Shared with the near cache once committed: no copy of the response.
-        let response = Arc::new(response);
         let status = response.status.as_u16() as i16;
         let headers = crate::store::encoding::encode_headers(&response.headers);
         let body: &[u8] = &response.body;
-        let stored = || Completed::Response(response.clone());
         match fp {
             Some(fp) => {
                 let params: [&(dyn ToSql + Sync); 8] = [
@@ -772,7 +759,7 @@ impl RecordTransaction for PostgresRecordTransaction {
                     true => (&sql.replace_locked, Wake::Always),
                     false => (&sql.record_locked, Wake::IfWaited),
                 };
-                self.complete_and_commit(sql, &params, stored, wake).await
+                self.complete_and_commit(sql, &params, wake).await
             }
             None => {
                 let params: [&(dyn ToSql + Sync); 7] = [
@@ -784,7 +771,7 @@ impl RecordTransaction for PostgresRecordTransaction {
                     &body,
                     &self.xact,
                 ];
-                self.complete_and_commit(&sql.complete_locked, &params, stored, Wake::Always)
+                self.complete_and_commit(&sql.complete_locked, &params, Wake::Always)
                     .await
             }
         }

@@ -45,7 +45,7 @@ use self::scripts::Scripts;
 use super::near_cache::{Completed, NearCache};
 use super::settings::Settings;
 use super::shared::{embeds_shared, Shared};
-use super::{Begin, FencingToken, RecordKey, StoreError};
+use super::{Begin, RecordKey, StoreError};
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
@@ -370,9 +370,8 @@ impl Inner {
         self.count_round_trips(1);
     }
 
-    /// What `begin` (sent at `sent`) answered is kept near: a completed
-    /// record until `sent` + its remaining TTL, a claim's fingerprint until
-    /// its completion.
+    /// What `begin` (sent at `sent`) answered is kept near when it is a
+    /// completed record: until `sent` + its remaining TTL.
     fn remember_begun(
         &self,
         key: &RecordKey,
@@ -384,10 +383,6 @@ impl Inner {
     ) {
         let Some(cache) = self.near() else { return };
         let completed = match begun {
-            Begin::Claimed(claim) => {
-                self.claims.claimed(key, claim.token, *fp);
-                return;
-            }
             Begin::Replay(stored) => Completed::Response(stored.clone()),
             Begin::ResponseUnavailable => Completed::Unavailable,
             _ => return,
@@ -395,10 +390,6 @@ impl Inner {
         if let Some(remaining) = remaining {
             cache.insert(key, *fp, completed, sent + remaining, epoch);
         }
-    }
-
-    fn forget_claim(&self, key: &RecordKey, token: FencingToken) {
-        self.claims.forget(key, token);
     }
 }
 

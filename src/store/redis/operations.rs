@@ -5,7 +5,6 @@ use super::listen::PURGED;
 use super::{backend, millis, Connection, Inner, RedisStore, OPERATION};
 use crate::store::encoding::decode_headers;
 use crate::store::inspect::{self, InProgress, Inspect, KeyState, Release};
-use crate::store::near_cache::Completed;
 use crate::store::shared;
 use crate::store::{
     Begin, Claim, Completion, FencingToken, Maintenance, RecordKey, Store, StoreError,
@@ -103,25 +102,8 @@ impl Inner {
         Ok((ms >= 0).then(|| Duration::from_millis(ms as u64)))
     }
 
-    /// Completes the claim with `response`, or as unavailable; a completed
-    /// record is kept near.
+    /// Completes the claim with `response`, or as unavailable.
     async fn finish(
-        &self,
-        key: &RecordKey,
-        token: FencingToken,
-        response: Option<StoredResponse>,
-    ) -> Result<(), StoreError> {
-        let (sent, epoch) = (tokio::time::Instant::now(), self.near_epoch());
-        let finished = self.finish_script(key, token, response.as_ref()).await;
-        let completed = || match response {
-            Some(response) => Completed::Response(Arc::new(response)),
-            None => Completed::Unavailable,
-        };
-        self.remember_completion(key, token, &finished, completed, sent, epoch);
-        finished
-    }
-
-    async fn finish_script(
         &self,
         key: &RecordKey,
         token: FencingToken,
@@ -428,7 +410,7 @@ impl Store for RedisStore {
         token: FencingToken,
         completion: Completion,
     ) -> Result<(), StoreError> {
-        let response = match completion {
+        let response = match &completion {
             Completion::Response(response) => Some(response),
             Completion::Unavailable => None,
         };
@@ -461,16 +443,12 @@ impl Store for RedisStore {
             .await?;
         match extended {
             1 => Ok(()),
-            _ => {
-                inner.forget_claim(key, token);
-                Err(StoreError::ClaimLost)
-            }
+            _ => Err(StoreError::ClaimLost),
         }
     }
 
     async fn release(&self, key: &RecordKey, token: FencingToken) -> Result<(), StoreError> {
         let inner = &self.inner;
-        inner.forget_claim(key, token);
         let script = &inner.scripts.release;
         let cmd = inner.release_command(script, key, token);
         let _released: i64 = inner
@@ -588,9 +566,6 @@ impl Inspect for RedisStore {
                 0 => Release::NotOwner,
                 _ => Release::Absent,
             });
-        if matches!(outcome, Ok(Release::Released)) {
-            inner.forget_claim(key, token);
-        }
         inspect::audit(actor, key, token, &outcome);
         outcome
     }
