@@ -21,7 +21,7 @@ use crate::store::RecordKey;
 use dashmap::DashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -137,6 +137,8 @@ pub(super) const MAX_REGISTERED: usize = 1024;
 pub(super) struct Session {
     client: Arc<Mutex<Option<Arc<tokio_postgres::Client>>>>,
     registered: Arc<DashMap<RecordKey, Weak<Registered>>>,
+    /// Registrations under way (see `register_waiter`).
+    pending: Arc<AtomicUsize>,
 }
 
 /// A key's registration on a listener session, shared by its waiters in
@@ -168,51 +170,113 @@ impl Drop for Registered {
     }
 }
 
+/// A registration under way, in its own task (see `register_waiter`).
+struct Registration {
+    client: Arc<tokio_postgres::Client>,
+    register: String,
+    unregister: String,
+    key: RecordKey,
+    registered: Arc<DashMap<RecordKey, Weak<Registered>>>,
+    _pending: Pending,
+}
+
+impl Registration {
+    /// Tries until a completion of the key lets go of its waiters' lock, for
+    /// at most [`REGISTER_FOR`]. Each statement is awaited to its answer:
+    /// the session's lock is then either held by the returned registration
+    /// or not taken.
+    async fn run(self) -> Option<Arc<Registered>> {
+        let (scope, k) = (self.key.scope().as_str(), self.key.key().as_str());
+        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&scope, &k];
+        let deadline = tokio::time::Instant::now() + REGISTER_FOR;
+        let mut pause = Duration::from_millis(1);
+        loop {
+            let row = self
+                .client
+                .query_one(self.register.as_str(), &params)
+                .await
+                .ok()?;
+            if row.try_get::<_, bool>(0).ok()? {
+                let made = Arc::new(Registered {
+                    client: self.client.clone(),
+                    unregister: self.unregister.clone(),
+                    key: self.key.clone(),
+                    registered: self.registered.clone(),
+                });
+                self.registered
+                    .insert(self.key.clone(), Arc::downgrade(&made));
+                return Some(made);
+            }
+            // A completion of the key is committing: its commit is visible
+            // as soon as its lock is free.
+            if tokio::time::Instant::now() + pause >= deadline {
+                return None;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(16));
+        }
+    }
+}
+
+/// Counts a registration under way until it ends.
+struct Pending(Arc<AtomicUsize>);
+
+impl Pending {
+    fn new(count: &Arc<AtomicUsize>) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl Inner {
     /// Registers a waiter of `key` on the listener's session (see the
     /// module's documentation), before its first check, or joins the key's
     /// registration; `None` when there is no session, or it failed, or
     /// completions held the key's waiters' lock for [`REGISTER_FOR`], or
-    /// [`MAX_REGISTERED`] keys are registered.
+    /// [`MAX_REGISTERED`] keys are registered or being registered.
     pub(super) async fn register_waiter(&self, key: &RecordKey) -> Option<Arc<Registered>> {
-        let registered = &self.session.registered;
-        if let Some(joined) = registered.get(key).and_then(|entry| entry.upgrade()) {
+        let session = &self.session;
+        if let Some(joined) = session
+            .registered
+            .get(key)
+            .and_then(|entry| entry.upgrade())
+        {
             return Some(joined);
         }
-        if !self.waits.listening.load(Ordering::Acquire) || registered.len() >= MAX_REGISTERED {
+        let busy = session.registered.len() + session.pending.load(Ordering::Acquire);
+        if !self.waits.listening.load(Ordering::Acquire) || busy >= MAX_REGISTERED {
             return None;
         }
-        let client = self.session.client.lock().ok()?.clone()?;
-        let (scope, k) = (key.scope().as_str(), key.key().as_str());
-        let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&scope, &k];
-        let deadline = tokio::time::Instant::now() + REGISTER_FOR;
-        let mut pause = Duration::from_millis(1);
-        loop {
-            let register = client.query_one(self.sql.register_waiter.as_str(), &params);
-            let done: bool = tokio::time::timeout_at(deadline, register)
-                .await
-                .ok()?
-                .ok()?
-                .try_get(0)
-                .ok()?;
-            if done {
-                let made = Arc::new(Registered {
-                    client,
-                    unregister: self.sql.unregister_waiter.clone(),
-                    key: key.clone(),
-                    registered: registered.clone(),
-                });
-                registered.insert(key.clone(), Arc::downgrade(&made));
-                return Some(made);
+        let client = session.client.lock().ok()?.clone()?;
+        let runtime = tokio::runtime::Handle::try_current().ok()?;
+        let registration = Registration {
+            client,
+            register: self.sql.register_waiter.clone(),
+            unregister: self.sql.unregister_waiter.clone(),
+            key: key.clone(),
+            registered: session.registered.clone(),
+            _pending: Pending::new(&session.pending),
+        };
+        // In a task of its own, run to its end: a statement sent and then
+        // abandoned (this waiter dropped, or its patience out) could still
+        // take the lock on the session, with nobody left to undo it. A
+        // registration nobody receives any more is undone when dropped.
+        let (sent, received) = tokio::sync::oneshot::channel();
+        runtime.spawn(async move {
+            if let Some(made) = registration.run().await {
+                let _ = sent.send(made);
             }
-            // A completion of the key is committing: its commit is visible
-            // as soon as its lock is free.
-            tokio::time::sleep_until(deadline.min(tokio::time::Instant::now() + pause)).await;
-            if tokio::time::Instant::now() >= deadline {
-                return None;
-            }
-            pause = (pause * 2).min(Duration::from_millis(16));
-        }
+        });
+        tokio::time::timeout(REGISTER_FOR, received)
+            .await
+            .ok()?
+            .ok()
     }
 
     /// Keys registered on the listener's session by this instance's waiters.

@@ -428,3 +428,43 @@ async fn a_transactional_completion_wakes_only_registered_waiters() {
         "the waiter that gave up was unregistered: no wake-up"
     );
 }
+
+/// A waiter dropped while its registration's statement is on the wire (a
+/// client hanging up) leaves no lock on the listener's session: the
+/// registration runs to its answer and is undone, so dropped waiters cannot
+/// fill the server's lock table, which every session shares. A lock left
+/// behind would make the key's completion see a waiter and send a wake-up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_dropped_while_registering_leave_no_lock_on_the_session() {
+    let Some(url) = pg::database_url("waiters_dropped_while_registering") else {
+        return;
+    };
+    let table = pg::unique_table("dropped");
+    let owner = pg::store(&url, &table, |s| s).await;
+    let waiting = Arc::new(pg::store(&url, &table, |s| s).await);
+    until_listening(&waiting).await;
+    let key = fresh_key();
+    let transaction = claimed(&owner, &key, "a").await;
+    // Dropped at every delay from the first poll to well past the statement.
+    for round in 0..120u64 {
+        let (store, key) = (waiting.clone(), key.clone());
+        let waiter = tokio::spawn(async move { store.wait(&key, NEVER).await });
+        tokio::time::sleep(Duration::from_micros(25 * (round % 40))).await;
+        waiter.abort();
+        let _ = waiter.await;
+    }
+    // Undone by now (each unregistration is a statement on the session).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(waiting.registered_keys(), 0);
+    let received = waiting.notifications_received();
+    transaction
+        .commit(Completion::Response(response(b"A")))
+        .await
+        .expect("commit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        waiting.notifications_received(),
+        received,
+        "a waiter's lock was left on the listener's session"
+    );
+}
