@@ -10,6 +10,19 @@ use tower_idempotency::store::{Begin, Claim, Completion, Maintenance, Store};
 use tower_idempotency::{RedisStore, Scope};
 use tower_idempotency_tests::support::redis as r;
 
+/// A store under `prefix` with a lock of 0.3 s, a retention of 1.5 s and a
+/// tombstone window of 1 s.
+async fn short_lived(url: &str, prefix: &str) -> RedisStore {
+    RedisStore::builder()
+        .with_prefix(prefix.parse().unwrap())
+        .with_lock_timeout(Duration::from_millis(300))
+        .with_retention(Duration::from_millis(1500))
+        .with_tombstone(Duration::from_secs(1))
+        .connect(url)
+        .await
+        .unwrap()
+}
+
 /// A lock of 0.3 s, a retention of 1.5 s (the claim's key is kept 1.8 s), a
 /// window of 1 s: claimed at 0, completed a second late at 1.3 s, the record
 /// gone at 2.8 s and its tombstone at 3.8 s; the claim's entry alone would be
@@ -20,14 +33,7 @@ async fn a_late_completion_keeps_its_tombstone_in_the_index_for_purge_scope() {
     let Some(url) = r::url("late completion index") else {
         return;
     };
-    let store = RedisStore::builder()
-        .with_prefix(r::unique_prefix("index").parse().unwrap())
-        .with_lock_timeout(Duration::from_millis(300))
-        .with_retention(Duration::from_millis(1500))
-        .with_tombstone(Duration::from_secs(1))
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = short_lived(&url, &r::unique_prefix("index")).await;
     let scope = Scope::new("tenant-index");
     let key = record("tenant-index", "key-late-0001");
     let fp = fingerprint("late");
@@ -63,14 +69,7 @@ async fn the_index_outlives_every_entry_its_claims_score() {
         return;
     };
     let prefix = r::unique_prefix("index-ttl");
-    let store = RedisStore::builder()
-        .with_prefix(prefix.parse().unwrap())
-        .with_lock_timeout(Duration::from_millis(300))
-        .with_retention(Duration::from_millis(1500))
-        .with_tombstone(Duration::from_secs(1))
-        .connect(&url)
-        .await
-        .unwrap();
+    let store = short_lived(&url, &prefix).await;
     let scope = Scope::new("tenant-index-ttl");
     let fp = fingerprint("ttl");
     let conn = r::connection(&url).await;
