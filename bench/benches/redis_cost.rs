@@ -14,7 +14,7 @@
 //! (redis,idempotent-valkey), `COST_SCENARIOS` (fresh,replay),
 //! `COST_CONCURRENCY` (1: requests one after the other), `COST_RUNTIME`
 //! (`current`; `multi`: one worker thread, as the load bench), `LOAD_BODY`
-//! (1024 bytes of JSON), `COST_NEAR_CACHE` (1: ours keeps completed records
+//! (1024 bytes of JSON), `COST_NEAR_CACHE` (1: ours keeps the records it reads
 //! near, as by default; 0: every replay asks Redis; any other number: a near
 //! cache of that many bytes instead of the default 16 MiB, to measure one
 //! at capacity).
