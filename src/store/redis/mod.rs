@@ -2,7 +2,7 @@
 //!
 //! Every operation is one Lua script, atomic on the server: a fresh request
 //! costs two round trips (`begin` + `complete`), a replay one, or none from
-//! the near cache of completed records this instance wrote or read. A claim's lock
+//! the near cache of completed records this instance read. A claim's lock
 //! expiry is a field on the server's clock, which only `begin` judges (a late
 //! owner nobody took over still completes); retention is a key TTL; and
 //! connecting refuses a server whose `maxmemory-policy` evicts. Fencing
