@@ -136,10 +136,14 @@ pub(super) const MAX_REGISTERED: usize = 1024;
 #[derive(Default)]
 pub(super) struct Session {
     client: Arc<Mutex<Option<Arc<tokio_postgres::Client>>>>,
-    registered: Arc<DashMap<RecordKey, Weak<Registered>>>,
+    registered: Arc<Slots>,
     /// Registrations under way (see `register_waiter`).
     pending: Arc<AtomicUsize>,
 }
+
+/// Each waited key's registration: made by one of its waiters while the
+/// others wait on the slot's lock, then shared.
+type Slots = DashMap<RecordKey, Arc<tokio::sync::Mutex<Weak<Registered>>>>;
 
 /// A key's registration on a listener session, shared by its waiters in
 /// this process: undone when the last drops it (on that session; a session
@@ -148,13 +152,29 @@ pub(super) struct Registered {
     client: Arc<tokio_postgres::Client>,
     unregister: String,
     key: RecordKey,
-    registered: Arc<DashMap<RecordKey, Weak<Registered>>>,
+    registered: Arc<Slots>,
+}
+
+/// Drops `key`'s slot if it holds no registration and no waiter is making
+/// one (a waiter that is will keep or drop it in turn).
+fn vacate(registered: &Slots, key: &RecordKey) {
+    registered.remove_if(key, |_, slot| {
+        slot.try_lock().is_ok_and(|made| made.strong_count() == 0)
+    });
+}
+
+/// Vacates a key's slot when dropped (see [`vacate`]).
+struct Vacate<'a>(&'a Slots, &'a RecordKey);
+
+impl Drop for Vacate<'_> {
+    fn drop(&mut self) {
+        vacate(self.0, self.1);
+    }
 }
 
 impl Drop for Registered {
     fn drop(&mut self) {
-        self.registered
-            .remove_if(&self.key, |_, entry| entry.strong_count() == 0);
+        vacate(&self.registered, &self.key);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -176,7 +196,7 @@ struct Registration {
     register: String,
     unregister: String,
     key: RecordKey,
-    registered: Arc<DashMap<RecordKey, Weak<Registered>>>,
+    registered: Arc<Slots>,
     _pending: Pending,
 }
 
@@ -197,15 +217,12 @@ impl Registration {
                 .await
                 .ok()?;
             if row.try_get::<_, bool>(0).ok()? {
-                let made = Arc::new(Registered {
+                return Some(Arc::new(Registered {
                     client: self.client.clone(),
                     unregister: self.unregister.clone(),
                     key: self.key.clone(),
                     registered: self.registered.clone(),
-                });
-                self.registered
-                    .insert(self.key.clone(), Arc::downgrade(&made));
-                return Some(made);
+                }));
             }
             // A completion of the key is committing: its commit is visible
             // as soon as its lock is free.
@@ -242,15 +259,35 @@ impl Inner {
     /// [`MAX_REGISTERED`] keys are registered or being registered.
     pub(super) async fn register_waiter(&self, key: &RecordKey) -> Option<Arc<Registered>> {
         let session = &self.session;
-        if let Some(joined) = session
-            .registered
-            .get(key)
-            .and_then(|entry| entry.upgrade())
-        {
+        let deadline = tokio::time::Instant::now() + REGISTER_FOR;
+        let slot = match session.registered.get(key) {
+            Some(slot) => slot.clone(),
+            None if session.registered.len() >= MAX_REGISTERED => return None,
+            None => session.registered.entry(key.clone()).or_default().clone(),
+        };
+        // However this ends (joined, registered, given up, or dropped at
+        // any await), a slot left empty goes once its lock is free.
+        let _vacate = Vacate(&session.registered, key);
+        // The key's other waiters wait here for the one registering.
+        let mut made = tokio::time::timeout_at(deadline, slot.lock()).await.ok()?;
+        if let Some(joined) = made.upgrade() {
             return Some(joined);
         }
-        let busy = session.registered.len() + session.pending.load(Ordering::Acquire);
-        if !self.waits.listening.load(Ordering::Acquire) || busy >= MAX_REGISTERED {
+        let registered = self.registering(key, session, deadline).await?;
+        *made = Arc::downgrade(&registered);
+        Some(registered)
+    }
+
+    /// One registration of `key`, by the waiter holding its slot.
+    async fn registering(
+        &self,
+        key: &RecordKey,
+        session: &Session,
+        deadline: tokio::time::Instant,
+    ) -> Option<Arc<Registered>> {
+        if !self.waits.listening.load(Ordering::Acquire)
+            || session.pending.load(Ordering::Acquire) >= MAX_REGISTERED
+        {
             return None;
         }
         let client = session.client.lock().ok()?.clone()?;
@@ -273,10 +310,7 @@ impl Inner {
                 let _ = sent.send(made);
             }
         });
-        tokio::time::timeout(REGISTER_FOR, received)
-            .await
-            .ok()?
-            .ok()
+        tokio::time::timeout_at(deadline, received).await.ok()?.ok()
     }
 
     /// Keys registered on the listener's session by this instance's waiters.
