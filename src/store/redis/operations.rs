@@ -177,19 +177,7 @@ impl Inner {
         // Entries of other scopes sharing the tag stay: skip past them.
         let mut kept: isize = 0;
         loop {
-            let members: Vec<String> = self
-                .settings
-                .timed(OPERATION, async {
-                    self.count_round_trip();
-                    redis::cmd("ZRANGE")
-                        .arg(index)
-                        .arg(kept)
-                        .arg(kept + PURGE_BATCH - 1)
-                        .query_async(&mut self.connection.clone())
-                        .await
-                        .map_err(backend)
-                })
-                .await?;
+            let members = self.index_batch(index, kept).await?;
             if members.is_empty() {
                 return Ok(purged);
             }
@@ -211,25 +199,34 @@ impl Inner {
         }
     }
 
+    /// The next [`PURGE_BATCH`] members of a scope's index (of records or of
+    /// phases) from position `from`: what the purges delete batch by batch.
+    async fn index_batch(
+        &self,
+        index: impl redis::ToRedisArgs + Send + Sync,
+        from: isize,
+    ) -> Result<Vec<String>, StoreError> {
+        self.settings
+            .timed(OPERATION, async {
+                self.count_round_trip();
+                redis::cmd("ZRANGE")
+                    .arg(index)
+                    .arg(from)
+                    .arg(from + PURGE_BATCH - 1)
+                    .query_async(&mut self.connection.clone())
+                    .await
+                    .map_err(backend)
+            })
+            .await
+    }
+
     /// Deletes `scope`'s recovery points (not counted: they are not
     /// records), batch by batch through its phase index.
     async fn delete_scope_phases(&self, scope: &Scope, tag: &Tag<'_>) -> Result<(), StoreError> {
         let index = tag.phase_index().to_string();
         let mut kept: isize = 0;
         loop {
-            let members: Vec<String> = self
-                .settings
-                .timed(OPERATION, async {
-                    self.count_round_trip();
-                    redis::cmd("ZRANGE")
-                        .arg(&index)
-                        .arg(kept)
-                        .arg(kept + PURGE_BATCH - 1)
-                        .query_async(&mut self.connection.clone())
-                        .await
-                        .map_err(backend)
-                })
-                .await?;
+            let members = self.index_batch(&index, kept).await?;
             if members.is_empty() {
                 return Ok(());
             }

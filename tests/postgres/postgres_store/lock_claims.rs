@@ -356,10 +356,7 @@ async fn a_transactional_completion_wakes_only_registered_waiters() {
     let Some(url) = pg::database_url("a_transactional_completion_wakes_only_registered") else {
         return;
     };
-    let table = pg::unique_table("wake");
-    let owner = pg::store(&url, &table, |s| s).await;
-    let waiting = Arc::new(pg::store(&url, &table, |s| s).await);
-    until_listening(&waiting).await;
+    let (owner, waiting) = owner_and_listening_waiter(&url, "wake").await;
 
     let key = fresh_key();
     let received = waiting.notifications_received();
@@ -429,6 +426,16 @@ async fn a_transactional_completion_wakes_only_registered_waiters() {
     );
 }
 
+/// Two instances on one new table: an owner, and one whose listener is up
+/// (its waiters register there).
+async fn owner_and_listening_waiter(url: &str, name: &str) -> (PostgresStore, Arc<PostgresStore>) {
+    let table = pg::unique_table(name);
+    let owner = pg::store(url, &table, |s| s).await;
+    let waiting = Arc::new(pg::store(url, &table, |s| s).await);
+    until_listening(&waiting).await;
+    (owner, waiting)
+}
+
 /// A waiter dropped while its registration's statement is on the wire (a
 /// client hanging up) leaves no lock on the listener's session: the
 /// registration runs to its answer and is undone, so dropped waiters cannot
@@ -439,10 +446,7 @@ async fn waiters_dropped_while_registering_leave_no_lock_on_the_session() {
     let Some(url) = pg::database_url("waiters_dropped_while_registering") else {
         return;
     };
-    let table = pg::unique_table("dropped");
-    let owner = pg::store(&url, &table, |s| s).await;
-    let waiting = Arc::new(pg::store(&url, &table, |s| s).await);
-    until_listening(&waiting).await;
+    let (owner, waiting) = owner_and_listening_waiter(&url, "dropped").await;
     let key = fresh_key();
     let transaction = claimed(&owner, &key, "a").await;
     // Dropped at every delay from the first poll to well past the statement.
