@@ -422,6 +422,17 @@ enum Record {
     Update,
 }
 
+impl Record {
+    /// Only a plain insert's statement answers whether the key has waiters;
+    /// the others always wake them.
+    fn wake(self) -> Wake {
+        match self {
+            Record::Insert => Wake::IfWaited,
+            Record::Replace | Record::Update => Wake::Always,
+        }
+    }
+}
+
 /// Opens the transaction and runs `begin`'s statement in it, in one round
 /// trip: the claim is a row written in the transaction. A rival's record
 /// committed after the statement's snapshot makes it answer nothing; a new
@@ -617,7 +628,7 @@ impl PostgresRecordTransaction {
     /// Runs the completion `sql` pipelined with `COMMIT` and, after it, the
     /// key's wake-up (never inside the transaction: see `Sql::notify`):
     /// pipelined too, or, for a statement that answers whether the key has
-    /// waiters (`Wake::IfWaited`), sent only when it has (or when the
+    /// waiters (`Record::wake`), sent only when it has (or when the
     /// completion failed: the key is free again). The completion fails (and
     /// so aborts the transaction, which turns the COMMIT into a rollback)
     /// unless it matched the claim: the handler's writes never commit
@@ -626,7 +637,6 @@ impl PostgresRecordTransaction {
         &self,
         sql: &str,
         params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-        wake: Wake,
     ) -> Result<(), StoreError> {
         let inner = &self.inner;
         let connection = self.take_connection().await?;
@@ -640,7 +650,7 @@ impl PostgresRecordTransaction {
                     .await?;
                 inner.count_round_trips(1);
                 let client = connection.client();
-                let (completed, commit) = match wake {
+                let (completed, commit) = match self.record.wake() {
                     Wake::Always => {
                         let (completed, (commit, _woken)) = pipelined(
                             client.query(&statement, params),
@@ -725,17 +735,17 @@ impl RecordTransaction for PostgresRecordTransaction {
                     Some(fp) => {
                         let params: [&(dyn ToSql + Sync); 5] =
                             [&scope, &k, &fp, &self.token.0, &self.xact];
-                        let (sql, wake) = match replace {
-                            true => (&sql.replace_locked_unavailable, Wake::Always),
-                            false => (&sql.record_locked_unavailable, Wake::IfWaited),
+                        let sql = match replace {
+                            true => &sql.replace_locked_unavailable,
+                            false => &sql.record_locked_unavailable,
                         };
-                        self.complete_and_commit(sql, &params, wake).await
+                        self.complete_and_commit(sql, &params).await
                     }
                     None => {
                         let params: [&(dyn ToSql + Sync); 4] =
                             [&scope, &k, &self.token.0, &self.xact];
                         let sql = &sql.complete_locked_unavailable;
-                        self.complete_and_commit(sql, &params, Wake::Always).await
+                        self.complete_and_commit(sql, &params).await
                     }
                 };
             }
@@ -755,11 +765,11 @@ impl RecordTransaction for PostgresRecordTransaction {
                     &headers,
                     &body,
                 ];
-                let (sql, wake) = match replace {
-                    true => (&sql.replace_locked, Wake::Always),
-                    false => (&sql.record_locked, Wake::IfWaited),
+                let sql = match replace {
+                    true => &sql.replace_locked,
+                    false => &sql.record_locked,
                 };
-                self.complete_and_commit(sql, &params, wake).await
+                self.complete_and_commit(sql, &params).await
             }
             None => {
                 let params: [&(dyn ToSql + Sync); 7] = [
@@ -771,7 +781,7 @@ impl RecordTransaction for PostgresRecordTransaction {
                     &body,
                     &self.xact,
                 ];
-                self.complete_and_commit(&sql.complete_locked, &params, Wake::Always)
+                self.complete_and_commit(&sql.complete_locked, &params)
                     .await
             }
         }

@@ -413,17 +413,12 @@ async fn a_transactional_completion_wakes_only_registered_waiters() {
         .await
         .expect("gives up");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let received = waiting.notifications_received();
-    transaction
-        .commit(Completion::Response(response(b"C")))
-        .await
-        .expect("commit");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        waiting.notifications_received(),
-        received,
-        "the waiter that gave up was unregistered: no wake-up"
-    );
+    commits_without_a_wake_up(
+        &waiting,
+        transaction,
+        "the waiter that gave up was unregistered: no wake-up",
+    )
+    .await;
 }
 
 /// Two instances on one new table: an owner, and one whose listener is up
@@ -434,6 +429,22 @@ async fn owner_and_listening_waiter(url: &str, name: &str) -> (PostgresStore, Ar
     let waiting = Arc::new(pg::store(url, &table, |s| s).await);
     until_listening(&waiting).await;
     (owner, waiting)
+}
+
+/// Commits `transaction` and asserts that `waiting` received no wake-up
+/// for it (`why` otherwise).
+async fn commits_without_a_wake_up(
+    waiting: &PostgresStore,
+    transaction: PostgresRecordTransaction,
+    why: &str,
+) {
+    let received = waiting.notifications_received();
+    transaction
+        .commit(Completion::Response(response(b"done")))
+        .await
+        .expect("commit");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(waiting.notifications_received(), received, "{why}");
 }
 
 /// A waiter dropped while its registration's statement is on the wire (a
@@ -460,15 +471,10 @@ async fn waiters_dropped_while_registering_leave_no_lock_on_the_session() {
     // Undone by now (each unregistration is a statement on the session).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(waiting.registered_keys(), 0);
-    let received = waiting.notifications_received();
-    transaction
-        .commit(Completion::Response(response(b"A")))
-        .await
-        .expect("commit");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(
-        waiting.notifications_received(),
-        received,
-        "a waiter's lock was left on the listener's session"
-    );
+    commits_without_a_wake_up(
+        &waiting,
+        transaction,
+        "a waiter's lock was left on the listener's session",
+    )
+    .await;
 }
