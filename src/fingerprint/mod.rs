@@ -190,8 +190,10 @@ pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, CanonicalizeError> {
 /// allocates nothing for its canonical text.
 fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(Option<&[u8]>) -> R) -> R {
     // A body already canonical is its own canonical form: hashed where it
-    // is, without a copy.
-    if is_canonical(input) {
+    // is, without a copy. The proof is tried unless this thread's recent
+    // bodies were not canonical (see `Proofs`): it would fail again.
+    let prove = Proofs::try_now();
+    if prove && is_canonical(input) {
         return f(Some(input));
     }
     thread_local! {
@@ -201,6 +203,7 @@ fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(Option<&[u8]>) -> R) -> R
     let kept = BUFFERS.try_with(|buffers| {
         let mut buffers = buffers.try_borrow_mut().ok()?;
         let ok = canonicalize_into(input, &mut buffers).is_ok();
+        Proofs::note(prove, ok && buffers.out == input);
         let result = (f.take()?)(ok.then_some(&buffers.out[..]));
         buffers.trim();
         Some(result)
@@ -212,6 +215,51 @@ fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(Option<&[u8]>) -> R) -> R
             let canonical = canonicalize_json(input).ok();
             (f.take().expect("not called yet"))(canonical.as_deref())
         }
+    }
+}
+
+/// Whether to try proving a body canonical before canonicalising it, per
+/// thread. A client's serialiser writes every body alike, so a body that was
+/// not canonical is usually followed by more that are not, and proving them
+/// would scan each twice (the proof stops at the first key out of order, but
+/// often well into the body). After a failed proof the next
+/// [`SKIPPED`](Self::SKIPPED) bodies are canonicalised without one; a body
+/// that turns out canonical all the same brings the proof back at once. Only
+/// the cost depends on this: both ways give the same canonical text.
+struct Proofs;
+
+thread_local! {
+    /// Bodies this thread canonicalises before it tries the next proof.
+    static SKIP: std::cell::Cell<u8> = const { std::cell::Cell::new(0) };
+}
+
+impl Proofs {
+    /// Bodies canonicalised without a proof after one failed.
+    const SKIPPED: u8 = 15;
+
+    /// Whether the body at hand should be proven first (counts it if not).
+    fn try_now() -> bool {
+        SKIP.try_with(|skip| match skip.get() {
+            0 => true,
+            n => {
+                skip.set(n - 1);
+                false
+            }
+        })
+        .unwrap_or(true)
+    }
+
+    /// Notes how a body was canonicalised: after a failed proof (`proven`,
+    /// yet canonicalised) the proof pauses; a body found to be its own
+    /// canonical form resumes it.
+    fn note(proven: bool, was_canonical: bool) {
+        let _ = SKIP.try_with(|skip| {
+            if was_canonical {
+                skip.set(0);
+            } else if proven {
+                skip.set(Self::SKIPPED);
+            }
+        });
     }
 }
 

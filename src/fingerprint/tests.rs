@@ -1268,3 +1268,52 @@ fn records_sharing_the_first_ones_keys_match_the_serde_path_under_every_edit() {
         check(&format!("[{first},{v}"), &mut taken);
     }
 }
+
+#[test]
+fn a_failed_proof_pauses_the_proofs_and_a_canonical_body_resumes_them() {
+    // A thread of its own: the proofs' state is per thread.
+    std::thread::spawn(|| {
+        let key = IdempotencyKey::parse(b"order-0001").unwrap();
+        let json = http::HeaderValue::from_static("application/json");
+        let digest = |body: &[u8]| {
+            let digest = Fingerprint::compute(
+                &http::Method::POST,
+                "/orders",
+                &key,
+                "acme",
+                Some(&json),
+                body,
+            );
+            // Whichever way it went, the digest of the canonical form.
+            assert_eq!(digest.0, reference_digest(&key, body));
+        };
+        let skip = || SKIP.with(|skip| skip.get());
+        let unsorted = br#"{"sku":"SKU-1","qty":2}"#;
+        let canonical = br#"{"qty":2,"sku":"SKU-1"}"#;
+        assert_eq!(skip(), 0);
+        digest(unsorted);
+        assert_eq!(
+            skip(),
+            Proofs::SKIPPED,
+            "a failed proof pauses the next ones"
+        );
+        digest(canonical);
+        assert_eq!(skip(), 0, "a canonical body brings the proof back");
+        digest(unsorted);
+        for left in (0..Proofs::SKIPPED).rev() {
+            digest(unsorted);
+            assert_eq!(skip(), left);
+        }
+        digest(unsorted);
+        assert_eq!(
+            skip(),
+            Proofs::SKIPPED,
+            "proven again once the pause ran out"
+        );
+        // Bodies the canonicaliser refuses are hashed raw, and change nothing.
+        digest(b"{\"a\":");
+        assert_eq!(skip(), Proofs::SKIPPED - 1);
+    })
+    .join()
+    .unwrap();
+}
