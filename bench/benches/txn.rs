@@ -20,6 +20,11 @@
 //! `INSERT` the payment row, `UPDATE` the balance (one of 10 000 accounts,
 //! chosen by the key's hash, so clients seldom wait for each other's row).
 //!
+//! After each round with the layer, every key it completed (up to 2 000 per
+//! client) is retried once, as a client whose answer was lost would: the
+//! retries' requests/s, p50 and p99, and the store's round trips per retry
+//! are printed on a line of their own.
+//!
 //! `PG_DURABLE=1` keeps the server's defaults (`fsync` and `synchronous_commit`
 //! on), so a commit costs a WAL flush. Environment: `TXN_SECS` (5 per round),
 //! `TXN_ROUNDS` (3, rotating the modes' order), `TXN_CLIENTS` (`1,16`:
@@ -246,6 +251,9 @@ struct Run {
     transactions: f64,
     flushes: f64,
     p50_ms: f64,
+    p99_ms: f64,
+    /// Retries of the round's keys, with the layer.
+    retries: Option<Retries>,
 }
 
 async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> Run {
@@ -318,12 +326,15 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
             })
         })
         .collect();
-    let mut latencies = Vec::new();
+    let (mut latencies, mut completed) = (Vec::new(), Vec::new());
     for task in tasks {
-        latencies.extend(task.await.unwrap());
+        let client = task.await.unwrap();
+        completed.push(client.len() as u64);
+        latencies.extend(client);
     }
     let n = done.load(Ordering::Relaxed) as f64;
     let cpu_after = cpu_ticks(postmaster);
+    let trips_after = store.round_trips();
     // Linux's clock ticks are 100 per second (USER_HZ), on each of the cores.
     let ms = |after: u64, before: u64| (after - before) as f64 * 10.0;
     let (app_ms, server_ms) = (
@@ -341,7 +352,11 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     let handler_statements = if payment { 3.0 } else { 1.0 };
     let own_transaction = mode == Mode::Bare || (mode == Mode::Plain && payment);
     let handler_trips = handler_statements + if own_transaction { 2.0 } else { 0.0 };
-    let round_trips = (store.round_trips() - trips_before) as f64 / n + handler_trips;
+    let round_trips = (trips_after - trips_before) as f64 / n + handler_trips;
+    let retries = match mode {
+        Mode::Bare => None,
+        _ => Some(retry_all(&app, &template, name, &completed, round, &store).await),
+    };
     // The second reading takes an id of its own: subtract it.
     let (xids, flushes) = server_counters(&sql).await;
     let transactions = (xids - xids_before - 1) as f64 / n;
@@ -356,6 +371,65 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
         transactions,
         flushes,
         p50_ms: quantile_us(&latencies, 0.5) / 1000.0,
+        p99_ms: quantile_us(&latencies, 0.99) / 1000.0,
+        retries,
+    }
+}
+
+/// A client's retry of a request the layer completed: how long it takes and
+/// what it costs the store, measured after the round on the keys the round
+/// completed (each retried once, by as many clients, on the instance that
+/// completed it, whose near cache keeps only what it read).
+struct Retries {
+    per_sec: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    round_trips: f64,
+}
+
+/// Retries each client's keys of the round once (at most 2 000 per client);
+/// `completed`: how many each client completed.
+async fn retry_all(
+    app: &Router,
+    template: &RequestTemplate,
+    name: &str,
+    completed: &[u64],
+    round: usize,
+    store: &PostgresStore,
+) -> Retries {
+    let clients = completed.len();
+    let trips_before = store.round_trips();
+    let wall = Instant::now();
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (app, template) = (app.clone(), template.clone());
+            let prefix = format!("{name}{clients}r{round}c{c}");
+            let keys = completed[c].min(2_000);
+            tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                for i in 0..keys {
+                    let start = Instant::now();
+                    let (status, replayed) = send(&app, template.request(&key(&prefix, i))).await;
+                    assert_eq!(status, StatusCode::CREATED, "the recorded answer");
+                    assert!(replayed, "a retry is answered from the record");
+                    latencies.push(start.elapsed().as_nanos() as u64);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let secs = wall.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let n = latencies.len() as f64;
+    Retries {
+        per_sec: n / secs,
+        p50_ms: quantile_us(&latencies, 0.5) / 1000.0,
+        p99_ms: quantile_us(&latencies, 0.99) / 1000.0,
+        round_trips: (store.round_trips() - trips_before) as f64 / n,
     }
 }
 
@@ -441,8 +515,8 @@ fn main() {
              per pool; {rounds} rounds of {secs} s per mode, the modes' order rotating"
         );
         println!();
-        println!("| clients | round | mode | requests/s | p50 ms | round trips/request | write transactions/request | WAL flushes/request | app CPU ms/request | PostgreSQL CPU ms/request | machine idle |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| clients | round | mode | requests/s | p50 ms | p99 ms | round trips/request | write transactions/request | WAL flushes/request | app CPU ms/request | PostgreSQL CPU ms/request | machine idle |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
         // `TXN_PLAIN=0` leaves plain mode out (more rounds of the other two in the same time).
         let with_plain = env_or("TXN_PLAIN", 1u8) == 1;
         let modes = [Mode::Bare, Mode::Plain, Mode::Transactional];
@@ -460,10 +534,11 @@ fn main() {
                     }
                     let r = run(&url, modes[i], secs, clients, round).await;
                     println!(
-                        "| {clients} | {round} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.0}% |",
+                        "| {clients} | {round} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.3} | {:.0}% |",
                         modes[i].name(),
                         r.per_sec,
                         r.p50_ms,
+                        r.p99_ms,
                         r.round_trips,
                         r.transactions,
                         r.flushes,
@@ -471,6 +546,16 @@ fn main() {
                         r.server_ms,
                         r.idle * 100.0
                     );
+                    if let Some(t) = &r.retries {
+                        println!(
+                            "| {clients} | {round} | {} retries | {:.0} | {:.2} | {:.2} | {:.2} | | | | | |",
+                            modes[i].name(),
+                            t.per_sec,
+                            t.p50_ms,
+                            t.p99_ms,
+                            t.round_trips,
+                        );
+                    }
                     per_sec[i] = r.per_sec;
                     csv.push(format!(
                         "{clients},{round},{},{:.1},{:.3}",
