@@ -29,7 +29,8 @@
 //! on), so a commit costs a WAL flush. Environment: `TXN_SECS` (5 per round),
 //! `TXN_ROUNDS` (3, rotating the modes' order), `TXN_CLIENTS` (`1,16`:
 //! concurrent tasks, and each pool's size), `TXN_PLAIN=0` (bare and
-//! transactional only), `TXN_STATEMENTS=1` (each round's time per statement
+//! transactional only), `TXN_ONLY=bare|plain|transactional` (one mode alone, to
+//! profile it), `TXN_STATEMENTS=1` (each round's time per statement
 //! on the server, from `pg_stat_statements`), `BENCH_RESULTS=DIR` (each
 //! round's requests/s also to `DIR/txn.csv`, for the picture). Each round reports the CPU per
 //! request of this process and of the server's processes, read from `/proc`
@@ -519,6 +520,8 @@ fn main() {
         println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
         // `TXN_PLAIN=0` leaves plain mode out (more rounds of the other two in the same time).
         let with_plain = env_or("TXN_PLAIN", 1u8) == 1;
+        // `TXN_ONLY=<mode>`: that mode alone (to profile it).
+        let only = std::env::var("TXN_ONLY").ok();
         let modes = [Mode::Bare, Mode::Plain, Mode::Transactional];
         let mut summary = Vec::new();
         let mut csv = Vec::new();
@@ -530,6 +533,9 @@ fn main() {
                 for k in 0..3 {
                     let i = (round + k) % 3;
                     if modes[i] == Mode::Plain && !with_plain {
+                        continue;
+                    }
+                    if only.as_deref().is_some_and(|only| only != modes[i].name()) {
                         continue;
                     }
                     let r = run(&url, modes[i], secs, clients, round).await;
