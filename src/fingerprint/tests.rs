@@ -738,7 +738,6 @@ fn fingerprint_by_definition(key: &IdempotencyKey, body: &[u8]) -> [u8; 32] {
 #[test]
 fn buffers_kept_between_fingerprints_never_carry_one_body_into_the_next() {
     let key = IdempotencyKey::parse(b"order-0001").unwrap();
-    let json = http::HeaderValue::from_static("application/json");
     let big = format!("[{}1]", "1,".repeat(40_000));
     // Every path in turn, and sizes that shrink, grow and pass the kept limit.
     let bodies: [&[u8]; 9] = [
@@ -754,20 +753,15 @@ fn buffers_kept_between_fingerprints_never_carry_one_body_into_the_next() {
     ];
     for _ in 0..2 {
         for body in bodies {
-            let computed = Fingerprint::compute(
-                &http::Method::POST,
-                "/orders",
-                &key,
-                "acme",
-                Some(&json),
-                body,
-            );
+            let computed = json_fingerprint(body);
             assert_eq!(computed.0, fingerprint_by_definition(&key, body));
         }
     }
 }
 
-fn json_fingerprint(body: &str) -> Fingerprint {
+/// The fingerprint of `POST /orders` with key `order-0001`, scope `acme` and
+/// a JSON `body`.
+fn json_fingerprint(body: impl AsRef<[u8]>) -> Fingerprint {
     let key = IdempotencyKey::parse(b"order-0001").unwrap();
     let json = http::HeaderValue::from_static("application/json");
     Fingerprint::compute(
@@ -776,7 +770,7 @@ fn json_fingerprint(body: &str) -> Fingerprint {
         &key,
         "acme",
         Some(&json),
-        body.as_bytes(),
+        body.as_ref(),
     )
 }
 
@@ -1072,7 +1066,6 @@ fn canonical_bodies_hashed_as_they_are_agree_with_the_reference_digest() {
         Defect::EscapedAscii,
     ];
     let key = IdempotencyKey::parse(b"order-0001").unwrap();
-    let json = http::HeaderValue::from_static("application/json");
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut proven = 0;
     let mut almost = [0; DEFECTS.len()];
@@ -1099,14 +1092,7 @@ fn canonical_bodies_hashed_as_they_are_agree_with_the_reference_digest() {
             1 => text.extend_from_slice(rng.pick(&[&b" "[..], b"x", b"{}", b"]", b","])),
             _ => {}
         }
-        let digest = Fingerprint::compute(
-            &http::Method::POST,
-            "/orders",
-            &key,
-            "acme",
-            Some(&json),
-            &text,
-        );
+        let digest = json_fingerprint(&text);
         let shown = String::from_utf8_lossy(&text);
         assert_eq!(
             digest.0,
@@ -1274,18 +1260,9 @@ fn a_failed_proof_pauses_the_proofs_and_a_canonical_body_resumes_them() {
     // A thread of its own: the proofs' state is per thread.
     std::thread::spawn(|| {
         let key = IdempotencyKey::parse(b"order-0001").unwrap();
-        let json = http::HeaderValue::from_static("application/json");
         let digest = |body: &[u8]| {
-            let digest = Fingerprint::compute(
-                &http::Method::POST,
-                "/orders",
-                &key,
-                "acme",
-                Some(&json),
-                body,
-            );
             // Whichever way it went, the digest of the canonical form.
-            assert_eq!(digest.0, reference_digest(&key, body));
+            assert_eq!(json_fingerprint(body).0, reference_digest(&key, body));
         };
         let skip = || SKIP.with(|skip| skip.get());
         let unsorted = br#"{"sku":"SKU-1","qty":2}"#;
