@@ -67,10 +67,18 @@ impl IdempotencyKey {
         let first = iter.next().ok_or(KeyProblem::Missing)?;
         // Two field lines, or one holding a comma-joined list (`a, b`), are
         // several keys (RFC 9110, section 5.3); ',' is never a key byte.
-        if iter.next().is_some() || first.as_bytes().contains(&b',') {
+        if iter.next().is_some() {
             return Err(KeyProblem::Repeated);
         }
-        Self::parse(first.as_bytes()).ok_or(KeyProblem::Invalid)
+        let value = first.as_bytes();
+        // A comma is looked for only in a value that is not a key.
+        Self::parse(value).ok_or_else(|| {
+            if value.contains(&b',') {
+                KeyProblem::Repeated
+            } else {
+                KeyProblem::Invalid
+            }
+        })
     }
 
     /// The key as a string.
@@ -93,14 +101,40 @@ impl fmt::Display for IdempotencyKey {
     }
 }
 
-fn is_key_byte(b: u8) -> bool {
+/// `[A-Za-z0-9._-]`.
+const fn is_key_byte_by_rule(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+}
+
+/// [`is_key_byte_by_rule`] for every byte, looked up rather than computed:
+/// keys are checked on every request.
+const KEY_BYTES: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        table[b] = is_key_byte_by_rule(b as u8);
+        b += 1;
+    }
+    table
+};
+
+fn is_key_byte(b: u8) -> bool {
+    KEY_BYTES[usize::from(b)]
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use http::HeaderMap;
+
+    #[test]
+    fn the_key_byte_table_follows_the_rule_for_every_byte() {
+        let accepted: Vec<u8> = (0..=u8::MAX).filter(|&b| is_key_byte(b)).collect();
+        assert_eq!(accepted.len(), 26 + 26 + 10 + 3);
+        for b in 0..=u8::MAX {
+            assert_eq!(is_key_byte(b), is_key_byte_by_rule(b), "byte {b:#04x}");
+        }
+    }
 
     #[test]
     fn accepts_token_and_sf_string_forms() {
