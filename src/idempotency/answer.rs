@@ -33,22 +33,23 @@ pub(crate) fn recorded_headers(
     replayed_headers: &[HeaderName],
     parts: &http::response::Parts,
 ) -> Vec<(HeaderName, HeaderValue)> {
-    // A response has few header names: comparing a listed name with them is
-    // cheaper than hashing it for a lookup that mostly finds nothing.
-    let headers = &parts.headers;
-    let present = |name: &&HeaderName| headers.keys_len() > 8 || headers.keys().any(|k| k == *name);
-    REPRESENTATION_HEADERS
+    // One pass over the response's fields (a response has few), each placed
+    // by where its name is listed; the sort is stable, so the values of one
+    // name keep their order.
+    let rank = |name: &HeaderName| {
+        REPRESENTATION_HEADERS
+            .iter()
+            .chain(replayed_headers)
+            .position(|listed| listed == name)
+    };
+    let mut recorded: Vec<(HeaderName, HeaderValue)> = parts
+        .headers
         .iter()
-        .chain(replayed_headers)
-        .filter(present)
-        .flat_map(|name| {
-            parts
-                .headers
-                .get_all(name)
-                .iter()
-                .map(move |value| (name.clone(), value.clone()))
-        })
-        .collect()
+        .filter(|(name, _)| rank(name).is_some())
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    recorded.sort_by_key(|(name, _)| rank(name));
+    recorded
 }
 
 /// Adds `Idempotency-Key-Retention` to an answer whose key is kept, after
