@@ -1,4 +1,5 @@
 mod builder;
+mod deadlines;
 mod packed;
 mod phases;
 mod quota;
@@ -12,10 +13,10 @@ use super::{Begin, Completion, FencingToken, Maintenance, RecordKey, Store, Stor
 use crate::{fingerprint::RequestFingerprint, Scope};
 use dashmap::mapref::entry::Entry;
 use dashmap::DashMap;
+use deadlines::{Deadline, Deadlines};
 use quota::ScopeQuota;
 use record::{Answer, BuildIdHasher, Claim, Clock, Cold, Id, Ids, Nanos, Record, State};
 use std::cell::Cell;
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -106,10 +107,10 @@ struct Shared {
     // Claims are not queued: almost all are completed or released within the
     // request, and queueing each one would hold memory for released claims
     // until their lock expired. Abandoned claims are swept when the store is full.
-    retention_deadlines: Mutex<VecDeque<Deadline>>,
+    retention_deadlines: Deadlines,
     /// Tombstones' deadlines, in order too: the window is fixed per store,
     /// and records become tombstones in the order their retention ends.
-    tombstone_deadlines: Mutex<VecDeque<Deadline>>,
+    tombstone_deadlines: Deadlines,
     /// When the store last swept the whole map for expired records.
     last_full_sweep: Mutex<Option<Instant>>,
     /// Recovery points of claimed requests (see `PhaseStore`), by record id.
@@ -124,14 +125,6 @@ impl MemoryStoreBuilder {
     pub fn build(self) -> MemoryStore {
         MemoryStore::of(self)
     }
-}
-
-/// A completion's retention deadline. When it is due, the record with its id
-/// is evicted if that record is expired: the same completion's, or a later
-/// record of the same key that expired too (its own entry then finds nothing).
-struct Deadline {
-    at: Nanos,
-    id: Id,
 }
 
 impl Default for MemoryStore {
@@ -181,8 +174,8 @@ impl MemoryStore {
                 settings: builder.settings,
                 capacity: builder.capacity.get(),
                 scope_quota: builder.scope_quota.map(ScopeQuota::new),
-                retention_deadlines: Mutex::new(VecDeque::new()),
-                tombstone_deadlines: Mutex::new(VecDeque::new()),
+                retention_deadlines: Deadlines::new(),
+                tombstone_deadlines: Deadlines::new(),
                 last_full_sweep: Mutex::new(None),
                 phases: DashMap::default(),
                 phased: std::sync::atomic::AtomicBool::new(false),
@@ -304,7 +297,9 @@ impl MemoryStore {
         if let State::Cold(claim) = old {
             claim.notify();
         }
-        lock(&self.shared.retention_deadlines).push_back(Deadline { at: deadline, id });
+        self.shared
+            .retention_deadlines
+            .push(Deadline { at: deadline, id });
         // Answered from the record from now on: its recovery points are done.
         if self.shared.phased.load(Ordering::Relaxed) {
             self.shared.phases.remove(&id);
@@ -361,7 +356,7 @@ impl MemoryStore {
         });
         entombed.sort_unstable_by_key(|d| d.at);
         let turned = entombed.len();
-        lock(&self.shared.tombstone_deadlines).extend(entombed);
+        self.shared.tombstone_deadlines.extend(entombed);
         removed + turned
     }
 
@@ -404,29 +399,17 @@ impl MemoryStore {
         self.evict_from(&self.shared.tombstone_deadlines, now, budget);
     }
 
-    fn evict_from(&self, queue: &Mutex<VecDeque<Deadline>>, now: Nanos, budget: usize) {
+    fn evict_from(&self, queue: &Deadlines, now: Nanos, budget: usize) {
         for _ in 0..budget {
-            let due = {
-                let mut q = lock(queue);
-                let due = match q.front() {
-                    Some(d) if d.at <= now => q.pop_front(),
-                    _ => None,
-                };
-                // A queue never shrinks by itself: after a burst its buffer
-                // would stay at the peak size for good.
-                let (len, capacity) = (q.len(), q.capacity());
-                if due.is_some() && capacity > 1024 && len < capacity / 4 {
-                    q.shrink_to(len * 2);
-                }
-                due
-            };
-            let Some(due) = due else { break };
+            let Some(due) = queue.pop_due(now) else { break };
             let entombed = match self.shared.records.get_mut(&due.id) {
                 Some(mut r) if r.deadline <= now => self.entomb(&mut r, now),
                 _ => None,
             };
             if let Some(at) = entombed {
-                lock(&self.shared.tombstone_deadlines).push_back(Deadline { at, id: due.id });
+                self.shared
+                    .tombstone_deadlines
+                    .push(Deadline { at, id: due.id });
                 continue;
             }
             // Only once expired: a record of the same key completed later is kept.
@@ -627,7 +610,7 @@ impl Store for MemoryStore {
                 };
                 drop(occupied);
                 if let Some(at) = entombed {
-                    lock(&self.shared.tombstone_deadlines).push_back(Deadline { at, id });
+                    self.shared.tombstone_deadlines.push(Deadline { at, id });
                 }
                 answer?
             }
@@ -907,7 +890,7 @@ mod tests {
             _ => panic!("a tombstone"),
         };
         assert_eq!(buffer, 16 + 1 + "tenant-0001".len() + 1 + 36);
-        assert_eq!(lock(&store.shared.tombstone_deadlines).len(), 1);
+        assert_eq!(store.shared.tombstone_deadlines.len(), 1);
         // An `Arc<[u8]>`'s allocation: two counts, then the bytes.
         let bytes = std::mem::size_of::<(Id, Record)>()
             + 2 * std::mem::size_of::<usize>()

@@ -36,6 +36,14 @@ impl Hash for Id {
     }
 }
 
+#[cfg(test)]
+impl Id {
+    /// An id made up for a test.
+    pub(super) fn for_test(n: u64) -> Self {
+        Id(n, !n)
+    }
+}
+
 /// Hashes an [`Id`] to its first half.
 #[derive(Default)]
 pub(super) struct IdHasher(u64);
