@@ -249,14 +249,14 @@ impl Proofs {
         .unwrap_or(true)
     }
 
-    /// Notes how a body was canonicalised: after a failed proof (`proven`,
+    /// Notes how a body was canonicalised: after a failed proof (`tried`,
     /// yet canonicalised) the proof pauses; a body found to be its own
     /// canonical form resumes it.
-    fn note(proven: bool, was_canonical: bool) {
+    fn note(tried: bool, was_canonical: bool) {
         let _ = SKIP.try_with(|skip| {
             if was_canonical {
                 skip.set(0);
-            } else if proven {
+            } else if tried {
                 skip.set(Self::SKIPPED);
             }
         });
