@@ -23,7 +23,6 @@ use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_service::Service;
-use tracing::Instrument;
 
 /// Middleware that runs each `(scope, Idempotency-Key)` at most once and replays
 /// its recorded response to retries. Built by [`IdempotencyLayer`](crate::IdempotencyLayer).
@@ -114,7 +113,7 @@ where
             "idempotency",
             handle(self.config.clone(), ready, parts, body),
         );
-        ResponseFuture::decided(Box::pin(future.instrument(span)))
+        ResponseFuture::decided(telemetry::boxed_in_span(future, span))
     }
 }
 

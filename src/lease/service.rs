@@ -19,7 +19,6 @@ use serde_json::json;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use tower_service::Service;
-use tracing::Instrument;
 
 /// Middleware that starts at most one live job per natural key. Built by
 /// [`LeaseLayer`](crate::LeaseLayer).
@@ -102,7 +101,7 @@ where
             outcome = tracing::field::Empty,
         );
         let future = telemetry::observed("lease", start(self.config.clone(), ready, req));
-        ResponseFuture::decided(Box::pin(future.instrument(span)))
+        ResponseFuture::decided(telemetry::boxed_in_span(future, span))
     }
 }
 

@@ -19,11 +19,11 @@ use super::recorder::Recorder;
 use crate::downstream::DownstreamSecret;
 use crate::store::erased::{ErasedTransaction, SharedStore};
 use crate::store::{Claim, Completion, RecordKey, StoreError, StoredResponse};
+use crate::telemetry;
 use pin_project_lite::pin_project;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use tracing::Instrument;
 
 /// What a front door runs for a claim.
 pub(crate) trait Work: Send + 'static {
@@ -118,7 +118,7 @@ impl Claimed {
             // The transaction holds the claim: no heartbeat.
             Some(transactions) => {
                 let guard = ClaimGuard::new(store.store().clone(), record, token);
-                Box::pin(
+                telemetry::boxed_in_span(
                     async move {
                         let _running = running;
                         match open_transaction(&*transactions, guard, token, opened).await {
@@ -132,8 +132,8 @@ impl Claimed {
                             Err(NotOpened::TakenOver) => work.not_run(NotRun::TakenOver),
                             Err(NotOpened::Failed(error)) => work.not_run(NotRun::Failed(error)),
                         }
-                    }
-                    .instrument(span),
+                    },
+                    span,
                 )
             }
             None => {
@@ -143,12 +143,12 @@ impl Claimed {
                     transaction: None,
                 };
                 let work = kept_alive(work.start(finish), store.store().clone(), record, token);
-                Box::pin(
+                telemetry::boxed_in_span(
                     Counted {
                         work,
                         _running: running,
-                    }
-                    .instrument(span),
+                    },
+                    span,
                 )
             }
         }
