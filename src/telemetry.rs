@@ -98,6 +98,17 @@ impl Label for Outcome {
     }
 }
 
+/// A request's span, made by `make` (a `DEBUG` span) only when a subscriber
+/// may want spans at that level: otherwise `Span::none()`, which, unlike a
+/// disabled span, costs nothing to make, enter or drop.
+pub(crate) fn request_span(make: impl FnOnce() -> tracing::Span) -> tracing::Span {
+    if tracing::level_enabled!(tracing::Level::DEBUG) {
+        make()
+    } else {
+        tracing::Span::none()
+    }
+}
+
 /// `future`, boxed, inside `span` when anyone receives the span. A disabled
 /// span (no subscriber wants it) would still be entered and left at every
 /// poll, and with tracing's `log` feature (axum's default) checked against

@@ -99,13 +99,15 @@ where
         // The clone is not ready; keep it and run the instance that was polled ready.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        let span = tracing::debug_span!(
-            "idempotency",
-            method = %req.method(),
-            scope = tracing::field::Empty,
-            key_hash = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
+        let span = telemetry::request_span(|| {
+            tracing::debug_span!(
+                "idempotency",
+                method = %req.method(),
+                scope = tracing::field::Empty,
+                key_hash = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            )
+        });
         // Taken apart here: a whole request moved into the future would be
         // kept there beside its parts.
         let (parts, body) = req.into_parts();

@@ -93,13 +93,15 @@ where
         }
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        let span = tracing::debug_span!(
-            "lease",
-            scope = tracing::field::Empty,
-            key_hash = tracing::field::Empty,
-            job_id = tracing::field::Empty,
-            outcome = tracing::field::Empty,
-        );
+        let span = telemetry::request_span(|| {
+            tracing::debug_span!(
+                "lease",
+                scope = tracing::field::Empty,
+                key_hash = tracing::field::Empty,
+                job_id = tracing::field::Empty,
+                outcome = tracing::field::Empty,
+            )
+        });
         let future = telemetry::observed("lease", start(self.config.clone(), ready, req));
         ResponseFuture::decided(telemetry::boxed_in_span(future, span))
     }
