@@ -42,8 +42,6 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Router;
 use deadpool_postgres::Pool;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_postgres::NoTls;
 use tower_idempotency::{IdempotencyLayer, PostgresStore, PostgresTransaction};
@@ -297,7 +295,6 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     tokio::spawn(connection);
     let (trips_before, (xids_before, flushes_before)) =
         (store.round_trips(), server_counters(&sql).await);
-    let done = Arc::new(AtomicU64::new(0));
     let postmaster = postmaster(&sql).await;
     let statements = env_or("TXN_STATEMENTS", 0u8) == 1;
     if statements {
@@ -310,19 +307,18 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
     let deadline = Instant::now() + Duration::from_secs(secs);
     let tasks: Vec<_> = (0..clients)
         .map(|c| {
-            let (app, template, done) = (app.clone(), template.clone(), done.clone());
+            let (app, template) = (app.clone(), template.clone());
             let prefix = format!("{name}{clients}r{round}c{c}");
             tokio::spawn(async move {
+                // One latency per request: key `i` is the `i`-th.
                 let mut latencies = Vec::new();
-                let mut i = 0;
                 while Instant::now() < deadline {
+                    let i = latencies.len() as u64;
                     let start = Instant::now();
                     let (status, _) = send(&app, template.request(&key(&prefix, i))).await;
                     assert_eq!(status, StatusCode::CREATED);
                     latencies.push(start.elapsed().as_nanos() as u64);
-                    i += 1;
                 }
-                done.fetch_add(i, Ordering::Relaxed);
                 latencies
             })
         })
@@ -333,7 +329,7 @@ async fn run(url: &str, mode: Mode, secs: u64, clients: usize, round: usize) -> 
         completed.push(client.len() as u64);
         latencies.extend(client);
     }
-    let n = done.load(Ordering::Relaxed) as f64;
+    let n = latencies.len() as f64;
     let cpu_after = cpu_ticks(postmaster);
     let trips_after = store.round_trips();
     // Linux's clock ticks are 100 per second (USER_HZ), on each of the cores.

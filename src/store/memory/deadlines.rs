@@ -34,9 +34,7 @@ impl Deadlines {
     }
 
     pub(super) fn push(&self, deadline: Deadline) {
-        let mut queue = lock(&self.queue);
-        queue.push_back(deadline);
-        self.mirror(&queue);
+        self.extend([deadline]);
     }
 
     pub(super) fn extend(&self, deadlines: impl IntoIterator<Item = Deadline>) {
